@@ -1,0 +1,44 @@
+# The two commands of the README: `make demo` and `make test`. Both set up what they need.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast lint bench system-deps clean
+
+# System packages the tests use: util-linux (unshare, for the worker's mount namespace),
+# jq and curl (the pages' shell lines), chromium (console tests), iproute2 (partition tests).
+system-deps:
+	@missing=""; for c in unshare jq curl chromium ip; do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages for:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux jq curl chromium iproute2 >/dev/null; \
+	  else echo "run as root or install: util-linux jq curl chromium iproute2" >&2; exit 1; fi; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,torch]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/python -m astraeus.demo
+
+# Starts PostgreSQL if it is not up (dev machines and CI have it installed), then the whole suite.
+test: install system-deps
+	@pg_isready -h 127.0.0.1 -p 5432 -q || (pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start && sleep 2) || true
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m 'not faults and not browser' -x
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,216 @@
+"""`astraeus`: the control plane (`server`), a machine's agent (`agent`), a local cluster (`up`), the simulator."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Astraeus: a GPU cluster workload manager.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+
+DEFAULT_HOME = Path(os.environ.get("ASTRAEUS_HOME", "~/.astraeus")).expanduser()
+
+
+def _settings(home: Path, host: str, port: int):
+    from astraeus.server.core import Settings
+
+    s = Settings(home=home, host=host, port=port)
+    return s
+
+
+def bootstrap(cp, org: str, workspace: str, cluster: str, host_paths: list[str], lost_after: float | None = None,
+              max_priority: int | None = None) -> dict:
+    """The defaults a fresh control plane needs, and fresh tokens to reach it (secrets are kept only hashed)."""
+    from astraeus.server import services
+
+    with cp.sessions() as s, s.begin():
+        o = services.ensure_org(s, org)
+        c = services.ensure_cluster(s, o, cluster, lost_after=lost_after)
+        ws = services.ensure_workspace(s, o, workspace)
+        acc = services.set_access(s, ws, c, max_priority=max_priority)
+        for p in host_paths:
+            if p not in (acc.host_paths or []):
+                acc.host_paths = list(acc.host_paths or []) + [p]
+        _, admin = services.create_token(s, o, "org_admin")
+        _, editor = services.create_token(s, o, "user", ws, "editor")
+        _, machine = services.create_token(s, o, "machine", cluster=c)
+        return {"org": org, "workspace": workspace, "ns": ws.ns, "cluster": cluster, "admin_token": admin,
+                "token": editor, "machine_token": machine}
+
+
+def write_env(home: Path, base: str, boot: dict) -> str:
+    api = f"{base}/api/v1/o/{boot['org']}/w/{boot['workspace']}"
+    lines = [
+        f"export API={api}",
+        f"export ASTRAEUS_TOKEN={boot['token']}",
+        f"export ASTRAEUS_API={api}",
+        f"export ASTRAEUS_ADMIN_TOKEN={boot['admin_token']}",
+        f"export ASTRAEUS_MACHINE_TOKEN={boot['machine_token']}",
+        f"export ASTRAEUS_SERVER={base}",
+    ]
+    home.mkdir(parents=True, exist_ok=True)
+    envf = home / "env"
+    envf.write_text("\n".join(lines) + "\n")
+    os.chmod(envf, 0o600)
+    return "\n".join(lines)
+
+
+def _serve(settings, cp, on_ready=None) -> None:
+    import uvicorn
+
+    from astraeus.server.app import create_app
+
+    fastapi_app = create_app(settings, cp)
+    config = uvicorn.Config(fastapi_app, host=settings.host, port=settings.port, log_level="warning",
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    if on_ready:
+        def waiter():
+            while not server.started and not server.should_exit:
+                time.sleep(0.02)
+            if server.started:
+                on_ready(server)
+        threading.Thread(target=waiter, daemon=True).start()
+    server.run()
+
+
+@app.command()
+def server(
+    home: Annotated[Path, typer.Option(help="Where the SQLite database and env live")] = DEFAULT_HOME,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8420,
+    org: Annotated[str, typer.Option()] = "acme",
+    workspace: Annotated[str, typer.Option()] = "vision",
+    cluster: Annotated[str, typer.Option()] = "main",
+    host_path: Annotated[list[str], typer.Option(help="Host path granted to the default workspace")] = None,
+):
+    """The control plane: API, console, scheduling loop. PostgreSQL through ASTRAEUS_DATABASE_URL."""
+    from astraeus.server.core import ControlPlane
+
+    settings = _settings(home, host, port)
+    try:
+        cp = ControlPlane.open(settings)
+    except Exception as e:  # an unreachable database: refuse to start, change nothing
+        typer.echo(f"astraeus server: cannot open the database ({type(e).__name__}: {str(e).splitlines()[0]})",
+                   err=True)
+        raise typer.Exit(1) from None
+    boot = bootstrap(cp, org, workspace, cluster, host_path or ["/data/astraeus"])
+    text = write_env(home, settings.console_base(), boot)
+    typer.echo(text)
+    typer.echo(f"astraeus server: listening on {settings.console_base()} (docs at /docs)")
+    _serve(settings, cp)
+
+
+@app.command()
+def agent(
+    server: Annotated[str, typer.Option(help="The control plane's URL", envvar="ASTRAEUS_SERVER")],
+    token: Annotated[str, typer.Option(help="A machine token", envvar="ASTRAEUS_MACHINE_TOKEN")],
+    name: Annotated[str, typer.Option(help="This machine's name")] = os.uname().nodename.split(".")[0],
+    gpus: Annotated[int | None, typer.Option(help="Simulated GPU count (default: found through NVML)")] = None,
+    cpus: Annotated[float | None, typer.Option(help="CPU cores to declare")] = None,
+    memory_gib: Annotated[float | None, typer.Option(help="Memory to declare, GiB")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="Where the agent records its workers")] = None,
+    stop_workers_on_exit: Annotated[bool, typer.Option(help="Stop workers when the agent stops")] = False,
+):
+    """A machine's agent: joins the cluster, runs and stops workers."""
+    from astraeus.agent.agent import run_agent
+
+    run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
+              memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,
+              state_dir=state_dir or (DEFAULT_HOME / "agents" / name), stop_workers_on_exit=stop_workers_on_exit)
+
+
+@app.command()
+def up(
+    home: Annotated[Path, typer.Option(help="Where state lives; env is written here")] = DEFAULT_HOME,
+    port: Annotated[int, typer.Option()] = 8420,
+    gpus: Annotated[int, typer.Option(help="Simulated GPUs per machine")] = 8,
+    machines: Annotated[int, typer.Option(help="Local machines (gpu-01, gpu-02, …)")] = 1,
+    cpus: Annotated[float, typer.Option(help="CPU cores each machine declares")] = 64,
+    memory_gib: Annotated[float, typer.Option(help="Memory each machine declares, GiB")] = 512,
+    org: Annotated[str, typer.Option()] = "acme",
+    workspace: Annotated[str, typer.Option()] = "vision",
+    cluster: Annotated[str, typer.Option()] = "main",
+    host_path: Annotated[list[str], typer.Option(help="Host paths granted to the workspace")] = None,
+    max_priority: Annotated[int | None, typer.Option(help="The workspace's max priority")] = None,
+    lost_after: Annotated[float | None, typer.Option(help="Seconds without heartbeat before a machine is lost")] = None,
+):
+    """A local cluster in the foreground: a control plane and N agents with simulated GPUs. Ctrl-C stops it."""
+    from astraeus.server.core import ControlPlane
+
+    home = home.expanduser()
+    settings = _settings(home, "127.0.0.1", port)
+    try:
+        cp = ControlPlane.open(settings)
+    except Exception as e:
+        typer.echo(f"astraeus up: cannot open the database ({type(e).__name__}: {str(e).splitlines()[0]})", err=True)
+        raise typer.Exit(1) from None
+    boot = bootstrap(cp, org, workspace, cluster, host_path or ["/data/astraeus"], lost_after, max_priority)
+    base = settings.console_base()
+    procs: list[subprocess.Popen] = []
+
+    def start_agents(server) -> None:
+        for i in range(machines):
+            name = f"gpu-{i + 1:02d}"
+            cmd = [sys.executable, "-m", "astraeus.main", "agent", "--server", base, "--token", boot["machine_token"],
+                   "--name", name, "--gpus", str(gpus), "--cpus", str(cpus), "--memory-gib", str(memory_gib),
+                   "--state-dir", str(home / "agents" / name), "--stop-workers-on-exit"]
+            log = open(home / f"agent-{name}.log", "ab")
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        # Ready when every machine has joined.
+        from sqlalchemy import func, select
+
+        from astraeus.server.db import Machine
+
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with cp.sessions() as s:
+                n = s.scalar(select(func.count(Machine.id)).where(Machine.state == "Ready"))
+            if n >= machines:
+                break
+            time.sleep(0.05)
+        text = write_env(home, base, boot)
+        print(text, flush=True)
+        print(f"astraeus up: {machines} machine(s) × {gpus} GPUs ready; console {base}/o/{org}/w/{workspace}",
+              flush=True)
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        _serve(settings, cp, on_ready=start_agents)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        (home / "env").unlink(missing_ok=True)
+
+
+def _register_simulate() -> None:
+    try:
+        from astraeus.sim.cli import simulate_command
+    except ImportError:
+        return
+    app.command("simulate")(simulate_command)
+
+
+_register_simulate()
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,182 @@
+"""The scheduler's inputs and outputs: a snapshot of one cluster, and the plan it yields.
+
+Everything here is plain, immutable data. `astraeus.scheduler.plan(snapshot, now)` reads a `Snapshot` and
+returns a `Plan`; it does no I/O and reads no clock. The server's scheduling loop builds the snapshot from
+the database and applies the plan; the simulator builds it from a trace.
+
+Vocabulary (the product's own words):
+- run: what a user submits; it has one or more workers (`<run>-<index>`).
+- unit: what preemption stops at once: a gang run's workers together, or one worker of an independent run.
+- head: the first run in queue order that cannot start now but could on this cluster.
+- victim: running work stopped to make room for the head.
+- shadow time: when the head will start at the latest, from the time limits of running work.
+- stop grace: seconds between SIGTERM and SIGKILL on a machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Start = Literal["Gang", "Independent"]
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    name: str
+    gpus: int  # GPU count; indices are 0..gpus-1
+    cpu_cores: float
+    memory_bytes: int
+    labels: tuple[tuple[str, str], ...] = ()
+    stop_grace_seconds: float = 30.0
+    schedulable: bool = True  # False when lost or cordoned: nothing new is placed there
+    # Added for the per-machine "why not" lines: `machine is not schedulable (<this>)`.
+    unschedulable_reason: str = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A workspace's hard ceiling on one cluster. None means no limit on that resource."""
+
+    gpus: int | None = None
+    cpu_cores: float | None = None
+    memory_bytes: int | None = None
+    workers: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    id: str  # namespace id, "ws-" + 12 hex: what reasons and errors show
+    name: str
+    quota: Quota | None = None  # None: no quota on this cluster, share 0
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedWorker:
+    """A worker that holds room on a machine now (Starting, Running or Stopping)."""
+
+    name: str  # "<run>-<index>"
+    index: int
+    machine: str
+    gpu_indices: tuple[int, ...]
+    cpu_cores: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunningUnit:
+    """Running work that preemption can stop as one: a gang run's workers, or one independent worker."""
+
+    run: str
+    workspace: str  # Workspace.id
+    priority: int
+    started_at: float  # epoch seconds
+    time_limit_seconds: float | None
+    workers: tuple[PlacedWorker, ...]
+    stopping: bool = False  # already told to stop (its room is still taken until it is gone)
+    preempted_for: str | None = None  # when stopping for a head: that run's name (room held for it)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRequest:
+    """What one waiting worker needs on one machine."""
+
+    index: int
+    gpus: int
+    cpu_cores: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelection:
+    mode: Literal["Any", "Names", "Labels"] = "Any"
+    names: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRun:
+    """A run with workers that wait to be placed.
+
+    For a Gang run every worker in `workers` must be placed together (all or nothing). For an Independent
+    run each worker may be placed on its own; `workers` lists only the ones still waiting.
+    """
+
+    name: str
+    workspace: str  # Workspace.id
+    priority: int
+    submitted_at: float
+    workers: tuple[WorkerRequest, ...]
+    start: Start = "Gang"
+    time_limit_seconds: float | None = None
+    node_selection: NodeSelection = field(default_factory=NodeSelection)
+    # Machines this run may not use, each with the reason shown for it (e.g. a drive that lives elsewhere).
+    excluded_machines: tuple[tuple[str, str], ...] = ()
+    quota_noted: bool = False  # a "Quota reached" entry was already recorded for this run
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    cluster: str
+    machines: tuple[Machine, ...]
+    running: tuple[RunningUnit, ...]
+    waiting: tuple[WaitingRun, ...]
+    workspaces: tuple[Workspace, ...]
+    preemption: bool = True  # a cluster can run with preemption off
+    backfill: bool = True  # switches for the simulator: turn rules off to see their effect
+    fair_share: bool = True
+    fifo: bool = False  # order by submission time only (ignores priority and fair share)
+    # Added: how many waiting runs (in queue order, not started) get per-machine `why_not` lines. Each line
+    # costs one entry per machine, so 10k waiting runs on 1,000 machines would be 10M lines; the console shows
+    # the first page of the queue. The simulator sets 0; None means every waiting run.
+    why_not_limit: int | None = 200
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    worker_index: int
+    machine: str
+    gpu_indices: tuple[int, ...]
+    cpu_cores: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartRun:
+    run: str
+    placements: tuple[Placement, ...]
+    backfilled: bool = False  # started behind the head, in room the head does not need or ending before it
+
+
+@dataclass(frozen=True, slots=True)
+class StopUnit:
+    """Stop these workers (SIGTERM, stop grace, SIGKILL) because `preempted_by` needs their room."""
+
+    run: str
+    workers: tuple[str, ...]
+    preempted_by: str
+    reason: str  # "Preempted by higher-priority work (<run>)" or "... (a job in another namespace)"
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaReached:
+    run: str
+    workspace: str
+    message: str  # "Quota reached: gpus 6 in use + 4 asked > 8"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    starts: tuple[StartRun, ...] = ()
+    stops: tuple[StopUnit, ...] = ()
+    # For every waiting run (not started by this plan): the reason shown as its status.reason.
+    reasons: dict[str, str] = field(default_factory=dict)
+    # For every waiting worker ("<run>-<index>"): one line per machine, what blocks it there.
+    why_not: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    head: str | None = None
+    shadow_time: float | None = None  # when the head starts at the latest; None when unknown
+    quota_reached: tuple[QuotaReached, ...] = ()

@@ -1,0 +1,150 @@
+"""The agent side of the API: machines join, heartbeat, receive the workers that should run, report back."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session, selectinload
+
+from astraeus.server import lifecycle
+from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Run, Token, Worker, Workspace
+from astraeus.server.services import ApiError
+
+
+def machine_token(tok: Token) -> Token:
+    if tok.kind != "machine":
+        raise ApiError(403, "FORBIDDEN", "agent endpoints need a machine token")
+    return tok
+
+
+def register(session: Session, tok: Token, body: dict, at: float, heartbeat: float) -> tuple[Machine, Cluster, bool]:
+    cluster = session.get(Cluster, tok.cluster_id)
+    name = body.get("name") or ""
+    from astraeus.spec import check_dns_label
+
+    try:
+        check_dns_label(name, "machine name")
+    except ValueError as e:
+        raise ApiError(422, "INVALID", str(e)) from None
+    m = session.scalar(select(Machine).where(Machine.cluster_id == cluster.id, Machine.name == name))
+    changed = m is None or m.state != "Ready"
+    if m is None:
+        m = Machine(cluster_id=cluster.id, name=name)
+        session.add(m)
+        lifecycle.event(session, None, "MachineJoined", name, f"machine {name} joined cluster {cluster.name}", at)
+    elif m.state != "Ready":
+        lifecycle.event(session, None, "MachineReturned", name, f"machine {name} is back in cluster {cluster.name}", at)
+    m.gpus = int(body.get("gpus") or 0)
+    m.gpu_models = list(body.get("gpu_models") or [])
+    m.cpu_cores = float(body.get("cpu_cores") or 1)
+    m.memory_bytes = int(body.get("memory_bytes") or 0)
+    m.stop_grace_seconds = float(body.get("stop_grace_seconds") or 30)
+    m.labels = dict(body.get("labels") or {})
+    m.state = "Ready"
+    m.last_heartbeat = at
+    session.flush()
+    return m, cluster, changed
+
+
+def machine_for(session: Session, tok: Token, name: str) -> Machine:
+    m = session.scalar(select(Machine).where(Machine.cluster_id == tok.cluster_id, Machine.name == name))
+    if m is None:
+        raise ApiError(404, "NOT_FOUND", f"machine {name} has not registered: POST /api/v1/agent/register first")
+    return m
+
+
+def assignments(session: Session, m: Machine) -> list[dict]:
+    """The workers that should be on this machine now, each with all the agent needs to run or stop it."""
+    if m.state != "Ready":
+        return []  # a lost machine's workers have been handled elsewhere: the agent stops what it still runs
+    workers = list(session.scalars(select(Worker).where(Worker.machine_id == m.id, Worker.state.in_(lifecycle.ACTIVE))
+                                   .options(selectinload(Worker.run))))
+    out = []
+    for w in workers:
+        run = w.run
+        ws = session.get(Workspace, run.workspace_id)
+        tt = run.spec["task_template"]
+        env = dict(tt.get("env") or {})
+        env.update({
+            "ASTRAEUS_JOB_NAME": f"{ws.ns}.{run.name}",
+            "ASTRAEUS_RUN_NAME": run.name,
+            "ASTRAEUS_WORKER_NAME": w.name,
+            "ASTRAEUS_WORKER_INDEX": str(w.index),
+            "ASTRAEUS_NUM_WORKERS": str(len(run.workers)),
+            "ASTRAEUS_GPU_COUNT": str(len(w.gpu_indices or [])),
+            "ASTRAEUS_ATTEMPT": str(w.attempt),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in (w.gpu_indices or [])),
+            "SLURM_JOB_NAME": run.name,
+        })
+        access = session.scalar(select(Access).where(Access.workspace_id == run.workspace_id,
+                                                     Access.cluster_id == run.cluster_id))
+        mounts = []
+        for ref in tt.get("datavolume_refs") or []:
+            d = session.scalar(select(Drive).where(Drive.workspace_id == run.workspace_id, Drive.name == ref["name"]))
+            if d is None:
+                continue
+            src = d.spec["sources"][0]
+            granted = next((r for r in (access.host_paths or []) if src["path"] == r or
+                            src["path"].startswith(r.rstrip("/") + "/")), None)
+            mounts.append({"drive": d.name, "host_path": src["path"], "mount_path": ref["mount_path"],
+                           "read_only": ref.get("mode") == "ReadOnly" or src.get("mode") == "ReadOnly",
+                           "create": bool((d.spec.get("permissions") or {}).get("create")),
+                           "granted_root": granted})
+        configs = [{"mount_path": mp, "value": c["value"]} for c in tt.get("configs") or [] for mp in c["mounts"]]
+        out.append({
+            "worker": w.name, "attempt": w.attempt, "run": run.name, "workspace": ws.ns,
+            "desired": w.desired or "Running", "stop_reason": w.stop_reason,
+            "image": tt["image"], "command": tt["command"], "args": list(tt.get("args") or []), "env": env,
+            "gpu_indices": list(w.gpu_indices or []), "cpu_cores": w.cpu_cores, "memory_bytes": w.memory_bytes,
+            "mounts": mounts, "configs": configs, "time_limit_seconds": tt.get("time_limit_seconds"),
+        })
+    return out
+
+
+def report(session: Session, m: Machine, body: dict, at: float) -> bool:
+    """Heartbeat and worker states. Returns True when something changed that the scheduler should see."""
+    changed = False
+    if m.state != "Ready":
+        m.state = "Ready"
+        lifecycle.event(session, None, "MachineReturned", m.name, f"machine {m.name} heartbeats again", at)
+        changed = True
+    m.last_heartbeat = at
+    for r in body.get("workers") or []:
+        w = session.scalar(select(Worker).where(Worker.name == r.get("worker"), Worker.machine_id == m.id)
+                           .join(Run).where(Run.cluster_id == m.cluster_id).options(selectinload(Worker.run)))
+        if w is None or w.attempt != r.get("attempt") or w.state not in lifecycle.ACTIVE:
+            continue  # a stale attempt: the agent stops it because it is no longer assigned
+        state = r.get("state")
+        if state in ("Starting", "Running"):
+            if state == "Running":
+                changed = changed or w.state == "Starting"
+                lifecycle.running(session, w.run, w, r.get("pid"), r.get("environment"), at)
+            elif r.get("pid") or r.get("environment"):
+                w.pid = r.get("pid") or w.pid
+                w.environment = r.get("environment") or w.environment
+        elif state == "Exited":
+            lifecycle.ended(session, w.run, w, r.get("exit_code"), r.get("signal"), None, at)
+            changed = True
+        elif state == "StartFailed":
+            w.stop_kind = None
+            lifecycle.ended(session, w.run, w, None, None, f"failed to start: {r.get('message') or 'unknown'}", at)
+            changed = True
+    return changed
+
+
+def store_logs(session: Session, m: Machine, lines: list[dict]) -> int:
+    if not lines:
+        return 0
+    names = {ln.get("worker") for ln in lines}
+    ids = dict(session.execute(select(Worker.name, Worker.id).join(Run).where(
+        Worker.name.in_(names), Run.cluster_id == m.cluster_id, Run.live_key == "")).all())
+    rows = [{"worker_id": ids[ln["worker"]], "attempt": int(ln.get("attempt") or 0), "seq": int(ln["seq"]),
+             "time": float(ln.get("time") or 0), "stream": (ln.get("stream") or "stdout")[:8],
+             "text": str(ln.get("text", ""))} for ln in lines if ln.get("worker") in ids]
+    if not rows:
+        return 0
+    dialect = session.get_bind().dialect.name
+    ins = pg_insert(LogLine) if dialect == "postgresql" else sqlite_insert(LogLine)
+    session.execute(ins.values(rows).on_conflict_do_nothing(index_elements=["worker_id", "attempt", "seq"]))
+    return len(rows)

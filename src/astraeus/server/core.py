@@ -1,0 +1,101 @@
+"""The control plane's shared parts: settings, the database handle, and the wake-ups between threads."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.orm import sessionmaker
+
+from astraeus.server import db
+
+
+@dataclass
+class Settings:
+    home: Path = field(default_factory=lambda: Path(os.environ.get("ASTRAEUS_HOME", "~/.astraeus")).expanduser())
+    database_url: str | None = field(default_factory=lambda: os.environ.get("ASTRAEUS_DATABASE_URL"))
+    host: str = "127.0.0.1"
+    port: int = 8420
+    public_url: str | None = field(default_factory=lambda: os.environ.get("ASTRAEUS_PUBLIC_URL"))
+    # The pages: "The scheduler looks at every waiting run at least every 15 seconds, and whenever something
+    # changes." A change wakes the loop at once; this is the longest it sleeps.
+    schedule_interval: float = field(default_factory=lambda: float(os.environ.get("ASTRAEUS_SCHEDULE_INTERVAL", "15")))
+    # Debounce: a burst of submits within this many seconds is scheduled in one cycle.
+    schedule_debounce: float = 0.005
+    heartbeat_seconds: float = field(default_factory=lambda: float(os.environ.get("ASTRAEUS_HEARTBEAT", "5")))
+
+    def url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        self.home.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{self.home / 'astraeus.db'}"
+
+    def console_base(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
+class Notifier:
+    """Version counters that threads wait on: per machine (desired workers) and for logs."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._machine: dict[int, int] = {}
+        self._logs = 0
+        self._wake = threading.Event()
+
+    # machines --------------------------------------------------------------------------------------
+    def machine_version(self, machine_id: int) -> int:
+        with self._cond:
+            return self._machine.setdefault(machine_id, 1)
+
+    def bump_machines(self, machine_ids) -> None:
+        with self._cond:
+            for m in machine_ids:
+                if m is not None:
+                    self._machine[m] = self._machine.setdefault(m, 1) + 1
+            self._cond.notify_all()
+
+    def wait_machine(self, machine_id: int, after: int, timeout: float) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: self._machine.setdefault(machine_id, 1) > after, timeout=timeout)
+            return self._machine[machine_id]
+
+    # logs ------------------------------------------------------------------------------------------
+    def logs_version(self) -> int:
+        with self._cond:
+            return self._logs
+
+    def bump_logs(self) -> None:
+        with self._cond:
+            self._logs += 1
+            self._cond.notify_all()
+
+    def wait_logs(self, after: int, timeout: float) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: self._logs > after, timeout=timeout)
+            return self._logs
+
+    # the scheduling loop ---------------------------------------------------------------------------
+    def wake_scheduler(self) -> None:
+        self._wake.set()
+
+    def wait_scheduler(self, timeout: float) -> bool:
+        woke = self._wake.wait(timeout)
+        self._wake.clear()
+        return woke
+
+
+@dataclass
+class ControlPlane:
+    settings: Settings
+    engine: object
+    sessions: sessionmaker
+    notifier: Notifier
+
+    @classmethod
+    def open(cls, settings: Settings) -> ControlPlane:
+        engine = db.make_engine(settings.url())
+        db.migrate(engine)
+        return cls(settings=settings, engine=engine, sessions=db.session_factory(engine), notifier=Notifier())

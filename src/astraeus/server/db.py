@@ -1,0 +1,249 @@
+"""Storage: SQLAlchemy 2 models, the engine, and migrations at start-up.
+
+SQLite (WAL) under the home by default; PostgreSQL through ASTRAEUS_DATABASE_URL. Times are epoch seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def now() -> float:
+    return time.time()
+
+
+class Org(Base):
+    __tablename__ = "orgs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+
+
+class Cluster(Base):
+    __tablename__ = "clusters"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("orgs.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    preemption: Mapped[bool] = mapped_column(Boolean, default=True)
+    lost_after_seconds: Mapped[float] = mapped_column(Float, default=60.0)
+    __table_args__ = (UniqueConstraint("org_id", "name"),)
+
+
+class Workspace(Base):
+    __tablename__ = "workspaces"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("orgs.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    ns: Mapped[str] = mapped_column(String(15), unique=True)  # "ws-" + 12 hex
+    __table_args__ = (UniqueConstraint("org_id", "name"),)
+
+
+class Access(Base):
+    """A workspace's access to a cluster: quota, weight, max priority and granted host paths."""
+
+    __tablename__ = "access"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
+    max_priority: Mapped[int] = mapped_column(Integer, default=0)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    quota_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    quota_cpu_cores: Mapped[float | None] = mapped_column(Float, nullable=True)
+    quota_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    quota_workers: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    host_paths: Mapped[list] = mapped_column(JSON, default=list)
+    __table_args__ = (UniqueConstraint("workspace_id", "cluster_id"),)
+
+
+class Token(Base):
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the secret; never the secret
+    kind: Mapped[str] = mapped_column(String(16))  # user | org_admin | machine
+    org_id: Mapped[int] = mapped_column(ForeignKey("orgs.id"))
+    workspace_id: Mapped[int | None] = mapped_column(ForeignKey("workspaces.id"), nullable=True)
+    cluster_id: Mapped[int | None] = mapped_column(ForeignKey("clusters.id"), nullable=True)
+    role: Mapped[str | None] = mapped_column(String(16), nullable=True)  # viewer | editor | admin
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Machine(Base):
+    __tablename__ = "machines"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_models: Mapped[list] = mapped_column(JSON, default=list)
+    cpu_cores: Mapped[float] = mapped_column(Float, default=1.0)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    stop_grace_seconds: Mapped[float] = mapped_column(Float, default=30.0)
+    labels: Mapped[dict] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="Ready")  # Ready | Lost
+    last_heartbeat: Mapped[float] = mapped_column(Float, default=now)
+    registered_at: Mapped[float] = mapped_column(Float, default=now)
+    __table_args__ = (UniqueConstraint("cluster_id", "name"),)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    uid: Mapped[str] = mapped_column(String(32), unique=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    # "" while the run exists; its uid once deleted, so the name can be used again.
+    live_key: Mapped[str] = mapped_column(String(32), default="")
+    labels: Mapped[dict] = mapped_column(JSON, default=dict)
+    spec: Mapped[dict] = mapped_column(JSON)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default="Pending")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    queue_reason: Mapped[str] = mapped_column(Text, default="")  # the scheduler's word, kept beside `reason`
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    preempted_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    quota_noted: Mapped[bool] = mapped_column(Boolean, default=False)
+    deleting: Mapped[bool] = mapped_column(Boolean, default=False)
+    workers: Mapped[list[Worker]] = relationship(back_populates="run", order_by="Worker.index")
+    __table_args__ = (UniqueConstraint("workspace_id", "name", "live_key"), Index("ix_runs_state", "state"))
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    name: Mapped[str] = mapped_column(String(80))
+    index: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="Pending")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    machine_id: Mapped[int | None] = mapped_column(ForeignKey("machines.id"), nullable=True)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)  # GPUs this worker asks for
+    gpu_indices: Mapped[list] = mapped_column(JSON, default=list)
+    cpu_cores: Mapped[float] = mapped_column(Float, default=0.0)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # What the control plane wants the agent to do with the current attempt: Running or Stopped.
+    desired: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    stop_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)  # preempt|timelimit|delete|gang|lost
+    stop_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    preempted_for: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    environment: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    placed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stop_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    why_not: Mapped[list] = mapped_column(JSON, default=list)
+    run: Mapped[Run] = relationship(back_populates="workers")
+    machine: Mapped[Machine | None] = relationship()
+    __table_args__ = (Index("ix_workers_machine", "machine_id"), Index("ix_workers_run", "run_id"))
+
+
+class History(Base):
+    __tablename__ = "history"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    time: Mapped[float] = mapped_column(Float, default=now)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workspace_id: Mapped[int | None] = mapped_column(ForeignKey("workspaces.id"), nullable=True, index=True)
+    time: Mapped[float] = mapped_column(Float, default=now)
+    kind: Mapped[str] = mapped_column(String(40))
+    object: Mapped[str] = mapped_column(String(200), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class LogLine(Base):
+    __tablename__ = "log_lines"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    worker_id: Mapped[int] = mapped_column(ForeignKey("workers.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    time: Mapped[float] = mapped_column(Float)
+    stream: Mapped[str] = mapped_column(String(8), default="stdout")
+    text: Mapped[str] = mapped_column(Text)
+    __table_args__ = (UniqueConstraint("worker_id", "attempt", "seq"),)
+
+
+class Drive(Base):
+    __tablename__ = "drives"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+
+# ------------------------------------------------------------------------------------------- the engine
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20,
+                               max_overflow=40)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # WAL: readers never wait for the writer
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    return create_engine(url, pool_size=20, max_overflow=40, pool_pre_ping=True)
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest alembic revision (creating it on an empty database)."""
+    from alembic import command
+    from alembic.config import Config
+
+    here = Path(__file__).parent / "migrations"
+    cfg = Config()
+    cfg.set_main_option("script_location", str(here))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def session_factory(engine: Engine) -> sessionmaker:
+    return sessionmaker(engine, expire_on_commit=False)

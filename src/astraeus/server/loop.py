@@ -1,0 +1,266 @@
+"""The scheduling loop: load a snapshot, call the pure scheduler, apply its plan in one transaction.
+
+It also does the control plane's other timed duties: a worker past its time limit is stopped, a machine
+that stopped heartbeating is lost. It wakes at least every `schedule_interval` seconds (15 s, the pages'
+promise) and within a few milliseconds of any change (a submit, a delete, a worker's exit, a machine joining).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client import Counter, Histogram
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from astraeus import scheduler as sched
+from astraeus.server import lifecycle
+from astraeus.server.core import ControlPlane
+from astraeus.server.db import Access, Cluster, Drive, Machine, Run, Worker, Workspace
+
+log = logging.getLogger("astraeus.loop")
+
+CYCLE_SECONDS = Histogram("astraeus_schedule_cycle_seconds", "Time of one scheduling cycle (load, plan, apply)")
+PLAN_SECONDS = Histogram("astraeus_plan_seconds", "Time the pure scheduler takes for one cluster")
+STARTS = Counter("astraeus_workers_placed_total", "Workers placed on machines")
+PREEMPTIONS = Counter("astraeus_preemptions_total", "Units stopped to make room for higher-priority work")
+
+
+def build_snapshot(session: Session, cluster: Cluster) -> tuple[sched.Snapshot, dict]:
+    """The snapshot for one cluster, plus lookups the apply step needs (runs and machines by name)."""
+    machines = list(session.scalars(select(Machine).where(Machine.cluster_id == cluster.id)))
+    mby_id = {m.id: m for m in machines}
+    runs = list(session.scalars(
+        select(Run).where(Run.cluster_id == cluster.id, Run.state.not_in(("Completed", "Failed", "Cancelled")))
+        .options(selectinload(Run.workers))))
+    wss = {w.id: w for w in session.scalars(select(Workspace))}
+    accesses = list(session.scalars(select(Access).where(Access.cluster_id == cluster.id)))
+    drives = {(d.workspace_id, d.name): d for d in session.scalars(select(Drive).where(Drive.cluster_id == cluster.id))}
+
+    snap_machines = tuple(
+        sched.Machine(name=m.name, gpus=m.gpus, cpu_cores=m.cpu_cores, memory_bytes=m.memory_bytes,
+                      labels=tuple(sorted((m.labels or {}).items())), stop_grace_seconds=m.stop_grace_seconds,
+                      schedulable=m.state == "Ready")
+        for m in sorted(machines, key=lambda m: m.name))
+    # Runs are named in the plan by name; two workspaces may use one name, so those get "name@ns" keys.
+    seen: dict[str, int] = {}
+    for r in runs:
+        seen[r.name] = seen.get(r.name, 0) + 1
+
+    def key(r: Run) -> str:
+        return r.name if seen[r.name] == 1 else f"{r.name}@{wss[r.workspace_id].ns}"
+
+    running: list[sched.RunningUnit] = []
+    waiting: list[sched.WaitingRun] = []
+    for run in runs:
+        ns = wss[run.workspace_id].ns
+        tt = run.spec["task_template"]
+        limit = tt.get("time_limit_seconds")
+        active = [w for w in run.workers if w.state in lifecycle.ACTIVE and w.machine_id in mby_id]
+        independent = run.spec.get("start") == "Independent"
+        groups = [[w] for w in active] if independent else ([active] if active else [])
+        for g in groups:
+            placed = tuple(sched.PlacedWorker(name=w.name, index=w.index, machine=mby_id[w.machine_id].name,
+                                              gpu_indices=tuple(w.gpu_indices or ()), cpu_cores=w.cpu_cores,
+                                              memory_bytes=w.memory_bytes) for w in g)
+            stopping = any(w.state == "Stopping" for w in g)
+            running.append(sched.RunningUnit(
+                run=key(run), workspace=ns, priority=run.priority,
+                started_at=min(w.placed_at or run.created_at for w in g), time_limit_seconds=limit,
+                workers=placed, stopping=stopping,
+                preempted_for=next((w.preempted_for for w in g if w.preempted_for), None) if stopping else None))
+        if run.deleting:
+            continue
+        pending = [w for w in run.workers if w.state == "Pending"]
+        if not pending or (not independent and active):
+            continue  # a gang is queued again only once none of its workers is still stopping
+        sel = tt.get("requested_resources", {}).get("node_selection") or {}
+        excluded = []
+        for ref in tt.get("datavolume_refs") or []:
+            d = drives.get((run.workspace_id, ref["name"]))
+            if d is None:
+                excluded += [(m.name, f"drive {ref['name']} no longer exists") for m in machines]
+                continue
+            node = d.spec["sources"][0]["node"]
+            excluded += [(m.name, f"drive {ref['name']} is kept on {node}; a worker elsewhere cannot mount it yet "
+                                  "(cross-machine drives come with NFS)") for m in machines if m.name != node]
+        waiting.append(sched.WaitingRun(
+            name=key(run), workspace=ns, priority=run.priority, submitted_at=run.created_at,
+            workers=tuple(sched.WorkerRequest(index=w.index, gpus=w.gpus, cpu_cores=w.cpu_cores,
+                                              memory_bytes=w.memory_bytes) for w in pending),
+            start="Independent" if independent else "Gang", time_limit_seconds=limit,
+            node_selection=sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
+                                               labels=tuple(sorted((sel.get("labels") or {}).items()))),
+            excluded_machines=tuple(excluded), quota_noted=run.quota_noted))
+    workspaces = []
+    for a in accesses:
+        ws = wss[a.workspace_id]
+        has_quota = any(v is not None for v in (a.quota_gpus, a.quota_cpu_cores, a.quota_memory_bytes,
+                                                a.quota_workers))
+        quota = sched.Quota(gpus=a.quota_gpus, cpu_cores=a.quota_cpu_cores, memory_bytes=a.quota_memory_bytes,
+                            workers=a.quota_workers) if has_quota else None
+        workspaces.append(sched.Workspace(id=ws.ns, name=ws.name, quota=quota, weight=a.weight or 1.0))
+    snap = sched.Snapshot(cluster=cluster.name, machines=snap_machines, running=tuple(running),
+                          waiting=tuple(waiting), workspaces=tuple(workspaces), preemption=cluster.preemption)
+    lookups = {"runs": {key(r): r for r in runs}, "machines": {m.name: m for m in machines},
+               "renames": {key(r): r.name for r in runs if key(r) != r.name}}
+    return snap, lookups
+
+
+def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> set[int]:
+    """Write the plan: placements, stops, reasons. Returns the machines whose desired workers changed."""
+    touched: set[int] = set()
+    runs = lookups["runs"]
+    machines = lookups["machines"]
+    renames = lookups["renames"]
+
+    def run_named(key: str) -> Run | None:
+        return runs.get(key)
+
+    def text(s: str) -> str:  # "name@ns" keys back to names (only ever shown inside their own workspace)
+        for k, v in renames.items():
+            s = s.replace(k, v)
+        return s
+
+    for start in plan.starts:
+        run = run_named(start.run)
+        if run is None:
+            continue
+        workers = {w.index: w for w in run.workers}
+        for p in start.placements:
+            w = workers[p.worker_index]
+            m = machines[p.machine]
+            lifecycle.place(session, run, w, m.id, list(p.gpu_indices), p.cpu_cores, p.memory_bytes, at, m.name)
+            touched.add(m.id)
+            STARTS.inc()
+        lifecycle.refresh_run(session, run, at)
+    for stop in plan.stops:
+        run = run_named(stop.run)
+        if run is None:
+            continue
+        ws = [w for w in run.workers if w.name in stop.workers]
+        touched.update(w.machine_id for w in ws if w.machine_id)
+        lifecycle.preempt(session, run, ws, text(stop.preempted_by), text(stop.reason), at)
+        lifecycle.refresh_run(session, run, at)
+        PREEMPTIONS.inc()
+    for name, reason in plan.reasons.items():
+        run = run_named(name)
+        if run is not None:
+            lifecycle.set_queue_reason(session, run, text(reason), at)
+    for wname, lines in plan.why_not.items():
+        rname, _, idx = wname.rpartition("-")
+        run = run_named(rname)
+        if run is None:
+            continue
+        for w in run.workers:
+            if w.name == wname:
+                w.why_not = [[m, text(r)] for m, r in lines]
+    for q in plan.quota_reached:
+        run = run_named(q.run)
+        if run is not None and not run.quota_noted:
+            run.quota_noted = True
+            lifecycle.history(session, run, run.state, text(q.message), at)
+            lifecycle.event(session, run.workspace_id, "QuotaReached", run.name, text(q.message), at)
+    return touched
+
+
+def enforce_time_limits(session: Session, at: float) -> set[int]:
+    touched = set()
+    rows = session.scalars(select(Worker).where(Worker.state.in_(("Starting", "Running")))
+                           .options(selectinload(Worker.run)))
+    for w in rows:
+        limit = w.run.spec["task_template"].get("time_limit_seconds")
+        begun = w.started_at or w.placed_at
+        if limit and begun and at >= begun + limit:
+            reason = f"Stopping: time limit of {lifecycle.fmt_duration(limit)} reached"
+            lifecycle.request_stop(session, w.run, w, "timelimit", reason, at)
+            lifecycle.refresh_run(session, w.run, at)
+            touched.add(w.machine_id)
+    return touched
+
+
+def detect_lost_machines(session: Session, at: float) -> set[int]:
+    touched = set()
+    for m, c in session.execute(select(Machine, Cluster).join(Cluster).where(Machine.state == "Ready")):
+        if at - m.last_heartbeat > c.lost_after_seconds:
+            m.state = "Lost"
+            touched.add(m.id)
+            workers = list(session.scalars(select(Worker).where(Worker.machine_id == m.id,
+                                                                Worker.state.in_(lifecycle.ACTIVE))))
+            wsids = {w.run.workspace_id for w in workers} or {None}
+            for wsid in wsids:
+                lifecycle.event(session, wsid, "MachineLost", m.name,
+                                f"machine {m.name} lost: no heartbeat for {int(at - m.last_heartbeat)} s; "
+                                f"its workers are handled by their restart policy", at)
+            for w in workers:
+                lifecycle.lost(session, w.run, w, m.name, at)
+    return touched
+
+
+def cycle(cp: ControlPlane, at: float | None = None) -> set[int]:
+    """One pass: timers, then a plan per cluster. Returns the machines to notify."""
+    at = time.time() if at is None else at
+    t0 = time.perf_counter()
+    with cp.sessions() as session, session.begin():
+        touched = detect_lost_machines(session, at)
+        touched |= enforce_time_limits(session, at)
+        session.flush()
+        for cluster in list(session.scalars(select(Cluster))):
+            snap, lookups = build_snapshot(session, cluster)
+            if not snap.waiting and not any(u.stopping for u in snap.running):
+                continue
+            p0 = time.perf_counter()
+            plan = sched.plan(snap, at)
+            PLAN_SECONDS.observe(time.perf_counter() - p0)
+            touched |= apply_plan(session, plan, lookups, at)
+    CYCLE_SECONDS.observe(time.perf_counter() - t0)
+    return touched
+
+
+class SchedulingLoop:
+    def __init__(self, cp: ControlPlane):
+        self.cp = cp
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduling-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.cp.notifier.wake_scheduler()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        n = self.cp.notifier
+        s = self.cp.settings
+        # The loop also checks lost machines and time limits: sleep no longer than a second for those.
+        tick = min(s.schedule_interval, 1.0)
+        last_full = 0.0
+        while not self._stop.is_set():
+            woke = n.wait_scheduler(tick)
+            if self._stop.is_set():
+                return
+            if woke:
+                time.sleep(s.schedule_debounce)
+            try:
+                touched = self.cycle_once(full=woke or time.time() - last_full >= s.schedule_interval)
+                if woke or time.time() - last_full >= s.schedule_interval:
+                    last_full = time.time()
+                if touched:
+                    n.bump_machines(touched)
+            except Exception:  # the loop must survive a bad cycle; the error is logged and retried
+                log.exception("scheduling cycle failed")
+                time.sleep(0.5)
+
+    def cycle_once(self, full: bool = True) -> set[int]:
+        if full:
+            return cycle(self.cp)
+        at = time.time()
+        with self.cp.sessions() as session, session.begin():
+            touched = detect_lost_machines(session, at) | enforce_time_limits(session, at)
+        if touched:
+            self.cp.notifier.wake_scheduler()
+        return touched

@@ -1,0 +1,431 @@
+"""What the API does, as plain functions over a session. Routers are thin and call these."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import delete as sql_delete
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from astraeus import spec as S
+from astraeus.server import lifecycle
+from astraeus.server.db import (
+    Access,
+    Cluster,
+    Drive,
+    Event,
+    History,
+    LogLine,
+    Machine,
+    Org,
+    Run,
+    Token,
+    Worker,
+    Workspace,
+)
+
+ROLES = ("viewer", "editor", "admin")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_ns() -> str:
+    return "ws-" + secrets.token_hex(6)
+
+
+# ------------------------------------------------------------------------------------------------ auth
+
+
+@dataclass
+class Caller:
+    token: Token
+    org: Org
+    workspace: Workspace | None = None
+    role: str | None = None  # viewer | editor | admin (org admins act as admin)
+
+    @property
+    def org_admin(self) -> bool:
+        return self.token.kind == "org_admin"
+
+
+def authenticate(session: Session, authorization: str | None) -> Token:
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise ApiError(401, "UNAUTHENTICATED", "missing bearer token: send 'Authorization: Bearer $ASTRAEUS_TOKEN'")
+    secret = authorization.split(None, 1)[1].strip()
+    tok = session.scalar(select(Token).where(Token.digest == digest(secret)))
+    if tok is None or tok.revoked:
+        raise ApiError(401, "UNAUTHENTICATED", "the token is not valid (unknown or revoked): ask for a new one")
+    if tok.expires_at is not None and tok.expires_at <= time.time():
+        raise ApiError(401, "UNAUTHENTICATED", "the token has expired: ask for a new one")
+    return tok
+
+
+def workspace_caller(session: Session, tok: Token, org_name: str, ws_name: str) -> Caller:
+    org = session.scalar(select(Org).where(Org.name == org_name))
+    not_found = ApiError(404, "NOT_FOUND", f"workspace {org_name}/{ws_name} not found (or this token has no access)")
+    if org is None or tok.org_id != org.id or tok.kind == "machine":
+        raise not_found
+    ws = session.scalar(select(Workspace).where(Workspace.org_id == org.id, Workspace.name == ws_name))
+    if ws is None:
+        raise not_found
+    if tok.kind == "org_admin":
+        return Caller(tok, org, ws, "admin")
+    if tok.workspace_id != ws.id:
+        raise not_found
+    return Caller(tok, org, ws, tok.role)
+
+
+def org_admin_caller(session: Session, tok: Token, org_name: str) -> Caller:
+    org = session.scalar(select(Org).where(Org.name == org_name))
+    if org is None or tok.org_id != org.id:
+        raise ApiError(404, "NOT_FOUND", f"organisation {org_name} not found (or this token has no access)")
+    if tok.kind != "org_admin":
+        raise ApiError(403, "FORBIDDEN", "this needs an organisation admin token")
+    return Caller(tok, org, None, "admin")
+
+
+def require(caller: Caller, role: str) -> None:
+    if ROLES.index(caller.role or "viewer") < ROLES.index(role):
+        raise ApiError(403, "FORBIDDEN", f"this needs the {role} role in workspace {caller.workspace.name}; "
+                                         f"this token has the {caller.role} role")
+
+
+def create_token(session: Session, org: Org, kind: str, workspace: Workspace | None = None, role: str | None = None,
+                 cluster: Cluster | None = None, expires_in: float | None = None) -> tuple[Token, str]:
+    prefix = {"user": "ast_u_", "org_admin": "ast_o_", "machine": "ast_m_"}[kind]
+    secret = prefix + secrets.token_urlsafe(32)
+    tok = Token(digest=digest(secret), kind=kind, org_id=org.id, workspace_id=workspace.id if workspace else None,
+                role=role, cluster_id=cluster.id if cluster else None,
+                expires_at=time.time() + expires_in if expires_in else None)
+    session.add(tok)
+    session.flush()
+    return tok, secret
+
+
+# ------------------------------------------------------------------------------------------ bootstrap
+
+
+def ensure_org(session: Session, name: str) -> Org:
+    org = session.scalar(select(Org).where(Org.name == name))
+    if org is None:
+        org = Org(name=name)
+        session.add(org)
+        session.flush()
+    return org
+
+
+def ensure_cluster(session: Session, org: Org, name: str, preemption: bool = True,
+                   lost_after: float | None = None) -> Cluster:
+    c = session.scalar(select(Cluster).where(Cluster.org_id == org.id, Cluster.name == name))
+    if c is None:
+        c = Cluster(org_id=org.id, name=name, preemption=preemption)
+        session.add(c)
+    if lost_after is not None:
+        c.lost_after_seconds = lost_after
+    session.flush()
+    return c
+
+
+def ensure_workspace(session: Session, org: Org, name: str) -> Workspace:
+    S.check_dns_label(name, "workspace name")
+    ws = session.scalar(select(Workspace).where(Workspace.org_id == org.id, Workspace.name == name))
+    if ws is None:
+        ws = Workspace(org_id=org.id, name=name, ns=new_ns())
+        session.add(ws)
+        session.flush()
+    return ws
+
+
+def set_access(session: Session, ws: Workspace, cluster: Cluster, **fields) -> Access:
+    acc = session.scalar(select(Access).where(Access.workspace_id == ws.id, Access.cluster_id == cluster.id))
+    if acc is None:
+        acc = Access(workspace_id=ws.id, cluster_id=cluster.id, host_paths=[])
+        session.add(acc)
+    quota = fields.pop("quota", None)
+    if quota is not None:
+        for k in ("gpus", "cpu_cores", "memory_bytes", "workers"):
+            if k in quota:
+                setattr(acc, f"quota_{k}", quota[k])
+    for k, v in fields.items():
+        if v is not None:
+            if k == "host_paths":
+                for p in v:
+                    S.check_absolute_path(p, "host path")
+                v = list(v)
+            setattr(acc, k, v)
+    session.flush()
+    return acc
+
+
+# ----------------------------------------------------------------------------------------------- views
+
+
+def iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+PAUSED = "Paused to make room for higher-priority work"
+
+
+def console_url(base: str, org: str, ws: str, cluster: str, run: str) -> str:
+    return f"{base}/o/{org}/w/{ws}/jobs/{cluster}/{run}"
+
+
+def worker_view(w: Worker, machine_names: dict[int, str] | None = None) -> dict:
+    tt = w.run.spec["task_template"]
+    mname = None
+    if w.machine_id is not None:
+        mname = (machine_names or {}).get(w.machine_id) or (w.machine.name if w.machine else None)
+    return {
+        "name": w.name, "run": w.run.name, "index": w.index, "state": w.state, "reason": w.reason,
+        "restarts": w.restarts, "preemptions": w.preemptions, "exit_code": w.exit_code, "machine": mname,
+        "gpu_indices": list(w.gpu_indices or []), "cpu_cores": w.cpu_cores, "memory_bytes": w.memory_bytes,
+        "attempt": w.attempt, "pid": w.pid, "image": tt["image"], "environment": w.environment,
+        "placed_at": iso(w.placed_at), "started_at": iso(w.started_at), "finished_at": iso(w.finished_at),
+        "why_not": [{"machine": m, "reason": r} for m, r in (w.why_not or [])],
+    }
+
+
+def run_view(run: Run, org: Org, ws: Workspace, cluster: Cluster, base: str, history: list[History] | None = None,
+             machine_names: dict[int, str] | None = None) -> dict:
+    status = {
+        "state": run.state, "reason": run.reason, "queue_reason": run.queue_reason,
+        "workers": [worker_view(w, machine_names) for w in run.workers],
+        "preemptions": run.preemptions,
+        "restarts": sum(w.restarts for w in run.workers),
+        "started_at": iso(run.started_at), "finished_at": iso(run.finished_at),
+        "console_url": console_url(base, org.name, ws.name, cluster.name, run.name),
+    }
+    if run.preempted_by and run.state == "Pending":
+        status["console_reason"] = PAUSED
+    if history is not None:
+        status["history"] = [{"time": iso(h.time), "state": h.state, "reason": h.reason} for h in history]
+    spec = dict(run.spec)
+    spec["cluster"] = cluster.name
+    return {
+        "metadata": {"name": run.name, "labels": run.labels or {}, "uid": run.uid, "workspace": ws.name,
+                     "namespace": ws.ns, "cluster": cluster.name, "created_at": iso(run.created_at)},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def drive_view(d: Drive, ws: Workspace, cluster: Cluster) -> dict:
+    return {"metadata": {"name": d.name, "workspace": ws.name, "namespace": ws.ns, "cluster": cluster.name,
+                         "created_at": iso(d.created_at)},
+            "spec": d.spec, "status": {"state": "Ready"}}
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def _cluster_for(session: Session, caller: Caller, name: str | None) -> tuple[Cluster, Access]:
+    q = select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id).where(
+        Access.workspace_id == caller.workspace.id)
+    if name:
+        row = session.execute(q.where(Cluster.name == name)).first()
+        if row is None:
+            raise ApiError(404, "CLUSTER_NOT_FOUND",
+                           f"cluster {name} not found or not granted to workspace {caller.workspace.name}")
+        return row[0], row[1]
+    row = session.execute(q.order_by(Cluster.id)).first()
+    if row is None:
+        raise ApiError(409, "NO_CLUSTER", f"workspace {caller.workspace.name} has access to no cluster: "
+                                          "ask an organisation admin to grant one")
+    return row[0], row[1]
+
+
+def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -> Run:
+    require(caller, "editor")
+    cluster, access = _cluster_for(session, caller, body.spec.cluster)
+    if body.spec.priority > access.max_priority:
+        raise ApiError(403, "PRIORITY_NOT_ALLOWED",
+                       f"priority {body.spec.priority} is above namespace {caller.workspace.ns}'s maximum of "
+                       f"{access.max_priority}")
+    for ref in body.spec.task_template.datavolume_refs:
+        d = session.scalar(select(Drive).where(Drive.workspace_id == caller.workspace.id, Drive.name == ref.name))
+        if d is None:
+            raise ApiError(400, "DRIVE_NOT_FOUND",
+                           f"spec.task_template.datavolume_refs: drive {ref.name} does not exist in workspace "
+                           f"{caller.workspace.name}: create it first (POST $API/drives)")
+    name = body.metadata.name
+    if session.scalar(select(Run.id).where(Run.workspace_id == caller.workspace.id, Run.name == name,
+                                           Run.live_key == "")):
+        raise ApiError(409, "ALREADY_EXISTS",
+                       f"a run named {name} already exists in workspace {caller.workspace.name}: "
+                       f"choose another metadata.name, or delete it first")
+    spec = body.spec.model_dump(mode="json")
+    spec["cluster"] = cluster.name
+    run = Run(uid=uuid.uuid4().hex, workspace_id=caller.workspace.id, cluster_id=cluster.id, name=name,
+              labels=body.metadata.labels, spec=spec, priority=body.spec.priority, state="Pending",
+              reason="Waiting for the scheduler", created_at=at)
+    session.add(run)
+    session.flush()
+    gpus, cpu, mem = S.worker_resources(body.spec.task_template)
+    for i in range(S.worker_count(body.spec.task_template)):
+        session.add(Worker(run_id=run.id, name=f"{name}-{i}", index=i, state="Pending", reason="Waiting to be placed",
+                           gpus=gpus, cpu_cores=cpu, memory_bytes=mem, gpu_indices=[], why_not=[]))
+    lifecycle.history(session, run, "Pending", "Submitted", at)
+    lifecycle.event(session, caller.workspace.id, "RunSubmitted", name,
+                    f"{name} submitted at priority {body.spec.priority}", at)
+    session.flush()
+    session.refresh(run)
+    return run
+
+
+def get_run(session: Session, caller: Caller, name: str) -> Run:
+    run = session.scalar(select(Run).where(Run.workspace_id == caller.workspace.id, Run.name == name,
+                                           Run.live_key == ""))
+    if run is None:
+        raise ApiError(404, "NOT_FOUND", f"run {name} not found in workspace {caller.workspace.name}")
+    return run
+
+
+def list_runs(session: Session, caller: Caller, state: str | None = None) -> list[Run]:
+    q = select(Run).where(Run.workspace_id == caller.workspace.id, Run.live_key == "")
+    if state:
+        q = q.where(Run.state == state)
+    return list(session.scalars(q.order_by(Run.created_at.desc(), Run.id.desc())))
+
+
+def run_history(session: Session, run: Run) -> list[History]:
+    return list(session.scalars(select(History).where(History.run_id == run.id).order_by(History.id)))
+
+
+def delete_run(session: Session, caller: Caller, name: str, at: float) -> tuple[Run, list[int]]:
+    require(caller, "editor")
+    run = get_run(session, caller, name)
+    machines = [w.machine_id for w in run.workers if w.state in lifecycle.ACTIVE]
+    lifecycle.delete(session, run, at)
+    lifecycle.event(session, caller.workspace.id, "RunDeleted", name, f"{name} deleted", at)
+    return run, machines
+
+
+def get_worker(session: Session, caller: Caller, name: str) -> Worker:
+    w = session.scalar(select(Worker).join(Run).where(Run.workspace_id == caller.workspace.id, Worker.name == name,
+                                                      Run.live_key == ""))
+    if w is None:
+        raise ApiError(404, "NOT_FOUND", f"worker {name} not found in workspace {caller.workspace.name}")
+    return w
+
+
+def list_workers(session: Session, caller: Caller, run: str | None = None) -> list[Worker]:
+    q = select(Worker).join(Run).where(Run.workspace_id == caller.workspace.id, Run.live_key == "")
+    if run:
+        q = q.where(Run.name == run)
+    return list(session.scalars(q.order_by(Run.id, Worker.index)))
+
+
+def read_logs(session: Session, worker: Worker, after_id: int = 0, tail: int | None = None) -> list[LogLine]:
+    q = select(LogLine).where(LogLine.worker_id == worker.id, LogLine.id > after_id)
+    if tail is not None:
+        rows = list(session.scalars(q.order_by(LogLine.id.desc()).limit(tail)))
+        return rows[::-1]
+    return list(session.scalars(q.order_by(LogLine.id)))
+
+
+# ---------------------------------------------------------------------------------------------- drives
+
+
+def create_drive(session: Session, caller: Caller, body: S.DriveCreate, at: float) -> Drive:
+    require(caller, "editor")
+    cluster, access = _cluster_for(session, caller, None)
+    src = body.spec.sources[0]
+    granted = access.host_paths or []
+    if not any(S.path_within(src.path, root) for root in granted):
+        allowed = ", ".join(granted) or "none"
+        raise ApiError(403, "HOST_PATH_NOT_GRANTED",
+                       f"spec.sources[0].path {src.path} is outside the host paths granted to workspace "
+                       f"{caller.workspace.name} on cluster {cluster.name} ({allowed}): use a path under one of them, "
+                       "or ask an organisation admin to grant it (Settings → Clusters → Host paths)")
+    name = body.metadata.name
+    if session.scalar(select(Drive.id).where(Drive.workspace_id == caller.workspace.id, Drive.name == name)):
+        raise ApiError(409, "ALREADY_EXISTS", f"a drive named {name} already exists: choose another metadata.name")
+    d = Drive(workspace_id=caller.workspace.id, cluster_id=cluster.id, name=name,
+              spec=body.spec.model_dump(mode="json"), created_at=at)
+    session.add(d)
+    lifecycle.event(session, caller.workspace.id, "DriveCreated", name,
+                    f"drive {name} on {src.node} at {src.path}", at)
+    session.flush()
+    return d
+
+
+def get_drive(session: Session, caller: Caller, name: str) -> Drive:
+    d = session.scalar(select(Drive).where(Drive.workspace_id == caller.workspace.id, Drive.name == name))
+    if d is None:
+        raise ApiError(404, "NOT_FOUND", f"drive {name} not found in workspace {caller.workspace.name}")
+    return d
+
+
+def delete_drive(session: Session, caller: Caller, name: str, at: float) -> None:
+    require(caller, "editor")
+    d = get_drive(session, caller, name)
+    session.delete(d)
+    lifecycle.event(session, caller.workspace.id, "DriveDeleted", name,
+                    f"drive {name} deleted; its files stay on {d.spec['sources'][0]['node']}", at)
+
+
+# -------------------------------------------------------------------------------------------- the rest
+
+
+def list_events(session: Session, caller: Caller, limit: int = 200) -> list[Event]:
+    return list(session.scalars(select(Event).where(Event.workspace_id == caller.workspace.id)
+                                .order_by(Event.id.desc()).limit(limit)))
+
+
+def machines_view(session: Session, cluster_ids: list[int]) -> list[dict]:
+    counts: dict[int, int] = {}
+    for mid, idx in session.execute(select(Worker.machine_id, Worker.gpu_indices)
+                                    .where(Worker.state.in_(lifecycle.ACTIVE))):
+        counts[mid] = counts.get(mid, 0) + len(idx or [])
+    out = []
+    names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
+    for m in session.scalars(select(Machine).where(Machine.cluster_id.in_(cluster_ids)).order_by(Machine.name)):
+        u = counts.get(m.id, 0)
+        out.append({"name": m.name, "cluster": names.get(m.cluster_id), "state": m.state, "gpus": m.gpus,
+                    "gpus_used": u, "gpus_free": max(0, m.gpus - u) if m.state == "Ready" else 0,
+                    "gpu_models": m.gpu_models, "cpu_cores": m.cpu_cores, "memory_bytes": m.memory_bytes,
+                    "stop_grace_seconds": m.stop_grace_seconds, "labels": m.labels,
+                    "last_heartbeat": iso(m.last_heartbeat)})
+    return out
+
+
+def workspace_view(session: Session, caller: Caller, base: str) -> dict:
+    rows = session.execute(select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id)
+                           .where(Access.workspace_id == caller.workspace.id).order_by(Cluster.id)).all()
+    return {
+        "name": caller.workspace.name, "id": caller.workspace.ns, "org": caller.org.name, "role": caller.role,
+        "console_url": f"{base}/o/{caller.org.name}/w/{caller.workspace.name}",
+        "clusters": [access_view(c, a) for c, a in rows],
+    }
+
+
+def access_view(c: Cluster, a: Access) -> dict:
+    return {"name": c.name, "max_priority": a.max_priority, "weight": a.weight, "host_paths": a.host_paths or [],
+            "preemption": c.preemption,
+            "quota": {"gpus": a.quota_gpus, "cpu_cores": a.quota_cpu_cores, "memory_bytes": a.quota_memory_bytes,
+                      "workers": a.quota_workers}}
+
+
+def count_runs(session: Session) -> int:
+    return session.scalar(select(func.count(Run.id))) or 0
+
+
+def purge_logs(session: Session, worker_ids: list[int]) -> None:
+    if worker_ids:
+        session.execute(sql_delete(LogLine).where(LogLine.worker_id.in_(worker_ids)))

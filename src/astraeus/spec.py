@@ -1,0 +1,284 @@
+"""The public API objects, in the pages' JSON shape, validated by pydantic.
+
+Unknown or misspelt fields are refused (extra="forbid"), so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Limits, documented in docs/api.md. They keep one run's row and one agent's assignment small.
+MAX_CONFIG_BYTES = 1024 * 1024  # all configs of a run together: 1 MiB (a script, a small config file)
+MAX_ENV_ENTRIES = 256
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_ARGS = 1024
+MAX_ARG_BYTES = 128 * 1024
+MAX_LABELS = 64
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
+DEFAULT_RESTART_BUDGET = 10  # the pages: "The preemption does not count against its 10 restarts"
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = ("ASTRAEUS_", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_NAME")
+
+
+def check_dns_label(value: str, what: str = "name") -> str:
+    if not DNS_LABEL.match(value or ""):
+        raise ValueError(
+            f"{what} {value!r} is not a DNS label: use 1-63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def check_absolute_path(value: str, what: str) -> str:
+    """Lexical checks on a path from a user: absolute, normalised, no NUL, no '..'."""
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain a NUL byte")
+    if not value.startswith("/"):
+        raise ValueError(f"{what} {value!r} must be an absolute path (start with /)")
+    if ".." in value.split("/"):
+        raise ValueError(f"{what} {value!r} must not contain '..'")
+    if value != "/" and (value.endswith("/") or posixpath.normpath(value) != value or "//" in value):
+        raise ValueError(f"{what} {value!r} is not in normal form: write it as {posixpath.normpath(value)!r}")
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Metadata(Strict):
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_dns_label(v)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_LABELS:
+            raise ValueError(f"at most {MAX_LABELS} labels")
+        return v
+
+
+class GpuRequests(Strict):
+    count: Annotated[int, Field(ge=0, le=4096)] = 0
+    min_per_machine: Annotated[int, Field(ge=1, le=64)] | None = None
+
+
+class PerGpu(Strict):
+    cpu_cores: Annotated[float, Field(gt=0, le=4096)] | None = None
+    memory_bytes: Annotated[int, Field(gt=0)] | None = None
+
+
+class NodeSelection(Strict):
+    mode: Literal["Any", "Names", "Labels"] = "Any"
+    names: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class RequestedResources(Strict):
+    cpu_cores: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    memory_bytes: Annotated[int, Field(gt=0)] | None = None
+    gpu_requests: GpuRequests = Field(default_factory=GpuRequests)
+    machines: Annotated[int, Field(ge=1, le=1024)] | None = None
+    per_gpu: PerGpu | None = None
+    node_selection: NodeSelection = Field(default_factory=NodeSelection)
+
+
+class DatavolumeRef(Strict):
+    name: str
+    mount_path: str
+    mode: Literal["ReadWrite", "ReadOnly"] = "ReadWrite"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_dns_label(v, "drive name")
+
+    @field_validator("mount_path")
+    @classmethod
+    def _mount(cls, v: str) -> str:
+        check_absolute_path(v, "mount_path")
+        if v == "/":
+            raise ValueError("mount_path must not be /")
+        return v
+
+
+class ConfigFile(Strict):
+    mounts: list[str] = Field(min_length=1)
+    value: str
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for m in v:
+            check_absolute_path(m, "configs mount")
+            if m == "/":
+                raise ValueError("a configs mount must be a file path, not /")
+        return v
+
+
+class TaskTemplate(Strict):
+    image: str = Field(min_length=1, max_length=512)
+    command: str = Field(min_length=1, max_length=4096)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    restart_policy: Literal["OnFailure", "Never"] = "OnFailure"
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = DEFAULT_RESTART_BUDGET
+    time_limit_seconds: Annotated[int, Field(gt=0, le=365 * 86400)] | None = None
+    requested_resources: RequestedResources = Field(default_factory=RequestedResources)
+    datavolume_refs: list[DatavolumeRef] = Field(default_factory=list)
+    configs: list[ConfigFile] = Field(default_factory=list)
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        if len(v) > MAX_ARGS:
+            raise ValueError(f"at most {MAX_ARGS} args")
+        if sum(len(a.encode()) for a in v) > MAX_ARG_BYTES:
+            raise ValueError(f"args are larger than {MAX_ARG_BYTES // 1024} KiB in all: put long input in configs")
+        if any("\x00" in a for a in v):
+            raise ValueError("args must not contain NUL bytes")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_ENV_ENTRIES:
+            raise ValueError(f"at most {MAX_ENV_ENTRIES} env entries")
+        for k, val in v.items():
+            if not ENV_NAME.match(k):
+                raise ValueError(f"env name {k!r} is not a valid variable name (letters, digits, _)")
+            if k.startswith(RESERVED_ENV[0]) or k in RESERVED_ENV[1:]:
+                raise ValueError(f"env name {k!r} is set by Astraeus and cannot be set in the spec")
+            if len(val.encode()) > MAX_ENV_VALUE_BYTES:
+                raise ValueError(f"env {k} is larger than {MAX_ENV_VALUE_BYTES // 1024} KiB: put it in configs")
+            if "\x00" in val:
+                raise ValueError(f"env {k} must not contain NUL bytes")
+        return v
+
+    @field_validator("configs")
+    @classmethod
+    def _configs(cls, v: list[ConfigFile]) -> list[ConfigFile]:
+        total = sum(len(c.value.encode()) for c in v)
+        if total > MAX_CONFIG_BYTES:
+            raise ValueError(
+                f"configs are {total} bytes in all, over the limit of {MAX_CONFIG_BYTES} bytes (1 MiB): "
+                "put large files on a drive"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> TaskTemplate:
+        rr = self.requested_resources
+        gpus = rr.gpu_requests.count
+        mpm = rr.gpu_requests.min_per_machine
+        if rr.machines is not None and mpm is not None and gpus and gpus != rr.machines * mpm:
+            raise ValueError(
+                f"requested_resources: gpu_requests.count {gpus} is not machines {rr.machines} × min_per_machine {mpm}"
+            )
+        machines = worker_count(self)
+        if gpus % machines:
+            raise ValueError(
+                f"requested_resources: gpu_requests.count {gpus} does not divide evenly over {machines} machines"
+            )
+        paths = [d.mount_path for d in self.datavolume_refs] + [m for c in self.configs for m in c.mounts]
+        if len(set(paths)) != len(paths):
+            raise ValueError("two drives or configs are mounted at the same path")
+        return self
+
+
+def worker_count(t: TaskTemplate) -> int:
+    """One worker per machine: `machines`, else count / min_per_machine, else 1."""
+    rr = t.requested_resources
+    if rr.machines:
+        return rr.machines
+    if rr.gpu_requests.min_per_machine and rr.gpu_requests.count:
+        return max(1, rr.gpu_requests.count // rr.gpu_requests.min_per_machine)
+    return 1
+
+
+def worker_resources(t: TaskTemplate) -> tuple[int, float, int]:
+    """(gpus, cpu_cores, memory_bytes) of each worker.
+
+    cpu_cores and memory_bytes are for the whole run, split over its machines; `per_gpu` multiplies by the
+    worker's GPUs instead. Without either: 1 core and 1 GiB per worker.
+    """
+    rr = t.requested_resources
+    n = worker_count(t)
+    gpus = rr.gpu_requests.count // n
+    cpu = rr.cpu_cores / n if rr.cpu_cores else None
+    mem = rr.memory_bytes // n if rr.memory_bytes else None
+    if rr.per_gpu and gpus:
+        if rr.per_gpu.cpu_cores and cpu is None:
+            cpu = rr.per_gpu.cpu_cores * gpus
+        if rr.per_gpu.memory_bytes and mem is None:
+            mem = rr.per_gpu.memory_bytes * gpus
+    return gpus, cpu if cpu is not None else 1.0, mem if mem is not None else 1 << 30
+
+
+class RunSpecBody(Strict):
+    priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = 0
+    start: Literal["Gang", "Independent"] = "Gang"
+    cluster: str | None = None
+    task_template: TaskTemplate
+
+
+class RunCreate(Strict):
+    metadata: Metadata
+    spec: RunSpecBody
+
+
+class DriveSource(Strict):
+    node: str
+    path: str
+    mount_path: str
+    mode: Literal["ReadWrite", "ReadOnly"] = "ReadWrite"
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, v: str) -> str:
+        return check_dns_label(v, "node")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return check_absolute_path(v, "path")
+
+    @field_validator("mount_path")
+    @classmethod
+    def _mount(cls, v: str) -> str:
+        check_absolute_path(v, "mount_path")
+        if v == "/":
+            raise ValueError("mount_path must not be /")
+        return v
+
+
+class DrivePermissions(Strict):
+    create: bool = False
+
+
+class DriveSpecBody(Strict):
+    sources: list[DriveSource] = Field(min_length=1, max_length=1)
+    transport: Literal["Auto", "TCP", "RDMA"] = "Auto"
+    permissions: DrivePermissions = Field(default_factory=DrivePermissions)
+
+
+class DriveCreate(Strict):
+    metadata: Metadata
+    spec: DriveSpecBody
+
+
+def path_within(path: str, root: str) -> bool:
+    """True when `path` is `root` or below it (so /data/astraeus-evil is not within /data/astraeus)."""
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root + "/") or root == "/"

@@ -63,23 +63,39 @@ def write_env(home: Path, base: str, boot: dict) -> str:
     return "\n".join(lines)
 
 
-def _serve(settings, cp, on_ready=None) -> None:
+def _serve(settings, cp, on_ready=None, on_signal=None) -> None:
+    """Serve the API until SIGINT/SIGTERM. uvicorn runs in a thread so that this thread handles the signal:
+    `on_signal` runs first (a local cluster stops its agents while the API still answers them), then the
+    waiting long-polls are released and the server stops."""
     import uvicorn
 
     from astraeus.server.app import create_app
 
     fastapi_app = create_app(settings, cp)
     config = uvicorn.Config(fastapi_app, host=settings.host, port=settings.port, log_level="warning",
-                            timeout_graceful_shutdown=2)
+                            timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    t = threading.Thread(target=server.run, name="api", daemon=True)
+    t.start()
+    while not server.started and t.is_alive():
+        time.sleep(0.02)
+    if not t.is_alive():
+        raise typer.Exit(1)
     if on_ready:
-        def waiter():
-            while not server.started and not server.should_exit:
-                time.sleep(0.02)
-            if server.started:
-                on_ready(server)
-        threading.Thread(target=waiter, daemon=True).start()
-    server.run()
+        threading.Thread(target=on_ready, args=(server,), daemon=True).start()
+    while not stop.wait(0.5):
+        if not t.is_alive():
+            break
+    try:
+        if on_signal:
+            on_signal()
+    finally:
+        cp.notifier.close()
+        server.should_exit = True
+        t.join(timeout=15)
 
 
 @app.command()
@@ -182,15 +198,7 @@ def up(
         print(f"astraeus up: {machines} machine(s) × {gpus} GPUs ready; console {base}/o/{org}/w/{workspace}",
               flush=True)
 
-    def stop(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        _serve(settings, cp, on_ready=start_agents)
-    except KeyboardInterrupt:
-        pass
-    finally:
+    def stop_agents() -> None:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -199,6 +207,11 @@ def up(
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+    try:
+        _serve(settings, cp, on_ready=start_agents, on_signal=stop_agents)
+    finally:
+        stop_agents()
         (home / "env").unlink(missing_ok=True)
 
 

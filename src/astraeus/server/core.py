@@ -44,6 +44,13 @@ class Notifier:
         self._machine: dict[int, int] = {}
         self._logs = 0
         self._wake = threading.Event()
+        self.closing = False
+
+    def close(self) -> None:
+        """Let every waiting long-poll and log follower return now: the control plane is stopping."""
+        with self._cond:
+            self.closing = True
+            self._cond.notify_all()
 
     # machines --------------------------------------------------------------------------------------
     def machine_version(self, machine_id: int) -> int:
@@ -59,7 +66,7 @@ class Notifier:
 
     def wait_machine(self, machine_id: int, after: int, timeout: float) -> int:
         with self._cond:
-            self._cond.wait_for(lambda: self._machine.setdefault(machine_id, 1) > after, timeout=timeout)
+            self._cond.wait_for(lambda: self.closing or self._machine.setdefault(machine_id, 1) > after, timeout=timeout)
             return self._machine[machine_id]
 
     # logs ------------------------------------------------------------------------------------------
@@ -74,7 +81,7 @@ class Notifier:
 
     def wait_logs(self, after: int, timeout: float) -> int:
         with self._cond:
-            self._cond.wait_for(lambda: self._logs > after, timeout=timeout)
+            self._cond.wait_for(lambda: self.closing or self._logs > after, timeout=timeout)
             return self._logs
 
     # the scheduling loop ---------------------------------------------------------------------------

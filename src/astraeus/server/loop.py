@@ -223,15 +223,18 @@ class SchedulingLoop:
     def __init__(self, cp: ControlPlane):
         self.cp = cp
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="scheduling-loop", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="scheduling-loop", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self.cp.notifier.wake_scheduler()
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     def _run(self) -> None:
         n = self.cp.notifier

@@ -1,0 +1,212 @@
+"""Shared fixtures: a real local cluster (`astraeus up` as a subprocess), and in-process apps on SQLite and
+PostgreSQL for the API tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_env(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export "):].partition("=")
+            out[k] = v
+    return out
+
+
+@dataclass
+class Cluster:
+    home: Path
+    port: int
+    proc: subprocess.Popen
+    vars: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def api(self) -> str:
+        return self.vars["API"]
+
+    @property
+    def token(self) -> str:
+        return self.vars["ASTRAEUS_TOKEN"]
+
+    @property
+    def admin_token(self) -> str:
+        return self.vars["ASTRAEUS_ADMIN_TOKEN"]
+
+    @property
+    def server(self) -> str:
+        return self.vars["ASTRAEUS_SERVER"]
+
+    @property
+    def env(self) -> dict[str, str]:
+        e = dict(os.environ)
+        e.update(self.vars)
+        e["PATH"] = f"{VENV_BIN}:{e.get('PATH', '')}"
+        e["ASTRAEUS_CONFIG"] = str(self.home / "cli-config.json")
+        return e
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.api, headers={"Authorization": f"Bearer {token or self.token}"},
+                            timeout=30)
+
+    def admin(self) -> httpx.Client:
+        org = self.api.split("/o/")[1].split("/")[0]
+        return httpx.Client(base_url=f"{self.server}/api/v1/o/{org}",
+                            headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=30)
+
+    def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+        deadline = time.time() + timeout
+        last = None
+        while time.time() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+    def run(self, name: str) -> dict:
+        with self.client() as c:
+            return c.get(f"/runs/{name}").json()
+
+    def worker(self, name: str) -> dict:
+        with self.client() as c:
+            return c.get(f"/workers/{name}").json()
+
+    def logs(self, worker: str) -> str:
+        with self.client() as c:
+            return c.get(f"/workers/{worker}/logs").text
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_cluster(home: Path, *, gpus: int = 8, machines: int = 1, stop_grace: float = 2.0,
+                  extra_args: list[str] | None = None, env: dict | None = None, timeout: float = 60) -> Cluster:
+    """`astraeus up` in a fresh home: the real control plane and real agents, with a short stop grace."""
+    port = free_port()
+    e = dict(os.environ)
+    e["ASTRAEUS_STOP_GRACE"] = str(stop_grace)
+    e["ASTRAEUS_HEARTBEAT"] = "1"
+    e.update(env or {})
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(home / "up.log", "ab")
+    cmd = [str(VENV_BIN / "astraeus"), "up", "--home", str(home), "--port", str(port), "--gpus", str(gpus),
+           "--machines", str(machines), *(extra_args or [])]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
+    c = Cluster(home=home, port=port, proc=proc)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"astraeus up exited with {proc.returncode}: {(home / 'up.log').read_text()[-3000:]}")
+        if (home / "env").exists():
+            c.vars = read_env(home / "env")
+            if "API" in c.vars:
+                return c
+        time.sleep(0.1)
+    c.stop()
+    raise RuntimeError(f"astraeus up was not ready in {timeout}s: {(home / 'up.log').read_text()[-3000:]}")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A fresh local cluster for one test: one machine gpu-01 with 8 simulated GPUs, a 2 s stop grace."""
+    c = start_cluster(tmp_path / "home")
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    """One local cluster shared by a module's tests (each test uses its own run names)."""
+    c = start_cluster(tmp_path_factory.mktemp("shared") / "home")
+    yield c
+    c.stop()
+
+
+# ------------------------------------------------------------------------------------ in-process apps
+
+
+def postgres_url() -> str:
+    """A fresh database on the local PostgreSQL for this test session."""
+    import psycopg
+
+    name = "astraeus_test_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+
+
+def drop_postgres(url: str) -> None:
+    import psycopg
+
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@dataclass
+class App:
+    client: object  # fastapi TestClient
+    boot: dict
+    cp: object
+    url: str
+
+    @property
+    def api(self) -> str:
+        return f"/api/v1/o/{self.boot['org']}/w/{self.boot['workspace']}"
+
+    def h(self, token: str | None = None) -> dict:
+        return {"Authorization": f"Bearer {token or self.boot['token']}"}
+
+
+def make_app(tmp_path: Path, database_url: str | None, run_loop: bool = True):
+    from fastapi.testclient import TestClient
+
+    from astraeus.main import bootstrap
+    from astraeus.server.app import create_app
+    from astraeus.server.core import ControlPlane, Settings
+
+    settings = Settings(home=tmp_path / "home", database_url=database_url)
+    cp = ControlPlane.open(settings)
+    boot = bootstrap(cp, "acme", "vision", "main", ["/data/astraeus"])
+    return TestClient(create_app(settings, cp, run_loop=run_loop)), boot, cp, settings.url()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def app(request, tmp_path):
+    """The control plane in process, on SQLite and on PostgreSQL."""
+    url = postgres_url() if request.param == "postgresql" else None
+    client, boot, cp, real_url = make_app(tmp_path, url)
+    with client:
+        yield App(client, boot, cp, real_url)
+    cp.engine.dispose()
+    if url:
+        drop_postgres(url)

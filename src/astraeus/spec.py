@@ -23,7 +23,10 @@ DEFAULT_RESTART_BUDGET = 10  # the pages: "The preemption does not count against
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESERVED_ENV = ("ASTRAEUS_", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_NAME")
+# Set by Astraeus for every worker; a spec cannot override them.
+RESERVED_ENV = frozenset({"ASTRAEUS_JOB_NAME", "ASTRAEUS_RUN_NAME", "ASTRAEUS_WORKER_NAME", "ASTRAEUS_WORKER_INDEX",
+                          "ASTRAEUS_NUM_WORKERS", "ASTRAEUS_GPU_COUNT", "ASTRAEUS_ATTEMPT", "ASTRAEUS_WORKER_ID",
+                          "CUDA_VISIBLE_DEVICES", "SLURM_JOB_NAME"})
 
 
 def check_dns_label(value: str, what: str = "name") -> str:
@@ -158,7 +161,7 @@ class TaskTemplate(Strict):
         for k, val in v.items():
             if not ENV_NAME.match(k):
                 raise ValueError(f"env name {k!r} is not a valid variable name (letters, digits, _)")
-            if k.startswith(RESERVED_ENV[0]) or k in RESERVED_ENV[1:]:
+            if k in RESERVED_ENV:
                 raise ValueError(f"env name {k!r} is set by Astraeus and cannot be set in the spec")
             if len(val.encode()) > MAX_ENV_VALUE_BYTES:
                 raise ValueError(f"env {k} is larger than {MAX_ENV_VALUE_BYTES // 1024} KiB: put it in configs")

@@ -1,0 +1,466 @@
+"""The machine agent.
+
+Entry point for `astraeus agent` (src/astraeus/main.py wires typer to it):
+
+    run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_cores: float | None = None,
+              memory_bytes: int | None = None, state_dir: str | None = None, stop_grace: float | None = None,
+              labels: dict[str, str] | None = None, stop_workers_on_exit: bool = False,
+              poll_wait: float = 30.0) -> None
+
+blocks until SIGTERM/SIGINT. `server` is the control plane's base URL (http://127.0.0.1:8420; a URL that already
+ends in /api/v1/agent works too); `token` a machine token. gpus=None → NVML's count (0 without NVML);
+gpus=N → N simulated GPUs. cpu_cores/memory_bytes default to the machine's. state_dir defaults to
+$ASTRAEUS_STATE_DIR or ~/.astraeus/agents/<name>. stop_grace defaults to $ASTRAEUS_STOP_GRACE or 30 s.
+
+On exit the agent leaves its workers running (their shims keep supervising them; the next agent started with
+the same state dir adopts them), unless stop_workers_on_exit (`--stop-workers-on-exit`, used by `astraeus up`
+for local clusters): then every worker is stopped (SIGTERM, grace, SIGKILL) before it returns.
+
+Protocol: docs/api.md, "Agent API". The agent registers, long-polls /assignments, reconciles, reports every
+worker's state on each change and at least every heartbeat_seconds (POST /report), and ships log lines
+(POST /logs, batched, retried; the server dedups by (worker, attempt, seq)). While the control plane is down it
+retries with backoff and keeps its workers as they were last assigned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psutil
+
+from astraeus.agent.gpus import discover_gpus
+from astraeus.agent.runtime.base import EXITED, START_FAILED, Runtime, StartFailed, WorkerStatus
+from astraeus.agent.runtime.process import ProcessRuntime
+
+log = logging.getLogger("astraeus.agent")
+
+DEFAULT_STOP_GRACE = 30.0
+LOG_BATCH = 2000
+
+
+def default_state_dir(name: str) -> str:
+    return os.environ.get("ASTRAEUS_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".astraeus", "agents", name)
+
+
+def default_stop_grace() -> float:
+    try:
+        return float(os.environ.get("ASTRAEUS_STOP_GRACE", DEFAULT_STOP_GRACE))
+    except ValueError:
+        return DEFAULT_STOP_GRACE
+
+
+class NeedsRegister(Exception):
+    pass
+
+
+class Backoff:
+    def __init__(self, first: float = 0.2, cap: float = 10.0):
+        self.first, self.cap, self.n = first, cap, 0
+
+    def reset(self) -> None:
+        self.n = 0
+
+    def next(self) -> float:
+        d = min(self.cap, self.first * (2 ** self.n))
+        self.n = min(self.n + 1, 20)
+        return d * (0.75 + random.random() / 2)
+
+
+class Agent:
+    def __init__(self, server: str, token: str, name: str, *, runtime: Runtime | None = None, gpus: int | None = None,
+                 cpu_cores: float | None = None, memory_bytes: int | None = None, state_dir: str | None = None,
+                 stop_grace: float | None = None, labels: dict[str, str] | None = None,
+                 stop_workers_on_exit: bool = False, poll_wait: float = 30.0):
+        base = server.rstrip("/")
+        self.base = base if base.endswith("/api/v1/agent") else base + "/api/v1/agent"
+        self.token = token
+        self.name = name
+        self.state_dir = os.path.abspath(state_dir or default_state_dir(name))
+        os.makedirs(self.state_dir, exist_ok=True)
+        self.stop_grace = default_stop_grace() if stop_grace is None else float(stop_grace)
+        self.runtime = runtime or ProcessRuntime(self.state_dir, stop_grace=self.stop_grace)
+        self.gpus = discover_gpus(gpus)
+        self.cpu_cores = float(cpu_cores if cpu_cores is not None else (os.cpu_count() or 1))
+        self.memory_bytes = int(memory_bytes if memory_bytes is not None else psutil.virtual_memory().total)
+        self.labels = dict(labels or {})
+        self.stop_workers_on_exit = stop_workers_on_exit
+        self.poll_wait = poll_wait
+
+        self.heartbeat_seconds = 5.0
+        self.cluster: str | None = None
+        self.registered = threading.Event()
+        self.stopping = threading.Event()
+        self.wake_reconcile = threading.Event()
+        self.wake_report = threading.Event()
+        self.wake_logs = threading.Event()
+        self.lock = threading.RLock()
+        self.version = 0
+        self.assignments: dict[tuple[str, int], dict] | None = None  # None until the first answer
+        self.synthetic: dict[tuple[str, int], WorkerStatus] = {}  # states without a runtime record
+        self.starting: set[tuple[str, int]] = set()
+        self.reported_final: set[tuple[str, int]] = set()
+        self.last_states: dict[tuple[str, int], tuple] = {}
+        self.offsets_path = os.path.join(self.state_dir, "log-offsets.json")
+        self.log_offsets: dict[str, int] = self._load_offsets()
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="agent-start")
+        self.threads: list[threading.Thread] = []
+        self.exit_requested = threading.Event()
+        self.draining = False  # set on shutdown: start nothing new
+
+    # ------------------------------------------------------------ http
+    def _client(self, timeout: float = 15.0) -> httpx.Client:
+        return httpx.Client(headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout)
+
+    def _post(self, client: httpx.Client, path: str, body: dict) -> dict:
+        r = client.post(self.base + path, json=body)
+        if r.status_code in (401, 403, 404, 409):
+            if path != "/register":
+                self.registered.clear()
+                raise NeedsRegister(f"{path}: {r.status_code} {r.text[:200]}")
+        r.raise_for_status()
+        return r.json() if r.content else {}
+
+    def register(self, client: httpx.Client) -> None:
+        body = {"name": self.name, "gpus": self.gpus.count, "gpu_models": self.gpus.models,
+                "cpu_cores": self.cpu_cores, "memory_bytes": self.memory_bytes,
+                "stop_grace_seconds": self.stop_grace, "labels": self.labels}
+        ans = self._post(client, "/register", body)
+        self.heartbeat_seconds = float(ans.get("heartbeat_seconds") or 5.0)
+        self.cluster = ans.get("cluster")
+        with self.lock:
+            self.version = 0  # ask for the whole desired state at once
+        self.registered.set()
+        log.info("registered %s in cluster %s (%d GPUs, %s)", self.name, self.cluster, self.gpus.count, self.gpus.source)
+        self.wake_report.set()
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep unless the agent is stopping; True when it is."""
+        return self.stopping.wait(seconds)
+
+    # ------------------------------------------------------------ threads
+    def poll_loop(self) -> None:
+        backoff = Backoff()
+        with self._client(timeout=self.poll_wait + 15) as client:
+            while not self.stopping.is_set():
+                try:
+                    if not self.registered.is_set():
+                        self.register(client)
+                    with self.lock:
+                        after = self.version
+                    r = client.get(self.base + "/assignments",
+                                   params={"machine": self.name, "after": after, "wait": self.poll_wait})
+                    if r.status_code in (401, 403, 404, 409):
+                        self.registered.clear()
+                        raise NeedsRegister(f"/assignments: {r.status_code}")
+                    r.raise_for_status()
+                    data = r.json()
+                    self.set_assignments(int(data.get("version") or 0), data.get("assignments") or [])
+                    backoff.reset()
+                except NeedsRegister as e:
+                    log.warning("control plane does not know this machine (%s); registering again", e)
+                    if self._sleep(backoff.next()):
+                        return
+                except (httpx.HTTPError, ValueError) as e:
+                    log.warning("control plane unreachable (%s); retrying", e)
+                    if self._sleep(backoff.next()):
+                        return
+
+    def set_assignments(self, version: int, items: list[dict]) -> None:
+        new = {}
+        for a in items:
+            if a.get("worker") is None:
+                continue
+            new[(str(a["worker"]), int(a.get("attempt") or 0))] = a
+        with self.lock:
+            self.version = version
+            self.assignments = new
+        self.wake_reconcile.set()
+
+    def reconcile_loop(self) -> None:
+        while not self.stopping.is_set():
+            self.wake_reconcile.wait(0.5)
+            self.wake_reconcile.clear()
+            if self.stopping.is_set():
+                return
+            try:
+                self.reconcile()
+            except Exception:  # noqa: BLE001
+                log.exception("reconcile failed")
+
+    def statuses(self) -> dict[tuple[str, int], WorkerStatus]:
+        out = {st.key: st for st in self.runtime.list()}
+        with self.lock:
+            for k, st in self.synthetic.items():
+                out.setdefault(k, st)
+        return out
+
+    def reconcile(self) -> None:
+        if self.draining:
+            return
+        with self.lock:
+            assigned = None if self.assignments is None else dict(self.assignments)
+        statuses = self.statuses()
+        if assigned is not None:
+            live_workers = {k[0] for k, st in statuses.items() if not st.final}
+            for key, a in assigned.items():
+                st = statuses.get(key)
+                if a.get("desired", "Running") == "Running":
+                    if st is None and key not in self.starting:
+                        if key[0] in live_workers:
+                            continue  # another attempt of this worker is still stopping: one at a time
+                        self.starting.add(key)
+                        live_workers.add(key[0])
+                        self.pool.submit(self._start, a)
+                else:
+                    if st is None and key not in self.starting:
+                        with self.lock:
+                            self.synthetic[key] = WorkerStatus(key[0], key[1], EXITED,
+                                                               message="stopped before it started",
+                                                               finished_at=time.time())
+                    elif st is not None and not st.final and not st.stopping:
+                        log.info("stopping %s attempt %s (%s)", key[0], key[1], a.get("stop_reason") or "desired Stopped")
+                        self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False)
+            for key, st in statuses.items():
+                if key not in assigned and not st.final and not st.stopping and key not in self.starting:
+                    log.info("stopping %s attempt %s: no longer assigned here", *key)
+                    self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False)
+            self._collect_garbage(assigned, statuses)
+        changed = False
+        for key, st in statuses.items():
+            sig = (st.state, st.pid, st.exit_code, st.signal, st.message)
+            if self.last_states.get(key) != sig:
+                self.last_states[key] = sig
+                changed = True
+        if changed:
+            self.wake_report.set()
+            self.wake_logs.set()
+
+    def _start(self, a: dict) -> None:
+        key = (str(a["worker"]), int(a.get("attempt") or 0))
+        try:
+            st = self.runtime.start(a)
+            log.info("started %s attempt %s: pid %s in %s", key[0], key[1], st.pid, st.environment)
+        except StartFailed as e:
+            log.warning("could not start %s attempt %s: %s", key[0], key[1], e)
+            if self.runtime.status(*key) is None:
+                with self.lock:
+                    self.synthetic[key] = WorkerStatus(key[0], key[1], START_FAILED, message=str(e))
+        except Exception as e:  # noqa: BLE001
+            log.exception("could not start %s attempt %s", *key)
+            with self.lock:
+                self.synthetic[key] = WorkerStatus(key[0], key[1], START_FAILED, message=f"agent error: {e}")
+        finally:
+            self.starting.discard(key)
+            self.wake_reconcile.set()
+            self.wake_report.set()
+
+    def _collect_garbage(self, assigned: dict, statuses: dict) -> None:
+        """Forget ended attempts once they are unassigned, reported and their logs shipped."""
+        for key, st in statuses.items():
+            if key in assigned or not st.final or key not in self.reported_final:
+                continue
+            with self.lock:
+                synthetic = self.synthetic.pop(key, None)
+            if synthetic is not None and self.runtime.status(*key) is None:
+                continue
+            lk = self._log_key(key)
+            pending, _ = self.runtime.read_logs(key[0], key[1], self.log_offsets.get(lk, 0), limit=1)
+            if pending:
+                continue  # logs not shipped yet
+            self.runtime.forget(*key)
+            self.log_offsets.pop(lk, None)
+            self.reported_final.discard(key)
+            self.last_states.pop(key, None)
+
+    def report_loop(self) -> None:
+        backoff = Backoff()
+        with self._client() as client:
+            while not self.stopping.is_set():
+                if not self.registered.wait(0.5):
+                    continue
+                self.wake_report.wait(self.heartbeat_seconds)
+                self.wake_report.clear()
+                if self.stopping.is_set():
+                    return
+                time.sleep(0.01)  # debounce bursts
+                try:
+                    self.send_report(client)
+                    backoff.reset()
+                except NeedsRegister:
+                    self._sleep(backoff.next())
+                except (httpx.HTTPError, ValueError) as e:
+                    log.warning("report failed (%s); retrying", e)
+                    self.wake_report.set()
+                    self._sleep(backoff.next())
+
+    def send_report(self, client: httpx.Client) -> None:
+        statuses = self.statuses()
+        workers = []
+        for st in sorted(statuses.values(), key=lambda s: s.key):
+            workers.append(st.report())
+        self._post(client, "/report", {"machine": self.name, "workers": workers})
+        self.reported_final.update(k for k, st in statuses.items() if st.final)
+
+    def log_loop(self) -> None:
+        backoff = Backoff()
+        with self._client() as client:
+            while not self.stopping.is_set():
+                self.wake_logs.wait(0.5)
+                self.wake_logs.clear()
+                if not self.registered.is_set():
+                    continue
+                try:
+                    more = self.ship_logs(client)
+                    backoff.reset()
+                    if more:
+                        self.wake_logs.set()
+                except NeedsRegister:
+                    self._sleep(backoff.next())
+                except (httpx.HTTPError, ValueError) as e:
+                    log.warning("log shipping failed (%s); retrying", e)
+                    self._sleep(backoff.next())
+
+    @staticmethod
+    def _log_key(key: tuple[str, int]) -> str:
+        return f"{key[0]}.{key[1]}"
+
+    def _load_offsets(self) -> dict[str, int]:
+        try:
+            with open(self.offsets_path) as f:
+                return {str(k): int(v) for k, v in json.load(f).items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _save_offsets(self) -> None:
+        tmp = self.offsets_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.log_offsets, f)
+        os.replace(tmp, self.offsets_path)
+
+    def ship_logs(self, client: httpx.Client) -> bool:
+        """Send one batch of new lines from every attempt; True when more are waiting."""
+        lines: list[dict] = []
+        new_offsets: dict[str, int] = {}
+        more = False
+        for st in self.runtime.list():
+            lk = self._log_key(st.key)
+            batch, end = self.runtime.read_logs(st.worker, st.attempt, self.log_offsets.get(lk, 0),
+                                                limit=LOG_BATCH - len(lines))
+            if batch or end != self.log_offsets.get(lk, 0):
+                lines += [ln.as_dict() for ln in batch]
+                new_offsets[lk] = end
+            if len(lines) >= LOG_BATCH:
+                more = True
+                break
+        if lines:
+            self._post(client, "/logs", {"machine": self.name, "lines": lines})
+        if new_offsets:
+            self.log_offsets.update(new_offsets)
+            self._save_offsets()
+        return more
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        adopted = self.runtime.adopt()
+        live = [st for st in adopted if not st.final]
+        if adopted:
+            log.info("adopted %d worker attempt(s), %d still running", len(adopted), len(live))
+        for target, name in ((self.poll_loop, "poll"), (self.reconcile_loop, "reconcile"),
+                             (self.report_loop, "report"), (self.log_loop, "logs")):
+            t = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def shutdown(self) -> None:
+        """Stop the loops; with stop_workers_on_exit, stop every worker first and report them."""
+        self.draining = True
+        if self.stop_workers_on_exit:
+            live = [st for st in self.runtime.list() if not st.final]
+            if live:
+                log.info("stopping %d worker(s) before exiting", len(live))
+            for st in live:
+                self.runtime.stop(st.worker, st.attempt, grace=self.stop_grace, wait=False)
+            for st in live:
+                self.runtime.stop(st.worker, st.attempt, grace=self.stop_grace, wait=True)
+        self.stopping.set()
+        self.wake_reconcile.set()
+        self.wake_report.set()
+        self.wake_logs.set()
+        for t in self.threads:
+            t.join(timeout=0.2 if t.name == "agent-poll" else 5)  # a long-poll may hold the poll thread
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.registered.is_set():  # last words: states and logs, best effort
+            try:
+                with self._client(timeout=3) as client:
+                    while self.ship_logs(client):
+                        pass
+                    self.send_report(client)
+            except (httpx.HTTPError, NeedsRegister, ValueError):
+                pass
+
+    def run(self) -> None:
+        """Start, block until request_exit() (run_agent calls it on SIGTERM/SIGINT), then shut down."""
+        self.start()
+        try:
+            while not self.exit_requested.wait(0.5):
+                pass
+        finally:
+            self.shutdown()
+
+    def request_exit(self) -> None:
+        self.exit_requested.set()
+
+
+def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_cores: float | None = None,
+              memory_bytes: int | None = None, state_dir: str | None = None, stop_grace: float | None = None,
+              labels: dict[str, str] | None = None, stop_workers_on_exit: bool = False,
+              poll_wait: float = 30.0) -> None:
+    """Run the agent until SIGTERM/SIGINT (see the module docstring)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    agent = Agent(server, token, name, gpus=gpus, cpu_cores=cpu_cores, memory_bytes=memory_bytes,
+                  state_dir=state_dir, stop_grace=stop_grace, labels=labels,
+                  stop_workers_on_exit=stop_workers_on_exit, poll_wait=poll_wait)
+
+    def on_signal(signum, frame):
+        log.info("signal %s: exiting%s", signum, " (stopping workers)" if stop_workers_on_exit else
+                 " (workers keep running and are adopted at the next start)")
+        agent.request_exit()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.run()
+
+
+def main() -> None:
+    """`python -m astraeus.agent.agent --server URL --token T --name NAME [...]` (the CLI is `astraeus agent`)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="astraeus agent")
+    p.add_argument("--server", required=True)
+    p.add_argument("--token", default=os.environ.get("ASTRAEUS_TOKEN"))
+    p.add_argument("--name", required=True)
+    p.add_argument("--gpus", type=int)
+    p.add_argument("--cpus", type=int)
+    p.add_argument("--memory-gib", type=float)
+    p.add_argument("--state-dir")
+    p.add_argument("--stop-grace", type=float)
+    p.add_argument("--label", action="append", default=[], help="key=value")
+    p.add_argument("--stop-workers-on-exit", action="store_true")
+    a = p.parse_args()
+    labels = dict(kv.split("=", 1) for kv in a.label)
+    run_agent(a.server, a.token or "", a.name, gpus=a.gpus, cpu_cores=a.cpus,
+              memory_bytes=int(a.memory_gib * 2**30) if a.memory_gib else None, state_dir=a.state_dir,
+              stop_grace=a.stop_grace, labels=labels, stop_workers_on_exit=a.stop_workers_on_exit)
+
+
+if __name__ == "__main__":
+    main()

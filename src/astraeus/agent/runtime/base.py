@@ -1,0 +1,95 @@
+"""The runtime interface the agent drives. `ProcessRuntime` runs commands on the host; a container runtime
+can implement the same interface later."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, field
+
+# States an agent reports (docs/api.md): Starting, Running, Exited, StartFailed.
+STARTING = "Starting"
+RUNNING = "Running"
+EXITED = "Exited"
+START_FAILED = "StartFailed"
+FINAL_STATES = frozenset({EXITED, START_FAILED})
+
+
+@dataclass
+class WorkerStatus:
+    worker: str
+    attempt: int
+    state: str
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str | None = None
+    environment: str | None = None  # the local environment the image mapped to
+    started_at: float | None = None
+    finished_at: float | None = None
+    stopping: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.worker, self.attempt)
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def report(self) -> dict:
+        """The entry of POST /report for this worker."""
+        d = asdict(self)
+        d.pop("extra")
+        d.pop("stopping")
+        return d
+
+
+@dataclass
+class LogLine:
+    worker: str
+    attempt: int
+    seq: int
+    time: float
+    stream: str
+    text: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class StartFailed(Exception):
+    """The worker could not be started; str(e) says why (reported as StartFailed with this message)."""
+
+
+class Runtime(abc.ABC):
+    """Starts, stops, watches and adopts worker attempts on this machine. Keys are (worker, attempt)."""
+
+    @abc.abstractmethod
+    def start(self, assignment: dict) -> WorkerStatus:
+        """Start one worker attempt from its assignment (docs/api.md). Raises StartFailed."""
+
+    @abc.abstractmethod
+    def stop(self, worker: str, attempt: int, grace: float | None = None, wait: bool = True) -> WorkerStatus | None:
+        """SIGTERM to the main process; SIGKILL to the whole tree when `grace` runs out. With wait=False,
+        returns at once (the stop goes on without the caller)."""
+
+    @abc.abstractmethod
+    def status(self, worker: str, attempt: int) -> WorkerStatus | None:
+        """The attempt's current state, or None when this runtime does not know it."""
+
+    @abc.abstractmethod
+    def list(self) -> list[WorkerStatus]:
+        """Every attempt this runtime knows (live and ended, until forgotten)."""
+
+    @abc.abstractmethod
+    def adopt(self) -> list[WorkerStatus]:
+        """After a restart: find the attempts still running (and those that ended meanwhile)."""
+
+    @abc.abstractmethod
+    def read_logs(self, worker: str, attempt: int, offset: int = 0, limit: int = 1000) -> tuple[list[LogLine], int]:
+        """Log lines from byte offset `offset`; returns them and the offset to continue from."""
+
+    @abc.abstractmethod
+    def forget(self, worker: str, attempt: int) -> None:
+        """Drop an ended attempt's records and logs."""

@@ -1,0 +1,465 @@
+"""ProcessRuntime: runs each worker attempt's command on the host (like Slurm without containers).
+
+Layout under `state_dir/workers/<worker>.<attempt>/`:
+  spec.json     what the shim runs (written by the runtime; the shim rewrites it if the folder is wiped)
+  shim.json     the shim's pid and create time (written first thing by the shim)
+  started.json  the command's pid, create time, pgid, cgroup (the command's PID is the worker's main process)
+  failed.json   {"message"}: the attempt could not start (StartFailed)
+  stop.json     {"grace", "requested_at"}: a stop request, read by the shim (SIGUSR1 wakes it)
+  exit.json     {"exit_code", "signal", "killed", "finished_at", "message"}: written by the shim when it ends
+  log.jsonl     one {"seq", "time", "stream", "text"} per output line
+  shim.log      the shim's own diagnostics
+  work/         the default working directory of the command
+
+Each worker gets its own session/process group, its own private mount namespace (drives and configs are bind
+mounts that exist only there), a cgroup v2 when one is writable (<cgroup2 mount>/astraeus/<owner>-<id>, used to
+SIGKILL the whole tree with cgroup.kill), and the marker ASTRAEUS_WORKER_ID=<owner>:<worker>.<attempt> in its
+environment (inherited by every descendant) so escaped processes are found even without a cgroup or records.
+`owner` is derived from the state dir, so several agents on one host (a local cluster) never touch each
+other's workers.
+
+Mount paths: a missing mount point is created on the host when only its last component is missing (an empty
+folder such as /ckpt, or an empty file for a config); when a parent is missing too, its topmost missing folder
+is created empty on the host and a tmpfs is mounted there inside the worker's namespace. Configs are written
+under the worker folder and bind-mounted read-only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+from astraeus.agent.runtime.base import (
+    EXITED,
+    RUNNING,
+    START_FAILED,
+    STARTING,
+    LogLine,
+    Runtime,
+    StartFailed,
+    WorkerStatus,
+)
+from astraeus.agent.runtime.images import ImageMap
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
+SHIM_MODULE = "astraeus.agent.runtime.shim"
+_PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None
+
+
+def _write_json(path: str, obj: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _alive(pid: int | None, ctime: float | None) -> bool:
+    """Is `pid` still the process that was started at `ctime` (guards against PID reuse)?"""
+    if not pid:
+        return False
+    try:
+        p = psutil.Process(pid)
+        if ctime is not None and abs(p.create_time() - ctime) > 0.05:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _scan_env(prefix: bytes) -> dict[int, str]:
+    """pid -> value for every process whose environment has a variable starting with `prefix`."""
+    found: dict[int, str] = {}
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        for item in _environ(int(name)):
+            if item.startswith(prefix):
+                found[int(name)] = item[len(prefix):].decode(errors="replace")
+                break
+    return found
+
+
+def find_cgroup_root() -> str | None:
+    """A cgroup v2 folder this process may create worker cgroups in (with cgroup.kill), or None."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    for m in mounts:
+        if len(m) >= 3 and m[2] == "cgroup2":
+            root = os.path.join(m[1], "astraeus")
+            try:
+                os.makedirs(root, exist_ok=True)
+                probe = os.path.join(root, f"probe-{os.getpid()}")
+                os.makedirs(probe, exist_ok=True)
+                ok = os.path.exists(os.path.join(probe, "cgroup.procs"))
+                os.rmdir(probe)
+                if ok:
+                    return root
+            except OSError:
+                continue
+    return None
+
+
+class ProcessRuntime(Runtime):
+    def __init__(self, state_dir: str, image_map: ImageMap | None = None, stop_grace: float = 30.0,
+                 use_cgroups: bool = True, start_timeout: float = 30.0):
+        self.state_dir = os.path.abspath(state_dir)
+        self.workers_dir = os.path.join(self.state_dir, "workers")
+        os.makedirs(self.workers_dir, exist_ok=True)
+        self.owner = hashlib.sha1(os.path.realpath(self.state_dir).encode()).hexdigest()[:12]
+        self.image_map = image_map or ImageMap.from_env()
+        self.stop_grace = float(stop_grace)
+        self.cgroup_root = find_cgroup_root() if use_cgroups else None
+        self.start_timeout = start_timeout
+        self._final: dict[tuple[str, int], WorkerStatus] = {}
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------ helpers
+    def dir(self, worker: str, attempt: int) -> str:
+        return os.path.join(self.workers_dir, f"{worker}.{int(attempt)}")
+
+    def marker(self, worker: str, attempt: int) -> str:
+        return f"{self.owner}:{worker}.{int(attempt)}"
+
+    @staticmethod
+    def _parse_dirname(name: str) -> tuple[str, int] | None:
+        worker, _, attempt = name.rpartition(".")
+        if not worker or not attempt.isdigit():
+            return None
+        return worker, int(attempt)
+
+    def build_env(self, assignment: dict) -> tuple[dict[str, str], str]:
+        env: dict[str, str] = {"PATH": os.environ.get("PATH", os.defpath), "HOME": os.environ.get("HOME", "/root")}
+        for k in ("LANG", "LC_ALL", "TZ"):
+            if k in os.environ:
+                env[k] = os.environ[k]
+        local = self.image_map.resolve(assignment.get("image"))
+        local.apply(env)
+        env["PYTHONUNBUFFERED"] = "1"  # logs line by line; a run may set it to "" to opt out
+        for k, v in (assignment.get("env") or {}).items():
+            env[str(k)] = "" if v is None else str(v)
+        if assignment.get("gpu_indices") is not None and "CUDA_VISIBLE_DEVICES" not in env:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in assignment["gpu_indices"])
+        env["ASTRAEUS_WORKER_ID"] = self.marker(assignment["worker"], assignment["attempt"])
+        return env, local.name
+
+    # ------------------------------------------------------------ start
+    def start(self, assignment: dict) -> WorkerStatus:
+        worker = str(assignment.get("worker") or "")
+        attempt = int(assignment.get("attempt") or 0)
+        if not NAME_RE.match(worker):
+            raise StartFailed(f"invalid worker name {worker!r}")
+        if not assignment.get("command"):
+            raise StartFailed("the run has no command")
+        with self._lock:
+            existing = self.status(worker, attempt)
+            if existing is not None:
+                if existing.state == START_FAILED:
+                    raise StartFailed(existing.message or "start failed")
+                return existing  # never two of the same attempt
+            d = self.dir(worker, attempt)
+            os.makedirs(d, exist_ok=True)
+            env, env_name = self.build_env(assignment)
+            spec = {
+                "worker": worker, "attempt": attempt, "run": assignment.get("run"),
+                "marker": self.marker(worker, attempt),
+                "image": assignment.get("image"), "environment": env_name,
+                "command": str(assignment["command"]), "args": [str(a) for a in assignment.get("args") or []],
+                "env": env, "cwd": assignment.get("working_dir") or os.path.join(d, "work"),
+                "mounts": assignment.get("mounts") or [], "configs": assignment.get("configs") or [],
+                "cgroup": os.path.join(self.cgroup_root, f"{self.owner}-{worker}.{attempt}") if self.cgroup_root else None,
+                "stop_grace": self.stop_grace, "created_at": time.time(),
+            }
+            _write_json(os.path.join(d, "spec.json"), spec)
+            shim_env = {
+                "PATH": os.environ.get("PATH", os.defpath),
+                "PYTHONPATH": _PKG_PARENT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+                "ASTRAEUS_SHIM_OWNER": self.owner,
+                "ASTRAEUS_SHIM_ID": f"{worker}.{attempt}",
+                "ASTRAEUS_SHIM_DIR": d,
+            }
+            with open(os.path.join(d, "shim.log"), "ab") as errf:
+                p = subprocess.Popen([sys.executable, "-m", SHIM_MODULE, os.path.join(d, "spec.json")],
+                                     env=shim_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
+                                     cwd="/", start_new_session=True, close_fds=True)
+            p.wait()  # the shim forks away at once
+            deadline = time.monotonic() + self.start_timeout
+            while True:
+                st = self.status(worker, attempt)
+                if st is not None and st.state != STARTING:
+                    break
+                if time.monotonic() > deadline:
+                    self.stop(worker, attempt, grace=0, wait=False)
+                    raise StartFailed(f"the worker did not start within {self.start_timeout:.0f}s")
+                time.sleep(0.01)
+            if st.state == START_FAILED:
+                raise StartFailed(st.message or "start failed")
+            return st
+
+    # ------------------------------------------------------------ status
+    def status(self, worker: str, attempt: int) -> WorkerStatus | None:
+        key = (worker, int(attempt))
+        cached = self._final.get(key)
+        if cached is not None:
+            return cached
+        d = self.dir(worker, attempt)
+        spec = _read_json(os.path.join(d, "spec.json"))
+        if spec is None and not os.path.isdir(d):
+            return None
+        spec = spec or {}
+        env_name = spec.get("environment")
+        failed = _read_json(os.path.join(d, "failed.json"))
+        if failed is not None:
+            return self._finalize(WorkerStatus(worker, attempt, START_FAILED, message=failed.get("message"),
+                                               environment=env_name, finished_at=failed.get("time")))
+        started = _read_json(os.path.join(d, "started.json")) or {}
+        exit_ = _read_json(os.path.join(d, "exit.json"))
+        stopping = os.path.exists(os.path.join(d, "stop.json"))
+        if exit_ is not None:
+            return self._finalize(WorkerStatus(
+                worker, attempt, EXITED, pid=started.get("pid"), exit_code=exit_.get("exit_code"),
+                signal=exit_.get("signal"), message=exit_.get("message"), environment=env_name,
+                started_at=started.get("started_at"), finished_at=exit_.get("finished_at"),
+                extra={"killed": exit_.get("killed"), "stop_requested": exit_.get("stop_requested")}))
+        shim = _read_json(os.path.join(d, "shim.json")) or {}
+        shim_alive = _alive(shim.get("shim_pid"), shim.get("shim_create_time"))
+        if started:
+            if shim_alive:
+                return WorkerStatus(worker, attempt, RUNNING, pid=started.get("pid"), environment=env_name,
+                                    started_at=started.get("started_at"), stopping=stopping)
+            exit_ = _read_json(os.path.join(d, "exit.json"))  # the shim may just have written it
+            if exit_ is not None:
+                return self.status(worker, attempt)
+            if _alive(started.get("pid"), started.get("pid_create_time")) or self._marked_pids(worker, attempt):
+                # the shim is gone but the command is not: unsupervised; the agent stops it (adopt())
+                return WorkerStatus(worker, attempt, RUNNING, pid=started.get("pid"), environment=env_name,
+                                    started_at=started.get("started_at"), stopping=stopping,
+                                    extra={"orphan": True})
+            return self._finalize(WorkerStatus(
+                worker, attempt, EXITED, pid=started.get("pid"), environment=env_name,
+                started_at=started.get("started_at"), finished_at=time.time(),
+                message="the worker ended while its supervisor was gone; exit status unknown"))
+        if shim_alive:
+            return WorkerStatus(worker, attempt, STARTING, environment=env_name)
+        created = spec.get("created_at") or 0
+        if shim or time.time() - created > self.start_timeout + 5:
+            failed = _read_json(os.path.join(d, "failed.json"))
+            msg = failed.get("message") if failed else "the worker's supervisor exited before starting it: " + self._shim_log_tail(d)
+            return self._finalize(WorkerStatus(worker, attempt, START_FAILED, message=msg, environment=env_name))
+        return WorkerStatus(worker, attempt, STARTING, environment=env_name)
+
+    def _finalize(self, st: WorkerStatus) -> WorkerStatus:
+        self._final[st.key] = st
+        return st
+
+    @staticmethod
+    def _shim_log_tail(d: str) -> str:
+        try:
+            with open(os.path.join(d, "shim.log"), errors="replace") as f:
+                lines = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
+            return lines[-1] if lines else "no diagnostics"
+        except OSError:
+            return "no diagnostics"
+
+    def list(self) -> list[WorkerStatus]:
+        out = []
+        try:
+            names = sorted(os.listdir(self.workers_dir))
+        except FileNotFoundError:
+            os.makedirs(self.workers_dir, exist_ok=True)
+            names = []
+        for name in names:
+            parsed = self._parse_dirname(name)
+            if parsed is None or not os.path.isdir(os.path.join(self.workers_dir, name)):
+                continue
+            st = self.status(*parsed)
+            if st is not None:
+                out.append(st)
+        return out
+
+    # ------------------------------------------------------------ stop
+    def stop(self, worker: str, attempt: int, grace: float | None = None, wait: bool = True) -> WorkerStatus | None:
+        grace = self.stop_grace if grace is None else max(0.0, float(grace))
+        st = self.status(worker, attempt)
+        if st is None or st.final:
+            return st
+        d = self.dir(worker, attempt)
+        stop_path = os.path.join(d, "stop.json")
+        if not os.path.exists(stop_path):
+            _write_json(stop_path, {"grace": grace, "requested_at": time.time()})
+        shim = _read_json(os.path.join(d, "shim.json")) or {}
+        if _alive(shim.get("shim_pid"), shim.get("shim_create_time")):
+            try:
+                os.kill(shim["shim_pid"], signal.SIGUSR1)
+            except OSError:
+                pass
+        elif st.extra.get("orphan"):
+            self._stop_orphan(worker, attempt, grace)
+        if not wait:
+            return self.status(worker, attempt)
+        deadline = time.monotonic() + grace + 15
+        while time.monotonic() < deadline:
+            st = self.status(worker, attempt)
+            if st is None or st.final:
+                return st
+            time.sleep(0.02)
+        return self.status(worker, attempt)
+
+    def _marked_pids(self, worker: str, attempt: int) -> list[int]:
+        want = f"ASTRAEUS_WORKER_ID={self.marker(worker, attempt)}".encode()
+        return [pid for pid in _scan_env(want)]
+
+    def _stop_orphan(self, worker: str, attempt: int, grace: float) -> None:
+        """SIGTERM → grace → SIGKILL for a worker whose shim is gone, from the agent."""
+        key = (worker, attempt)
+        with self._lock:
+            if key in getattr(self, "_orphan_stops", set()):
+                return
+            self._orphan_stops = getattr(self, "_orphan_stops", set()) | {key}
+
+        def run() -> None:
+            d = self.dir(worker, attempt)
+            started = _read_json(os.path.join(d, "started.json")) or {}
+            main = started.get("pid")
+            if _alive(main, started.get("pid_create_time")):
+                os.kill(main, signal.SIGTERM)
+            end = time.monotonic() + grace
+            while time.monotonic() < end and self._marked_pids(worker, attempt):
+                time.sleep(0.1)
+            killed = False
+            for _ in range(20):
+                pids = self._marked_pids(worker, attempt)
+                if not pids:
+                    break
+                killed = True
+                cg = started.get("cgroup")
+                if cg:
+                    try:
+                        with open(os.path.join(cg, "cgroup.kill"), "w") as f:
+                            f.write("1")
+                    except OSError:
+                        pass
+                for p in pids:
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except OSError:
+                        pass
+                time.sleep(0.05)
+            if started.get("cgroup"):
+                try:
+                    os.rmdir(started["cgroup"])
+                except OSError:
+                    pass
+            os.makedirs(d, exist_ok=True)
+            _write_json(os.path.join(d, "exit.json"), {
+                "exit_code": None, "signal": signal.SIGKILL if killed else None, "killed": killed,
+                "finished_at": time.time(), "stop_requested": True,
+                "message": "its supervisor (shim) was lost, so it was stopped; exit status unknown"})
+
+        threading.Thread(target=run, name=f"orphan-stop-{worker}.{attempt}", daemon=True).start()
+
+    # ------------------------------------------------------------ adoption
+    def adopt(self) -> list[WorkerStatus]:
+        """Find this agent's live workers even if the state dir was wiped: shims (ASTRAEUS_SHIM_OWNER) rewrite
+        their folder within half a second; worker processes whose shim is gone (ASTRAEUS_WORKER_ID) are
+        stopped, since nothing could report their exit."""
+        self._final.clear()
+        os.makedirs(self.workers_dir, exist_ok=True)
+        shims = _scan_env(f"ASTRAEUS_SHIM_OWNER={self.owner}".encode())
+        shim_ids: set[str] = set()
+        for pid in shims:
+            for item in _environ(pid):
+                if item.startswith(b"ASTRAEUS_SHIM_ID="):
+                    shim_ids.add(item.split(b"=", 1)[1].decode())
+        deadline = time.monotonic() + 2.0
+        for sid in shim_ids:
+            path = os.path.join(self.workers_dir, sid, "started.json")
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        workers = _scan_env(f"ASTRAEUS_WORKER_ID={self.owner}:".encode())
+        for wid in sorted(set(workers.values()) - shim_ids):
+            parsed = self._parse_dirname(wid)
+            if parsed is None:
+                continue
+            d = self.dir(*parsed)
+            os.makedirs(d, exist_ok=True)
+            if not os.path.exists(os.path.join(d, "spec.json")):
+                _write_json(os.path.join(d, "spec.json"), {"worker": parsed[0], "attempt": parsed[1],
+                                                           "marker": self.marker(*parsed), "created_at": 0})
+            if not os.path.exists(os.path.join(d, "started.json")):
+                mains = [p for p, v in workers.items() if v == wid]
+                pid = min(mains, key=lambda p: psutil.Process(p).create_time() if psutil.pid_exists(p) else 0)
+                _write_json(os.path.join(d, "started.json"), {"pid": pid, "pid_create_time": None, "pgid": pid})
+            self._stop_orphan(parsed[0], parsed[1], self.stop_grace)
+        return self.list()
+
+    # ------------------------------------------------------------ logs
+    def read_logs(self, worker: str, attempt: int, offset: int = 0, limit: int = 1000) -> tuple[list[LogLine], int]:
+        path = os.path.join(self.dir(worker, attempt), "log.jsonl")
+        out: list[LogLine] = []
+        try:
+            size = os.path.getsize(path)
+            if offset > size:  # the file was replaced (state wiped): start over; the server dedups by seq
+                offset = 0
+            with open(path, "rb") as f:
+                f.seek(offset)
+                while len(out) < limit:
+                    raw = f.readline()
+                    if not raw or not raw.endswith(b"\n"):
+                        break
+                    offset += len(raw)
+                    try:
+                        d = json.loads(raw)
+                    except ValueError:
+                        continue
+                    out.append(LogLine(worker, int(attempt), int(d["seq"]), float(d["time"]), d.get("stream", "stdout"),
+                                       d.get("text", "")))
+        except FileNotFoundError:
+            pass
+        return out, offset
+
+    def logs(self, worker: str, attempt: int) -> list[LogLine]:
+        """Every log line of an attempt (for tests and debugging)."""
+        lines: list[LogLine] = []
+        offset = 0
+        while True:
+            batch, offset = self.read_logs(worker, attempt, offset)
+            if not batch:
+                return lines
+            lines += batch
+
+    def forget(self, worker: str, attempt: int) -> None:
+        st = self.status(worker, attempt)
+        if st is not None and not st.final:
+            raise RuntimeError(f"{worker} attempt {attempt} is still {st.state}")
+        shutil.rmtree(self.dir(worker, attempt), ignore_errors=True)
+        self._final.pop((worker, int(attempt)), None)

@@ -1,0 +1,530 @@
+"""Per-worker supervisor: `python -m astraeus.agent.runtime.shim <worker-dir>/spec.json`.
+
+Why a shim (as in containerd/Nomad): if the agent were the worker's parent, a restarted agent could not learn
+the exit code of a worker that ended while it was down, and a dead agent reading the worker's output pipes
+would SIGPIPE it. The shim detaches from the agent (double fork, own session), so it outlives agent restarts
+and upgrades. It:
+
+1. enters a private mount namespace and binds the drives and configs (failures are written to failed.json
+   with a clear message, and the command never starts);
+2. forks the command: the child makes its own session/process group, joins the worker's cgroup v2 (when the
+   agent found one it may write), points stdout/stderr at pipes, chdirs and execs the command, so the
+   worker's main process IS the command (SIGTERM reaches `python ...` itself); started.json gets its PID;
+3. reads the pipes and appends every line to log.jsonl as {"seq", "time", "stream", "text"} (seq counts
+   lines of the attempt from 1; the agent tails the file, so nothing is lost or repeated across agent
+   restarts);
+4. on a stop request (stop.json + SIGUSR1 from the agent, or SIGTERM to the shim) sends SIGTERM to the
+   main process only; when the grace runs out, SIGKILLs the whole tree: the cgroup (cgroup.kill), the
+   process group, its descendants (the shim is a child subreaper, so double-forked children that left the
+   process group are still its descendants) and any process carrying the worker's ASTRAEUS_WORKER_ID;
+5. when the main process exits on its own, kills what it left behind (container semantics), writes
+   exit.json {exit_code, signal, killed, finished_at, message} and exits.
+
+If the worker folder is deleted (state dir wiped), the shim writes its files again within half a second
+so a restarted agent can adopt it. Stdlib + psutil only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import selectors
+import signal
+import sys
+import time
+import traceback
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
+PARTIAL_FLUSH_SECONDS = 1.0
+MAX_LINE = 64 * 1024
+
+
+def write_json(path: str, obj: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def log(msg: str) -> None:
+    try:
+        sys.stderr.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} shim[{os.getpid()}] {msg}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+class Shim:
+    def __init__(self, spec_path: str):
+        self.spec_path = os.path.abspath(spec_path)
+        self.dir = os.path.dirname(self.spec_path)
+        with open(self.spec_path) as f:
+            self.spec: dict = json.load(f)
+        self.marker: str = self.spec["marker"]
+        self.cgroup: str | None = self.spec.get("cgroup")
+        self.pid: int | None = None
+        self.pid_ctime: float | None = None
+        self.status: int | None = None  # raw wait status of the main process
+        self.stop_requested = False
+        self.deadline: float | None = None
+        self.killed = False
+        self.leftovers_killed = False
+        self.seq = 0
+        self.log_f = None
+        self.started: dict | None = None
+        self.partial: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self.partial_since: dict[str, float] = {}
+        self.me = psutil.Process()
+
+    # ---------------------------------------------------------------- files
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def write_shim_json(self) -> None:
+        write_json(self.path("shim.json"), {"shim_pid": os.getpid(), "shim_create_time": self.me.create_time()})
+
+    def open_log(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        if self.log_f is not None:
+            try:
+                self.log_f.close()
+            except OSError:
+                pass
+        self.log_f = open(self.path("log.jsonl"), "a", buffering=1)
+
+    def ensure_files(self) -> None:
+        """Rewrite our files if the worker folder was wiped (a restarted agent adopts us from them)."""
+        try:
+            if os.path.exists(self.spec_path) and os.fstat(self.log_f.fileno()).st_nlink > 0:
+                return
+            log("worker folder or log file vanished; writing them again")
+            os.makedirs(self.dir, exist_ok=True)
+            write_json(self.spec_path, self.spec)
+            self.write_shim_json()
+            if self.started:
+                write_json(self.path("started.json"), self.started)
+            if not os.path.exists(self.path("log.jsonl")) or os.fstat(self.log_f.fileno()).st_nlink == 0:
+                self.open_log()
+        except OSError as e:
+            log(f"cannot rewrite files: {e}")
+
+    def emit(self, stream: str, data: bytes, now: float) -> None:
+        text = data.decode("utf-8", errors="replace").rstrip("\r")
+        self.seq += 1
+        line = json.dumps({"seq": self.seq, "time": round(now, 6), "stream": stream, "text": text})
+        try:
+            self.log_f.write(line + "\n")
+        except OSError as e:
+            log(f"cannot write log: {e}")
+
+    def feed(self, stream: str, chunk: bytes, now: float) -> None:
+        buf = self.partial[stream]
+        if not buf:
+            self.partial_since[stream] = now
+        buf += chunk
+        while True:
+            i = buf.find(b"\n")
+            if i < 0:
+                break
+            self.emit(stream, bytes(buf[:i]), now)
+            del buf[: i + 1]
+            self.partial_since[stream] = now
+        while len(buf) >= MAX_LINE:
+            self.emit(stream, bytes(buf[:MAX_LINE]), now)
+            del buf[:MAX_LINE]
+
+    def flush_partials(self, now: float, force: bool) -> None:
+        for stream, buf in self.partial.items():
+            if buf and (force or now - self.partial_since.get(stream, now) >= PARTIAL_FLUSH_SECONDS):
+                self.emit(stream, bytes(buf), now)
+                buf.clear()
+
+    # ---------------------------------------------------------------- setup
+    def fail(self, message: str) -> None:
+        log(f"start failed: {message}")
+        write_json(self.path("failed.json"), {"message": message, "time": time.time()})
+        sys.exit(0)
+
+    def setup_mounts(self) -> None:
+        from astraeus.agent.runtime import mounts
+
+        wants = bool(self.spec.get("mounts") or self.spec.get("configs"))
+        try:
+            mounts.unshare_mount_namespace()
+        except (mounts.MountError, OSError) as e:
+            if wants:
+                self.fail(str(e))
+            log(f"no private mount namespace: {e}")
+            return
+        for m in self.spec.get("mounts") or []:
+            try:
+                mounts.bind_drive(m["host_path"], m["mount_path"], bool(m.get("read_only")), bool(m.get("create")),
+                                  m.get("granted_root"))
+            except mounts.MountError as e:
+                self.fail(f"drive at {m.get('mount_path')}: {e}")
+            except OSError as e:
+                self.fail(f"drive at {m.get('mount_path')}: {e.strerror or e}")
+        cdir = self.path("configs")
+        for i, c in enumerate(self.spec.get("configs") or []):
+            src = os.path.join(cdir, str(i))
+            try:
+                os.makedirs(cdir, exist_ok=True)
+                with open(src, "w") as f:
+                    f.write(c.get("value") or "")
+                os.chmod(src, 0o644)
+                mounts.bind_config(src, c["mount_path"])
+            except mounts.MountError as e:
+                self.fail(f"config at {c.get('mount_path')}: {e}")
+            except OSError as e:
+                self.fail(f"config at {c.get('mount_path')}: {e.strerror or e}")
+
+    def setup_cgroup(self) -> None:
+        if not self.cgroup:
+            return
+        try:
+            os.makedirs(self.cgroup, exist_ok=True)
+        except OSError as e:
+            log(f"no cgroup ({self.cgroup}): {e}")
+            self.cgroup = None
+
+    def start(self) -> None:
+        spec = self.spec
+        cwd = spec.get("cwd") or "/"
+        try:
+            os.makedirs(cwd, exist_ok=True)
+        except OSError:
+            pass
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        go_r, go_w = os.pipe()
+        res_r, res_w = os.pipe2(os.O_CLOEXEC)
+        argv = [spec["command"], *[str(a) for a in spec.get("args") or []]]
+        env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+        pid = os.fork()
+        if pid == 0:  # the worker
+            try:
+                os.close(out_r)
+                os.close(err_r)
+                os.close(go_w)
+                os.close(res_r)
+                os.setsid()
+                os.read(go_r, 1)  # wait until the shim has put us in the cgroup
+                os.close(go_r)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                for fd in (null, out_w, err_w):
+                    if fd > 2:
+                        os.close(fd)
+                for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,
+                          signal.SIGCHLD, signal.SIGHUP):
+                    signal.signal(s, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, [])
+                os.chdir(cwd)
+                os.execvpe(argv[0], argv, env)
+            except BaseException as e:  # noqa: BLE001
+                msg = f"{argv[0]}: {e.strerror}" if isinstance(e, OSError) and e.strerror else f"{argv[0]}: {e!r}"
+                try:
+                    os.write(res_w, msg.encode()[:4000])
+                finally:
+                    os._exit(127)
+        os.close(out_w)
+        os.close(err_w)
+        os.close(go_r)
+        os.close(res_w)
+        if self.cgroup:
+            try:
+                with open(os.path.join(self.cgroup, "cgroup.procs"), "w") as f:
+                    f.write(str(pid))
+            except OSError as e:
+                log(f"cannot move the worker into {self.cgroup}: {e}; tracking it without a cgroup")
+                try:
+                    os.rmdir(self.cgroup)
+                except OSError:
+                    pass
+                self.cgroup = None
+        os.write(go_w, b"x")
+        os.close(go_w)
+        err = b""
+        while True:
+            chunk = os.read(res_r, 4096)
+            if not chunk:
+                break
+            err += chunk
+        os.close(res_r)
+        if err:
+            os.waitpid(pid, 0)
+            self.cleanup_cgroup()
+            self.fail(f"cannot start the command: {err.decode(errors='replace')}")
+        self.pid = pid
+        try:
+            self.pid_ctime = psutil.Process(pid).create_time()
+        except psutil.Error:
+            self.pid_ctime = None
+        self.started = {"pid": pid, "pid_create_time": self.pid_ctime, "pgid": pid, "shim_pid": os.getpid(),
+                        "shim_create_time": self.me.create_time(), "cgroup": self.cgroup, "started_at": time.time()}
+        write_json(self.path("started.json"), self.started)
+        self.out_r, self.err_r = out_r, err_r
+
+    # ---------------------------------------------------------------- tree
+    def cgroup_pids(self) -> list[int]:
+        if not self.cgroup:
+            return []
+        try:
+            with open(os.path.join(self.cgroup, "cgroup.procs")) as f:
+                return [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            return []
+
+    def descendants(self) -> list[int]:
+        try:
+            return [p.pid for p in self.me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        except psutil.Error:
+            return []
+
+    def marked(self) -> list[int]:
+        want = f"ASTRAEUS_WORKER_ID={self.marker}".encode()
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    if want in f.read().split(b"\0"):
+                        found.append(int(name))
+            except OSError:
+                continue
+        return found
+
+    def tree_alive(self) -> bool:
+        if self.status is None:
+            return True
+        return bool(self.cgroup_pids() or self.descendants())
+
+    def kill_tree(self) -> None:
+        for attempt in range(20):
+            if self.cgroup:
+                try:
+                    with open(os.path.join(self.cgroup, "cgroup.kill"), "w") as f:
+                        f.write("1")
+                except OSError:
+                    for p in self.cgroup_pids():
+                        self.sig(p, signal.SIGKILL)
+            if self.pid is not None:
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            pids = set(self.descendants()) | set(self.cgroup_pids())
+            if attempt == 0:
+                pids |= set(self.marked())
+            for p in pids:
+                self.sig(p, signal.SIGKILL)
+            self.reap()
+            time.sleep(0.02)
+            self.reap()
+            if not (self.cgroup_pids() or self.descendants()) and self.status is not None:
+                return
+
+    @staticmethod
+    def sig(pid: int, s: int) -> None:
+        try:
+            os.kill(pid, s)
+        except OSError:
+            pass
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.pid and self.status is None:
+                self.status = status
+                self.finished_at = time.time()
+
+    def cleanup_cgroup(self) -> None:
+        if self.cgroup:
+            for _ in range(50):
+                try:
+                    os.rmdir(self.cgroup)
+                    return
+                except FileNotFoundError:
+                    return
+                except OSError:
+                    time.sleep(0.02)
+
+    # ---------------------------------------------------------------- stop
+    def check_stop(self, now: float) -> None:
+        if self.stop_requested:
+            return
+        req = read_json(self.path("stop.json"))
+        if req is None and not self.sigterm:
+            return
+        if req is None:
+            req = {"grace": float(self.spec.get("stop_grace", 30)), "requested_at": now}
+        self.stop_requested = True
+        self.deadline = float(req.get("requested_at", now)) + float(req.get("grace", 30))
+        log(f"stop requested, grace until {self.deadline:.3f} (in {self.deadline - now:.1f}s)")
+        if self.status is None and self.pid is not None:
+            self.sig(self.pid, signal.SIGTERM)
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> None:
+        self.sigterm = False
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+        def on_term(signum, frame):
+            self.sigterm = True
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR1, lambda s, f: None)
+        signal.signal(signal.SIGCHLD, lambda s, f: None)
+        try:
+            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except Exception as e:  # noqa: BLE001
+            log(f"no child subreaper: {e}")
+        self.write_shim_json()
+        self.open_log()
+        self.setup_mounts()
+        self.setup_cgroup()
+        self.start()
+        log(f"started pid {self.pid}: {self.spec['command']} {self.spec.get('args')}")
+
+        sel = selectors.DefaultSelector()
+        open_streams = {self.out_r: "stdout", self.err_r: "stderr"}
+        for fd in open_streams:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        sel.register(wake_r, selectors.EVENT_READ)
+        last_files_check = 0.0
+        drain_until: float | None = None
+        while True:
+            now = time.time()
+            timeout = 0.25
+            if self.deadline is not None and self.status is None:
+                timeout = max(0.0, min(timeout, self.deadline - now))
+            for key, _ in sel.select(timeout):
+                fd = key.fd
+                if fd == wake_r:
+                    try:
+                        while os.read(wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    continue
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if chunk:
+                    self.feed(open_streams[fd], chunk, time.time())
+                else:
+                    sel.unregister(fd)
+                    os.close(fd)
+                    self.flush_partials(time.time(), force=True)
+                    del open_streams[fd]
+            now = time.time()
+            self.reap()
+            self.check_stop(now)
+            self.flush_partials(now, force=False)
+            if now - last_files_check >= 0.5:
+                last_files_check = now
+                self.ensure_files()
+            if drain_until is not None:
+                if not open_streams or now >= drain_until:
+                    break
+                continue
+            if self.status is None:
+                if self.deadline is not None and now >= self.deadline:
+                    log("stop grace ran out: SIGKILL to the whole tree")
+                    self.killed = True
+                    self.kill_tree()
+                continue
+            # the main process has ended
+            if self.tree_alive():
+                if not self.stop_requested or (self.deadline is not None and now >= self.deadline):
+                    if self.stop_requested:
+                        log("stop grace ran out: SIGKILL to what the main process left behind")
+                        self.killed = True
+                    else:
+                        log("main process ended; killing what it left behind")
+                    self.leftovers_killed = True
+                    self.kill_tree()
+                else:
+                    continue
+            drain_until = now + 1.0
+            if not open_streams:
+                break
+        self.flush_partials(time.time(), force=True)
+        self.finish()
+
+    def finish(self) -> None:
+        st = self.status
+        exit_code = sig = None
+        if st is not None:
+            if os.WIFSIGNALED(st):
+                sig = os.WTERMSIG(st)
+            else:
+                exit_code = os.WEXITSTATUS(st)
+        msg = None
+        if self.killed:
+            msg = "killed (SIGKILL) when the stop grace ran out"
+        elif self.leftovers_killed:
+            msg = "processes left behind by the main process were killed"
+        self.cleanup_cgroup()
+        write_json(self.path("exit.json"), {"exit_code": exit_code, "signal": sig, "killed": self.killed,
+                                             "finished_at": getattr(self, "finished_at", time.time()),
+                                             "stop_requested": self.stop_requested, "message": msg})
+        log(f"worker exited: exit_code={exit_code} signal={sig} killed={self.killed}")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 2:
+        print("usage: python -m astraeus.agent.runtime.shim <spec.json>", file=sys.stderr)
+        sys.exit(2)
+    if os.fork():  # detach: the agent reaps the first child at once; the shim is reparented away from it
+        os._exit(0)
+    os.setsid()
+    try:
+        Shim(argv[1]).run()
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: BLE001
+        log("shim crashed:\n" + traceback.format_exc())
+        d = os.path.dirname(os.path.abspath(argv[1]))
+        if not os.path.exists(os.path.join(d, "started.json")):
+            try:
+                write_json(os.path.join(d, "failed.json"), {"message": "the worker's supervisor crashed: "
+                                                            + traceback.format_exc(limit=1).strip().splitlines()[-1],
+                                                            "time": time.time()})
+            except OSError:
+                pass
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

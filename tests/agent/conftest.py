@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from astraeus.agent.runtime.process import ProcessRuntime
+
+
+def wait_for(pred, timeout: float = 10.0, interval: float = 0.02):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {pred}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def rt(tmp_path):
+    r = ProcessRuntime(str(tmp_path / "state"), stop_grace=2)
+    yield r
+    for st in r.list():  # leave nothing running
+        if not st.final:
+            r.stop(st.worker, st.attempt, grace=0)
+
+
+@pytest.fixture
+def assignment(tmp_path):
+    n = [0]
+
+    def make(script: str | None = None, command: str = "python", args: list[str] | None = None, **kw) -> dict:
+        n[0] += 1
+        if script is not None:
+            path = tmp_path / f"script{n[0]}.py"
+            path.write_text(script)
+            args = [str(path)] + list(args or [])
+        a = {"worker": kw.pop("worker", f"job-{n[0]}"), "attempt": kw.pop("attempt", 1), "run": "job",
+             "desired": "Running", "image": kw.pop("image", "pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime"),
+             "command": command, "args": args or [], "env": kw.pop("env", {"TMPDIR_TEST": str(tmp_path)}),
+             "gpu_indices": [], "mounts": kw.pop("mounts", []), "configs": kw.pop("configs", [])}
+        a.update(kw)
+        return a
+
+    return make
+
+
+os.environ.setdefault("ASTRAEUS_STOP_GRACE", "2")

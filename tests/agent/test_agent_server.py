@@ -1,0 +1,127 @@
+"""The agent against the real control plane (uvicorn in a thread, SQLite): start, logs, stop, adoption."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from astraeus.agent.agent import Agent
+
+from .conftest import pid_alive
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    uvicorn = pytest.importorskip("uvicorn")
+    from astraeus.main import bootstrap
+    from astraeus.server.app import create_app
+    from astraeus.server.core import ControlPlane, Settings
+
+    port = _free_port()
+    settings = Settings(home=tmp_path / "home", port=port, heartbeat_seconds=1, schedule_interval=1)
+    cp = ControlPlane.open(settings)
+    boot = bootstrap(cp, "acme", "vision", "main", [str(tmp_path / "data")])
+    srv = uvicorn.Server(uvicorn.Config(create_app(settings, cp), host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    deadline = time.time() + 20
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.02)
+    boot["url"] = f"http://127.0.0.1:{port}"
+    boot["api"] = f"{boot['url']}/api/v1/o/acme/w/vision"
+    yield boot
+    srv.should_exit = True
+    t.join(timeout=10)
+    cp.engine.dispose()
+
+
+def _wait(pred, timeout=20.0, what="condition"):
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        last = pred()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def _run_body(name: str, tmp_path) -> dict:
+    script = (
+        "import os, signal, sys, time\n"
+        "def on_term(s, f):\n"
+        "    open(os.environ['OUT'] + '/ckpt', 'w').write(os.environ['SLURM_JOB_NAME'])\n"
+        "    print('SIGTERM: saved', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('worker', os.environ['ASTRAEUS_WORKER_NAME'], 'gpus', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    return {"metadata": {"name": name}, "spec": {"task_template": {
+        "image": "pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime", "command": "python", "args": ["/app/w.py"],
+        "env": {"OUT": str(tmp_path)}, "restart_policy": "Never",
+        "requested_resources": {"cpu_cores": 1, "memory_bytes": 1 << 30, "gpu_requests": {"count": 1}},
+        "configs": [{"mounts": ["/app/w.py"], "value": script}]}}}
+
+
+def _agent(server, tmp_path, **kw) -> Agent:
+    return Agent(server["url"], server["machine_token"], "gpu-01", gpus=2, cpu_cores=8, memory_bytes=64 << 30,
+                 state_dir=str(tmp_path / "agent"), stop_grace=2, poll_wait=5, **kw)
+
+
+def test_agent_runs_reports_ships_logs_and_stops(server, tmp_path):
+    agent = _agent(server, tmp_path)
+    agent.start()
+    try:
+        h = {"Authorization": f"Bearer {server['token']}"}
+        with httpx.Client(base_url=server["api"], headers=h, timeout=10) as c:
+            _wait(lambda: c.get("/machines").json()["items"], what="the machine to join")
+            r = c.post("/runs", json=_run_body("agent-e2e", tmp_path))
+            assert r.status_code == 201, r.text
+            w = _wait(lambda: (x := c.get("/workers/agent-e2e-0").json()).get("state") == "Running" and x,
+                      what="the worker to run")
+            assert w["pid"] and pid_alive(w["pid"])
+            assert w.get("environment")
+            _wait(lambda: "worker agent-e2e-0 gpus" in c.get("/workers/agent-e2e-0/logs").text, what="logs")
+            pid = w["pid"]
+            t0 = time.time()
+            assert c.delete("/runs/agent-e2e").status_code == 200
+            _wait(lambda: (tmp_path / "ckpt").exists(), what="the SIGTERM checkpoint")
+            assert time.time() - t0 < 5
+            assert (tmp_path / "ckpt").read_text() == "agent-e2e"
+            _wait(lambda: not pid_alive(pid), what="the worker to end")
+    finally:
+        agent.request_exit()
+        agent.shutdown()
+
+
+def test_agent_restart_adopts_and_stop_workers_on_exit(server, tmp_path):
+    a1 = _agent(server, tmp_path)
+    a1.start()
+    h = {"Authorization": f"Bearer {server['token']}"}
+    with httpx.Client(base_url=server["api"], headers=h, timeout=10) as c:
+        assert c.post("/runs", json=_run_body("adopt-me", tmp_path)).status_code == 201
+        w = _wait(lambda: (x := c.get("/workers/adopt-me-0").json()).get("state") == "Running" and x)
+        pid = w["pid"]
+        a1.shutdown()  # the agent exits; the worker does not
+        time.sleep(0.5)
+        assert pid_alive(pid)
+        a2 = _agent(server, tmp_path, stop_workers_on_exit=True)
+        a2.start()
+        time.sleep(1.5)
+        assert pid_alive(pid)  # adopted, not restarted
+        assert [st.pid for st in a2.runtime.list() if not st.final] == [pid]
+        assert c.get("/workers/adopt-me-0").json()["pid"] == pid
+        a2.shutdown()  # --stop-workers-on-exit: nothing is left running
+        assert not pid_alive(pid)
+        assert (tmp_path / "ckpt").read_text() == "adopt-me"

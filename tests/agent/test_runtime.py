@@ -1,0 +1,373 @@
+"""ProcessRuntime against real processes: signals, stop grace, trees, mounts, logs, adoption."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+from astraeus.agent.runtime.base import EXITED, RUNNING, StartFailed
+from astraeus.agent.runtime.images import ImageMap
+from astraeus.agent.runtime.process import ProcessRuntime
+
+from .conftest import pid_alive, wait_for
+
+CHECKPOINTER = r"""
+import os, signal, sys, time
+out = sys.argv[1]
+def save(tag):
+    tmp = os.path.join(out, "ckpt.tmp")
+    with open(tmp, "w") as f:
+        f.write(tag)
+    os.replace(tmp, os.path.join(out, "ckpt"))
+def on_term(signum, frame):
+    save("sigterm")
+    print("SIGTERM: checkpoint written", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(out, "ready"), "w").close()
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_sigterm_reaches_python_started_directly(rt, assignment, tmp_path):
+    a = assignment(CHECKPOINTER, args=[str(tmp_path)])
+    st = rt.start(a)
+    assert st.state == RUNNING and st.pid
+    wait_for(lambda: (tmp_path / "ready").exists())
+    with open(f"/proc/{st.pid}/cmdline", "rb") as f:  # the worker's main process IS the command
+        assert b"python" in f.read().split(b"\0")[0]
+    t0 = time.monotonic()
+    end = rt.stop(a["worker"], 1, grace=5)
+    assert time.monotonic() - t0 < 2
+    assert end.state == EXITED and end.exit_code == 0 and end.signal is None
+    assert not end.extra["killed"]
+    assert (tmp_path / "ckpt").read_text() == "sigterm"
+    assert "SIGTERM: checkpoint written" in [ln.text for ln in rt.logs(a["worker"], 1)]
+
+
+def test_shell_without_exec_swallows_sigterm_and_sigkill_follows_at_grace(rt, assignment, tmp_path):
+    script = tmp_path / "ck.py"
+    script.write_text(CHECKPOINTER)
+    a = assignment(command="sh", args=["-c", f"python {script} {tmp_path}; echo after"])
+    st = rt.start(a)
+    wait_for(lambda: (tmp_path / "ready").exists())
+    marker = rt.marker(a["worker"], 1)
+    pythons = [p for p in _marked(marker) if p != st.pid]
+    assert pythons, "the python under the shell should carry the worker marker"
+    grace = 1.5
+    t0 = time.monotonic()
+    end = rt.stop(a["worker"], 1, grace=grace)
+    took = time.monotonic() - t0
+    assert grace - 0.2 <= took <= grace + 1.0, took
+    assert end.state == EXITED and end.extra["killed"]
+    assert not (tmp_path / "ckpt").exists(), "the python never saw SIGTERM"
+    assert not any(pid_alive(p) for p in pythons)
+
+
+def test_atomic_checkpoint_survives_sigkill_mid_save(rt, assignment, tmp_path):
+    script = r"""
+import os, signal, sys, time
+out = sys.argv[1]
+def save(tag, slow=False):
+    tmp = os.path.join(out, "ckpt.tmp")
+    with open(tmp, "w") as f:
+        for i in range(1000 if slow else 1):
+            f.write(tag * 100)
+            f.flush()
+            if slow:
+                time.sleep(0.01)
+    os.replace(tmp, os.path.join(out, "ckpt"))
+save("1")
+stop = []
+signal.signal(signal.SIGTERM, lambda s, f: stop.append(1))
+print("saved", flush=True)
+while not stop:
+    time.sleep(0.01)
+save("2", slow=True)  # takes 10 s: longer than the grace
+"""
+    a = assignment(script, args=[str(tmp_path)])
+    rt.start(a)
+    wait_for(lambda: (tmp_path / "ckpt").exists())
+    end = rt.stop(a["worker"], 1, grace=1)
+    assert end.extra["killed"] and end.signal == 9
+    assert (tmp_path / "ckpt").read_text() == "1" * 100  # the previous checkpoint is whole
+    assert (tmp_path / "ckpt.tmp").exists()  # the interrupted save
+
+
+def test_early_exit_never_gets_sigkill(rt, assignment, tmp_path):
+    a = assignment(CHECKPOINTER, args=[str(tmp_path)])
+    rt.start(a)
+    wait_for(lambda: (tmp_path / "ready").exists())
+    t0 = time.monotonic()
+    end = rt.stop(a["worker"], 1, grace=3)
+    assert time.monotonic() - t0 < 1.5
+    assert end.exit_code == 0 and end.signal is None and not end.extra["killed"]
+    # a worker that ends on its own reports its exit code
+    b = assignment(command="python", args=["-c", "import sys; print('bye'); sys.exit(3)"])
+    rt.start(b)
+    st = wait_for(lambda: (s := rt.status(b["worker"], 1)).final and s)
+    assert st.state == EXITED and st.exit_code == 3 and st.signal is None and not st.extra["killed"]
+
+
+DOUBLE_FORK = r"""
+import os, signal, sys, time
+out = sys.argv[1]
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the main process ignores SIGTERM
+if os.fork() == 0:
+    os.setsid()  # leave the process group
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open(os.path.join(out, "grandchild"), "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+    os._exit(0)
+child = os.fork()
+if child == 0:
+    while True:
+        time.sleep(0.1)
+with open(os.path.join(out, "child"), "w") as f:
+    f.write(str(child))
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "no-cgroup"])
+def test_stop_kills_whole_tree_including_double_forked(tmp_path, assignment, cgroups):
+    rt = ProcessRuntime(str(tmp_path / "state"), stop_grace=1, use_cgroups=cgroups)
+    if cgroups and rt.cgroup_root is None:
+        pytest.skip("no writable cgroup v2 here")
+    a = assignment(DOUBLE_FORK, args=[str(tmp_path)])
+    st = rt.start(a)
+    gc = int(wait_for(lambda: (tmp_path / "grandchild").exists() and (tmp_path / "grandchild").read_text()))
+    child = int(wait_for(lambda: (tmp_path / "child").exists() and (tmp_path / "child").read_text()))
+    assert os.getpgid(gc) != st.pid  # escaped the process group
+    end = rt.stop(a["worker"], 1, grace=1)
+    assert end.extra["killed"] and end.signal == 9
+    for pid in (st.pid, child, gc):
+        wait_for(lambda pid=pid: not pid_alive(pid), timeout=3)
+
+
+def test_main_exit_kills_leftovers(rt, assignment, tmp_path):
+    script = r"""
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    with open(os.path.join(sys.argv[1], "bg"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(300)
+    os._exit(0)
+time.sleep(0.3)
+"""
+    a = assignment(script, args=[str(tmp_path)])
+    rt.start(a)
+    st = wait_for(lambda: (s := rt.status(a["worker"], 1)).final and s)
+    assert st.exit_code == 0
+    bg = int((tmp_path / "bg").read_text())
+    wait_for(lambda: not pid_alive(bg), timeout=3)
+
+
+def test_configs_and_drives_inside_the_worker(rt, assignment, tmp_path):
+    granted = tmp_path / "data"
+    (granted / "ro").mkdir(parents=True)
+    (granted / "ro" / "hello.txt").write_text("hello")
+    mnt = tmp_path / "mnt"  # does not exist on the host: a tmpfs is used for the missing parents
+    script = r"""
+import errno, os, sys
+m = sys.argv[1]
+print("config:", open(os.path.join(m, "app", "conf.json")).read())
+with open(os.path.join(m, "ckpt", "out.txt"), "w") as f:
+    f.write("written")
+print("ro:", open(os.path.join(m, "ro", "hello.txt")).read())
+try:
+    open(os.path.join(m, "ro", "x"), "w")
+    print("ro write: ok")
+except OSError as e:
+    print("ro write:", errno.errorcode[e.errno])
+print("cwd:", os.getcwd())
+"""
+    a = assignment(script, args=[str(mnt)], mounts=[
+        {"host_path": str(granted / "ft-ckpt"), "mount_path": str(mnt / "ckpt"), "read_only": False,
+         "create": True, "granted_root": str(granted)},
+        {"host_path": str(granted / "ro"), "mount_path": str(mnt / "ro"), "read_only": True,
+         "create": False, "granted_root": str(granted)},
+    ], configs=[{"mount_path": str(mnt / "app" / "conf.json"), "value": '{"lr": 0.1}'}])
+    rt.start(a)
+    st = wait_for(lambda: (s := rt.status(a["worker"], 1)).final and s)
+    text = [ln.text for ln in rt.logs(a["worker"], 1)]
+    assert st.exit_code == 0, text
+    assert 'config: {"lr": 0.1}' in text
+    assert "ro: hello" in text
+    assert "ro write: EROFS" in text
+    assert (granted / "ft-ckpt" / "out.txt").read_text() == "written"  # the drive's bytes are on the host
+    assert not (granted / "ro" / "x").exists()
+    # nothing was mounted on the host: the mount point is an empty folder there
+    assert os.listdir(mnt) == [] or not any(os.listdir(mnt / d) for d in os.listdir(mnt))
+
+
+def test_symlink_escape_is_refused(rt, assignment, tmp_path):
+    granted = tmp_path / "data"
+    granted.mkdir()
+    os.symlink("/etc", granted / "link")
+    a = assignment(command="true", mounts=[{"host_path": str(granted / "link"), "mount_path": str(tmp_path / "m"),
+                                            "read_only": False, "create": True, "granted_root": str(granted)}])
+    with pytest.raises(StartFailed, match="symlink"):
+        rt.start(a)
+    b = assignment(command="true", mounts=[{"host_path": str(granted / "link" / "sub"),
+                                            "mount_path": str(tmp_path / "m"), "read_only": False, "create": True,
+                                            "granted_root": str(granted)}])
+    with pytest.raises(StartFailed, match="symlink"):
+        rt.start(b)
+    assert not os.path.exists("/etc/sub")
+    c = assignment(command="true", mounts=[{"host_path": "/etc", "mount_path": str(tmp_path / "m"),
+                                            "read_only": False, "create": False, "granted_root": str(granted)}])
+    with pytest.raises(StartFailed, match="outside the granted"):
+        rt.start(c)
+    assert rt.status(c["worker"], 1).state == "StartFailed"  # reported, and never started twice
+
+
+def test_command_not_found_is_start_failed(rt, assignment):
+    a = assignment(command="no-such-command-xyz")
+    with pytest.raises(StartFailed, match="no-such-command-xyz: No such file"):
+        rt.start(a)
+
+
+def test_logs_have_every_line_once(rt, assignment):
+    script = r"""
+import sys
+for i in range(3000):
+    print(f"out {i}")
+    if i % 100 == 0:
+        print(f"err {i}", file=sys.stderr)
+sys.stdout.write("no newline at the end")
+"""
+    a = assignment(script)
+    rt.start(a)
+    wait_for(lambda: rt.status(a["worker"], 1).final)
+    lines, offset = [], 0
+    while True:  # in small batches, as the agent ships them
+        batch, offset = rt.read_logs(a["worker"], 1, offset, limit=137)
+        if not batch:
+            break
+        lines += batch
+    assert [ln.seq for ln in lines] == list(range(1, len(lines) + 1))
+    out = [ln.text for ln in lines if ln.stream == "stdout"]
+    err = [ln.text for ln in lines if ln.stream == "stderr"]
+    assert out == [f"out {i}" for i in range(3000)] + ["no newline at the end"]
+    assert err == [f"err {i}" for i in range(0, 3000, 100)]
+    assert all(ln.time > 0 for ln in lines)
+
+
+def test_env_and_image_environment(tmp_path, assignment):
+    envdir = tmp_path / "torchenv"
+    (envdir / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, envdir / "bin" / "python")
+    rt = ProcessRuntime(str(tmp_path / "state"), image_map=ImageMap({"pytorch/*": str(envdir)}), stop_grace=1)
+    a = assignment(command="python", args=["-c", "import os; print(os.environ['PATH'].split(':')[0]);"
+                                           "print(os.environ['ASTRAEUS_WORKER_ID']); print(os.environ['FOO'])"],
+                   env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "3"})
+    st = rt.start(a)
+    assert st.environment == str(envdir)
+    wait_for(lambda: rt.status(a["worker"], 1).final)
+    assert [ln.text for ln in rt.logs(a["worker"], 1)] == [str(envdir / "bin"), rt.marker(a["worker"], 1), "bar"]
+    other = assignment(command="true", image="ubuntu:24.04")
+    assert rt.start(other).environment == sys.prefix  # the default: the agent's own environment
+
+
+def test_image_map_from_env(tmp_path):
+    m = ImageMap.from_env({"ASTRAEUS_IMAGE_MAP": '{"nvcr.io/nvidia/pytorch:*": "/opt/a", "*": "host"}'})
+    assert m.resolve("nvcr.io/nvidia/pytorch:24.08-py3").path == "/opt/a"
+    assert m.resolve("ubuntu").path is None and m.resolve("ubuntu").name == "host"
+    f = tmp_path / "map.json"
+    f.write_text('{"pytorch/*": "/opt/b"}')
+    m = ImageMap.from_env({"ASTRAEUS_IMAGE_MAP": str(f)})
+    assert m.resolve("pytorch/pytorch:2.4.1").path == "/opt/b"
+    assert m.resolve("other").path == sys.prefix
+
+
+def test_start_is_idempotent(rt, assignment, tmp_path):
+    a = assignment(CHECKPOINTER, args=[str(tmp_path)])
+    first = rt.start(a)
+    again = rt.start(a)
+    assert again.pid == first.pid
+
+
+def test_adoption_after_runtime_restart(tmp_path, assignment):
+    state = str(tmp_path / "state")
+    rt1 = ProcessRuntime(state, stop_grace=2)
+    long = assignment(CHECKPOINTER, args=[str(tmp_path)])
+    short = assignment(command="python", args=["-c", "import time; time.sleep(0.8); raise SystemExit(7)"])
+    p_long = rt1.start(long).pid
+    p_short = rt1.start(short).pid
+    del rt1  # the agent goes away; its workers do not
+    time.sleep(1.2)  # the short one ends while no agent runs
+    rt2 = ProcessRuntime(state, stop_grace=2)
+    found = {st.worker: st for st in rt2.adopt()}
+    assert found[long["worker"]].state == RUNNING and found[long["worker"]].pid == p_long
+    assert found[short["worker"]].state == EXITED and found[short["worker"]].exit_code == 7
+    assert found[short["worker"]].pid == p_short
+    end = rt2.stop(long["worker"], 1, grace=3)
+    assert end.exit_code == 0 and (tmp_path / "ckpt").read_text() == "sigterm"
+
+
+def test_adoption_after_state_dir_wiped(tmp_path, assignment):
+    state = str(tmp_path / "state")
+    rt1 = ProcessRuntime(state, stop_grace=2)
+    a = assignment(CHECKPOINTER, args=[str(tmp_path)])
+    pid = rt1.start(a).pid
+    wait_for(lambda: (tmp_path / "ready").exists())
+    shutil.rmtree(state)
+    rt2 = ProcessRuntime(state, stop_grace=2)
+    found = {st.key: st for st in rt2.adopt()}
+    assert found[(a["worker"], 1)].state == RUNNING and found[(a["worker"], 1)].pid == pid
+    assert rt2.start(a).pid == pid  # no second copy
+    end = rt2.stop(a["worker"], 1, grace=3)
+    assert end.exit_code == 0
+
+
+def test_unrelated_runtime_does_not_adopt(tmp_path, assignment):
+    rt1 = ProcessRuntime(str(tmp_path / "a"), stop_grace=1)
+    a = assignment(CHECKPOINTER, args=[str(tmp_path)])
+    rt1.start(a)
+    rt2 = ProcessRuntime(str(tmp_path / "b"), stop_grace=1)
+    assert rt2.adopt() == []
+    rt1.stop(a["worker"], 1, grace=1)
+
+
+def _marked(marker: str) -> list[int]:
+    want = f"ASTRAEUS_WORKER_ID={marker}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    if want in f.read().split(b"\0"):
+                        out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def test_worker_whose_shim_died_is_stopped_on_adoption(tmp_path, assignment):
+    import json
+    import signal as sig
+
+    state = str(tmp_path / "state")
+    rt1 = ProcessRuntime(state, stop_grace=1)
+    a = assignment(command="python", args=["-c", "import time\nwhile True: time.sleep(0.05)"])
+    pid = rt1.start(a).pid
+    shim = json.loads(open(os.path.join(rt1.dir(a["worker"], 1), "shim.json")).read())["shim_pid"]
+    os.kill(shim, sig.SIGKILL)
+    wait_for(lambda: not pid_alive(shim))
+    rt2 = ProcessRuntime(state, stop_grace=1)
+    rt2.adopt()
+    st = wait_for(lambda: (s := rt2.status(a["worker"], 1)).final and s, timeout=5)
+    assert st.state == EXITED and "supervisor" in st.message
+    assert not pid_alive(pid)

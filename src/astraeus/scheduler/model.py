@@ -129,8 +129,8 @@ class Snapshot:
     fifo: bool = False  # order by submission time only (ignores priority and fair share)
     # Added: how many waiting runs (in queue order, not started) get per-machine `why_not` lines. Each line
     # costs one entry per machine, so 10k waiting runs on 1,000 machines would be 10M lines; the console shows
-    # the first page of the queue. The simulator sets 0; None means every waiting run.
-    why_not_limit: int | None = 200
+    # the first page of the queue (50). The simulator sets 0; None means every waiting run.
+    why_not_limit: int | None = 50
 
 
 # ---------------------------------------------------------------------------------------------- the plan

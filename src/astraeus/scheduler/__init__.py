@@ -1,0 +1,45 @@
+"""The scheduler: a pure function from a snapshot of one cluster to a plan.
+
+    from astraeus.scheduler import plan, Snapshot
+    result = plan(snapshot, now=time.time())
+
+See `model.py` for the data contract and `cycle.py` for the phases of one cycle.
+"""
+
+from .cycle import plan
+from .model import (
+    Machine,
+    NodeSelection,
+    PlacedWorker,
+    Placement,
+    Plan,
+    Quota,
+    QuotaReached,
+    RunningUnit,
+    Snapshot,
+    Start,
+    StartRun,
+    StopUnit,
+    WaitingRun,
+    WorkerRequest,
+    Workspace,
+)
+
+__all__ = [
+    "Machine",
+    "NodeSelection",
+    "Placement",
+    "PlacedWorker",
+    "Plan",
+    "Quota",
+    "QuotaReached",
+    "RunningUnit",
+    "Snapshot",
+    "Start",
+    "StartRun",
+    "StopUnit",
+    "WaitingRun",
+    "WorkerRequest",
+    "Workspace",
+    "plan",
+]

@@ -1,0 +1,241 @@
+"""The cluster's room during one cycle, and placing workers on it.
+
+`Cluster` is built once per cycle from the snapshot and is the only mutable thing in the cycle: each start
+takes room, and once the head is known its room is held. Machines are kept sorted by name (index order =
+name order) and indexed by their count of free GPUs (`buckets`), so best fit — the machine with the fewest
+free GPUs that still fits, ties by name — is a scan of a few buckets instead of every machine.
+
+Two views of the room:
+- view A, all free room: runs before the head, and runs behind it whose time limit ends before the shadow time;
+- view B, free room less what is held for the head: every other run behind the head. The hold is per
+  resource: on a machine whose GPUs are promised, CPU cores and memory the head does not need stay usable.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+from .model import Machine, NodeSelection, Placement, RunningUnit, Snapshot, WaitingRun, WorkerRequest
+from .reasons import gib, number
+
+Shape = tuple[int, float, int]  # (gpus, cpu cores, memory bytes) of one worker
+
+
+def shape(w: WorkerRequest) -> Shape:
+    return (w.gpus, w.cpu_cores, w.memory_bytes)
+
+
+def placement_order(workers) -> list[WorkerRequest]:
+    """Largest workers first (they are the hardest to place), then by index: one fixed order."""
+    return sorted(workers, key=lambda w: (-w.gpus, -w.cpu_cores, -w.memory_bytes, w.index))
+
+
+class Cluster:
+    def __init__(self, snapshot: Snapshot):
+        machines: list[Machine] = sorted(snapshot.machines, key=lambda m: m.name)
+        self.machines = machines
+        self.names = [m.name for m in machines]
+        self.index = {m.name: i for i, m in enumerate(machines)}
+        self.cap_g = [m.gpus for m in machines]
+        self.cap_c = [m.cpu_cores for m in machines]
+        self.cap_m = [m.memory_bytes for m in machines]
+        self.schedulable = [m.schedulable for m in machines]
+        self.labels = [dict(m.labels) for m in machines]
+        self.all_schedulable = [i for i, m in enumerate(machines) if m.schedulable]
+        # Who holds GPUs on each machine, for the "why not" lines: machine -> run -> [workspace, priority, gpus].
+        self.holders: list[dict[str, list]] = [{} for _ in machines]
+
+        used: list[set[int]] = [set() for _ in machines]
+        self.free_c = list(self.cap_c)
+        self.free_m = list(self.cap_m)
+        for unit in snapshot.running:
+            for w in unit.workers:
+                i = self.index.get(w.machine)
+                if i is None:
+                    continue
+                used[i].update(w.gpu_indices)
+                self.free_c[i] -= w.cpu_cores
+                self.free_m[i] -= w.memory_bytes
+                self._note_holder(i, unit.run, unit.workspace, unit.priority, len(w.gpu_indices))
+        self.free_g: list[list[int]] = [
+            [g for g in range(cap) if g not in u] for cap, u in zip(self.cap_g, used, strict=True)
+        ]
+        self.max_g = max(self.cap_g, default=0)
+        self.buckets: list[list[int]] = [[] for _ in range(self.max_g + 1)]
+        for i in self.all_schedulable:
+            self.buckets[len(self.free_g[i])].append(i)  # appended in index order: each bucket is sorted
+        self.top = self.max_g  # no bucket above this one holds a machine (free room only shrinks in a cycle)
+        # The head's hold: machine -> [gpus, cpu, memory] of free room kept for it, and what runs that end
+        # before the shadow time took on those machines (that room comes back in time).
+        self.held: dict[int, list] = {}
+        self.ending: dict[int, list] = {}
+        self._allowed_cache: dict[tuple, tuple[int, frozenset[int] | None, list[int] | None]] = {}
+
+    # ------------------------------------------------------------------------------------------- machines
+
+    def _note_holder(self, i: int, run: str, workspace: str, priority: int, gpus: int) -> None:
+        h = self.holders[i].get(run)
+        if h is None:
+            self.holders[i][run] = [workspace, priority, gpus]
+        else:
+            h[2] += gpus
+
+    def allowed(self, run: WaitingRun) -> tuple[int, frozenset[int] | None, list[int] | None]:
+        """(key, set, sorted list) of schedulable machines the run may use; set None = every schedulable one."""
+        k = (run.node_selection, run.excluded_machines)
+        hit = self._allowed_cache.get(k)
+        if hit is not None:
+            return hit
+        sel = run.node_selection
+        excluded = {self.index[n] for n, _ in run.excluded_machines if n in self.index}
+        if sel.mode == "Any" and not excluded:
+            result: tuple = (len(self._allowed_cache), None, None)
+        else:
+            chosen = [i for i in self.all_schedulable if i not in excluded and self.selected(sel, i)]
+            result = (len(self._allowed_cache), frozenset(chosen), chosen)
+        self._allowed_cache[k] = result
+        return result
+
+    def selected(self, sel: NodeSelection, i: int) -> bool:
+        if sel.mode == "Names":
+            return self.names[i] in sel.names
+        if sel.mode == "Labels":
+            labels = self.labels[i]
+            return all(labels.get(k) == v for k, v in sel.labels)
+        return True
+
+    def room(self, i: int, view_b: bool) -> tuple[int, float, int]:
+        """Free (gpus, cpu, memory) on machine i in the view; view B leaves the head's hold alone."""
+        fg, fc, fm = len(self.free_g[i]), self.free_c[i], self.free_m[i]
+        if view_b:
+            h = self.held.get(i)
+            if h is not None:
+                e = self.ending.get(i, (0, 0.0, 0))
+                fg = min(fg, fg + e[0] - h[0])
+                fc = min(fc, fc + e[1] - h[1])
+                fm = min(fm, fm + e[2] - h[2])
+        return fg, fc, fm
+
+    # ------------------------------------------------------------------------------------------ placement
+
+    def best_machine(
+        self, s: Shape, allowed: frozenset[int] | None, allowed_list: list[int] | None, avoid, view_b: bool
+    ) -> int | None:
+        """Best fit for one worker: fewest free GPUs that still fits, ties by name."""
+        g, c, m = s
+        if allowed_list is not None and len(allowed_list) <= 32:
+            best = None
+            for i in allowed_list:
+                if i in avoid:
+                    continue
+                fg, fc, fm = self.room(i, view_b)
+                if fg >= g and fc >= c and fm >= m and (best is None or (fg, i) < best):
+                    best = (fg, i)
+            return None if best is None else best[1]
+        held = self.held if view_b else ()
+        while self.top > 0 and not self.buckets[self.top]:
+            self.top -= 1
+        best = None
+        free_c, free_m = self.free_c, self.free_m
+        for cnt in range(g, self.top + 1):
+            for i in self.buckets[cnt]:
+                if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held:
+                    if allowed is None or i in allowed:
+                        best = (cnt, i)
+                        break
+            if best is not None:
+                break
+        for i in held:
+            if i in avoid or (allowed is not None and i not in allowed):
+                continue
+            fg, fc, fm = self.room(i, True)
+            if fg >= g and fc >= c and fm >= m and (best is None or (fg, i) < best):
+                best = (fg, i)
+        return None if best is None else best[1]
+
+    def place(
+        self, workers, allowed, allowed_list, avoid: frozenset[int], view_b: bool
+    ) -> list[tuple[WorkerRequest, int]] | None:
+        """Machines for all `workers` at once (one worker per machine when there are several), or None."""
+        if len(workers) == 1:
+            w = workers[0]
+            if w.gpus > self.max_g:
+                return None
+            i = self.best_machine(shape(w), allowed, allowed_list, avoid, view_b)
+            return None if i is None else [(w, i)]
+        used = set(avoid)
+        out = []
+        for w in placement_order(workers):
+            i = self.best_machine(shape(w), allowed, allowed_list, used, view_b)
+            if i is None:
+                return None
+            used.add(i)
+            out.append((w, i))
+        return out
+
+    def commit(
+        self, run: str, workspace: str, priority: int, chosen, ends_before_shadow: bool
+    ) -> tuple[Placement, ...]:
+        """Take the room; lowest free GPU indices first."""
+        out = []
+        for w, i in chosen:
+            free = self.free_g[i]
+            before = len(free)
+            gpus = tuple(free[: w.gpus])
+            del free[: w.gpus]
+            if self.schedulable[i] and w.gpus:
+                b = self.buckets[before]
+                del b[bisect_left(b, i)]
+                insort(self.buckets[len(free)], i)
+            self.free_c[i] -= w.cpu_cores
+            self.free_m[i] -= w.memory_bytes
+            if ends_before_shadow and i in self.held:
+                e = self.ending.setdefault(i, [0, 0.0, 0])
+                e[0] += w.gpus
+                e[1] += w.cpu_cores
+                e[2] += w.memory_bytes
+            if w.gpus:
+                self._note_holder(i, run, workspace, priority, w.gpus)
+            out.append(Placement(w.index, self.names[i], gpus, w.cpu_cores, w.memory_bytes))
+        out.sort(key=lambda p: p.worker_index)
+        return tuple(out)
+
+    # ------------------------------------------------------------------------------ could it ever run here
+
+    def never_fits(self, run: WaitingRun, workers, allowed_list: list[int] | None) -> str | None:
+        """Why the run cannot run on this cluster even if it were empty, or None if it could."""
+        machines = self.all_schedulable if allowed_list is None else allowed_list
+        restricted = allowed_list is not None
+        if not machines:
+            if run.node_selection.mode != "Any" and not any(
+                self.selected(run.node_selection, i) for i in self.all_schedulable
+            ):
+                return "no machine matches its node_selection"
+            return "no schedulable machine it may use"
+        largest = "the largest machine it may use has" if restricted else "the largest machine has"
+        fitting: set[int] = set()
+        for s in sorted({shape(w) for w in workers}):
+            g, c, m = s
+            ok = [i for i in machines if self.cap_g[i] >= g and self.cap_c[i] >= c and self.cap_m[i] >= m]
+            if not ok:
+                top_g = max(self.cap_g[i] for i in machines)
+                top_c = max(self.cap_c[i] for i in machines)
+                top_m = max(self.cap_m[i] for i in machines)
+                if g > top_g:
+                    return f"asks for {g} GPUs on one machine; {largest} {top_g}"
+                if c > top_c:
+                    return f"asks for {number(c)} CPU cores on one machine; {largest} {number(top_c)}"
+                if m > top_m:
+                    return f"asks for {gib(m)} of memory on one machine; {largest} {gib(top_m)}"
+                return f"no machine has {g} GPUs, {number(c)} CPU cores and {gib(m)} of memory for one worker"
+            need = sum(1 for w in workers if shape(w) == s)
+            if len(ok) < need:
+                return f"asks for {need} machines (one worker on each); only {len(ok)} can hold its workers"
+            fitting.update(ok)
+        if len(fitting) < len(workers):
+            return f"asks for {len(workers)} machines (one worker on each); only {len(fitting)} can hold its workers"
+        return None
+
+
+def unit_machines(cluster: Cluster, unit: RunningUnit) -> list[int]:
+    return [cluster.index[w.machine] for w in unit.workers if w.machine in cluster.index]

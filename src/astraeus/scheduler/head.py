@@ -1,0 +1,193 @@
+"""The head: when it will start (shadow time), whom to preempt for it, and the room held for it.
+
+`HeadFit` answers "does the head fit if this running work were gone?" incrementally: it keeps, for each
+distinct worker shape of the head, the set of machines where that shape fits given the room added so far, so
+adding a unit's room costs only the machines it touches. The full placement (best fit, one worker per
+machine) runs only once the cheap count check passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cluster import Cluster, Shape, placement_order, shape
+from .model import RunningUnit, WorkerRequest
+
+
+class HeadFit:
+    def __init__(self, cluster: Cluster, workers, machines: list[int]):
+        self.cluster = cluster
+        self.workers: list[WorkerRequest] = placement_order(workers)
+        self.machine_set = frozenset(machines)
+        self.shapes: list[Shape] = sorted({shape(w) for w in self.workers}, key=lambda s: (-s[0], -s[1], -s[2]))
+        self.need = [sum(1 for w in self.workers if shape(w) == s) for s in self.shapes]
+        self.extra: dict[int, list] = {}  # machine -> [gpus, cpu, memory] that the added units free
+        self.fit: list[set[int]] = [set() for _ in self.shapes]
+        for i in machines:
+            self._refresh(i)
+
+    def room(self, i: int) -> tuple[int, float, int]:
+        c = self.cluster
+        e = self.extra.get(i)
+        if e is None:
+            return len(c.free_g[i]), c.free_c[i], c.free_m[i]
+        return len(c.free_g[i]) + e[0], c.free_c[i] + e[1], c.free_m[i] + e[2]
+
+    def _refresh(self, i: int) -> None:
+        fg, fc, fm = self.room(i)
+        for k, (g, c, m) in enumerate(self.shapes):
+            if fg >= g and fc >= c and fm >= m:
+                self.fit[k].add(i)
+            else:
+                self.fit[k].discard(i)
+
+    def touches(self, unit: RunningUnit) -> bool:
+        idx = self.cluster.index
+        return any(idx.get(w.machine) in self.machine_set for w in unit.workers)
+
+    def add(self, unit: RunningUnit, sign: int = 1) -> bool:
+        """Count (sign=1) or stop counting (sign=-1) the unit's room as free. True if it touched the head's machines."""
+        touched = False
+        idx = self.cluster.index
+        for w in unit.workers:
+            i = idx.get(w.machine)
+            if i is None or i not in self.machine_set:
+                continue
+            e = self.extra.setdefault(i, [0, 0.0, 0])
+            e[0] += sign * len(w.gpu_indices)
+            e[1] += sign * w.cpu_cores
+            e[2] += sign * w.memory_bytes
+            self._refresh(i)
+            touched = True
+        return touched
+
+    def placement(self) -> list[tuple[WorkerRequest, int]] | None:
+        for k, n in enumerate(self.need):
+            if len(self.fit[k]) < n:
+                return None
+        if len(self.shapes) > 1 and len(set().union(*self.fit)) < len(self.workers):
+            return None
+        used: set[int] = set()
+        out = []
+        for w in self.workers:
+            k = self.shapes.index(shape(w))
+            best = None
+            for i in self.fit[k]:
+                if i not in used:
+                    key = (self.room(i)[0], i)
+                    if best is None or key < best:
+                        best = key
+            if best is None:
+                return None
+            used.add(best[1])
+            out.append((w, best[1]))
+        return out
+
+    def holds(self, chosen) -> dict[int, list]:
+        """The free room the head takes at its start that is free now: per machine and per resource, what the
+        head needs beyond the room that the counted units give back."""
+        held: dict[int, list] = {}
+        for w, i in chosen:
+            e = self.extra.get(i, (0, 0.0, 0))
+            h = [max(0, w.gpus - e[0]), max(0.0, w.cpu_cores - e[1]), max(0, w.memory_bytes - e[2])]
+            if h[0] or h[1] or h[2]:
+                held[i] = h
+        return held
+
+
+def unit_order_key(u: RunningUnit) -> tuple:
+    return (u.run, u.workers[0].name if u.workers else "")
+
+
+def unit_grace(cluster: Cluster, u: RunningUnit) -> float:
+    idx = cluster.index
+    return max((cluster.machines[idx[w.machine]].stop_grace_seconds for w in u.workers if w.machine in idx), default=0.0)
+
+
+@dataclass
+class HeadOutcome:
+    shadow_time: float | None
+    held: dict[int, list]
+    victims: list[RunningUnit]  # new victims chosen this cycle
+    waiting_for: int  # workers already stopping for the head, when their room suffices (0 otherwise)
+
+
+def shadow(cluster: Cluster, fit: HeadFit, running, now: float) -> tuple[float | None, dict[int, list]]:
+    """The earliest time enough room frees for the head, from time limits (stopping work ends within its stop
+    grace), and the room to hold now. If work without a time limit must end first, the time is None and the
+    room held is the room the head would take once that work ends (oldest first)."""
+    events = []
+    unlimited = []
+    for u in running:
+        if not fit.touches(u):
+            continue
+        if u.stopping:
+            events.append((now + unit_grace(cluster, u), unit_order_key(u), u))
+        elif u.time_limit_seconds is not None:
+            events.append((max(now, u.started_at + u.time_limit_seconds), unit_order_key(u), u))
+        else:
+            unlimited.append(((u.started_at,) + unit_order_key(u), u))
+    events.sort(key=lambda e: (e[0], e[1]))
+    n = len(events)
+    k = 0
+    while k < n:
+        t = events[k][0]
+        while k < n and events[k][0] == t:
+            fit.add(events[k][2])
+            k += 1
+        chosen = fit.placement()
+        if chosen is not None:
+            return t, fit.holds(chosen)
+    unlimited.sort(key=lambda e: e[0])
+    for _, u in unlimited:
+        fit.add(u)
+        chosen = fit.placement()
+        if chosen is not None:
+            return None, fit.holds(chosen)
+    return None, {}
+
+
+def choose_victims(fit: HeadFit, priority: int, running) -> tuple[list[RunningUnit], list] | None:
+    """The least running work of strictly lower priority that makes room for the head, or None.
+
+    Lowest priority first, among equals the most recently started; a unit (gang) is taken whole. Then units
+    not needed are dropped: first those with no worker on a machine the head would use, then, in reverse
+    order, each one without which the head still fits. What remains is minimal: without any one of it, the
+    head does not fit.
+    """
+    candidates = [u for u in running if not u.stopping and u.priority < priority and fit.touches(u)]
+    candidates.sort(key=lambda u: (u.priority, -u.started_at) + unit_order_key(u))
+    chosen: list[RunningUnit] = []
+    placed = None
+    for u in candidates:
+        fit.add(u)
+        chosen.append(u)
+        placed = fit.placement()
+        if placed is not None:
+            break
+    if placed is None:
+        for u in chosen:
+            fit.add(u, -1)
+        return None
+    used = {i for _, i in placed}
+    idx = fit.cluster.index
+    kept = []
+    for u in chosen:
+        if any(idx.get(w.machine) in used for w in u.workers):
+            kept.append(u)
+        else:
+            fit.add(u, -1)
+    for u in reversed(list(kept)):
+        fit.add(u, -1)
+        if fit.placement() is not None:
+            kept.remove(u)
+        else:
+            fit.add(u)
+    again = fit.placement()
+    if again is None:
+        # Greedy placement of mixed worker shapes is not exact; never return a set that does not make room.
+        for u in chosen:
+            if u not in kept:
+                fit.add(u)
+        return chosen, fit.placement() or placed
+    return kept, again

@@ -1,0 +1,94 @@
+"""The words the scheduler shows: run reasons, per-machine "why not" lines, quota messages.
+
+Every string here is the product's own wording (the "Priorities, preemption and checkpoints" page), word for
+word. Another workspace's run is never named: `a job in another namespace` stands in for it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+GIB = 1 << 30
+OTHER_NAMESPACE = "a job in another namespace"
+
+
+def number(x: float) -> str:
+    """6 → "6", 4.5 → "4.5", 0.333333 → "0.33"."""
+    if x == int(x):
+        return str(int(x))
+    return f"{round(x, 2):g}"
+
+
+def gib(b: float) -> str:
+    return f"{number(b / GIB)} GiB"
+
+
+def utc_minute(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def shown(run: str, run_workspace: str, viewer_workspace: str) -> str:
+    """The name of `run` as a viewer in `viewer_workspace` may see it."""
+    return run if run_workspace == viewer_workspace else OTHER_NAMESPACE
+
+
+# ------------------------------------------------------------------------------------------------- quota
+
+# (field of Quota, the word shown, formatter) in the order the first exceeded one is reported.
+QUOTA_RESOURCES: tuple[tuple[str, str, object], ...] = (
+    ("gpus", "gpus", number),
+    ("cpu_cores", "cpu cores", number),
+    ("memory_bytes", "memory", gib),
+    ("workers", "workers", number),
+)
+
+
+def quota_in_use(word: str, fmt, in_use: float, asked: float, limit: float) -> str:
+    return f"{word} {fmt(in_use)} in use + {fmt(asked)} asked > {fmt(limit)}"
+
+
+def quota_alone(word: str, fmt, asked: float, limit: float) -> str:
+    return f"{word} {fmt(asked)} asked > {fmt(limit)}"
+
+
+def waits_for_quota(detail: str) -> str:
+    return f"Waits for namespace quota: {detail}"
+
+
+def waits_beyond_quota(detail: str) -> str:
+    return f"Waits for more than the namespace's quota allows at all ({detail})"
+
+
+def quota_reached(detail: str) -> str:
+    return f"Quota reached: {detail}"
+
+
+# -------------------------------------------------------------------------------------------- run reasons
+
+
+def cannot_run(detail: str) -> str:
+    return f"Cannot run on this cluster: {detail}"
+
+
+def head_next(priority: int, shadow_time: float | None) -> str:
+    if shadow_time is None:
+        return f"Next to run (priority {priority}): waits for running work to end"
+    return f"Next to run (priority {priority}): starts by {utc_minute(shadow_time)} as running work ends"
+
+
+def head_preempting(workers: int, victim: str) -> str:
+    return f"Preempting {workers} lower-priority worker(s) of {victim} to start"
+
+
+def head_waiting_for_victims(workers: int) -> str:
+    return f"Starting: waiting for {workers} preempted worker(s) to stop"
+
+
+def queued_behind(head: str, shadow_time: float | None) -> str:
+    if shadow_time is None:
+        return f"Queued behind {head}, which waits for running work to end"
+    return f"Queued behind {head}, which starts by {utc_minute(shadow_time)}"
+
+
+def preempted_by(head: str) -> str:
+    return f"Preempted by higher-priority work ({head})"

@@ -143,11 +143,11 @@ def test_finetune_sigterm_checkpoints_and_resumes_at_the_same_global_step(tmp_pa
 
 def test_finetune_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, procs):
     # SAVE_EVERY=1: the script is saving most of the time. Kill it (SIGKILL, no chance to clean up) the
-    # moment the temporary file appears, three times over: ckpt.pt must always load, and never go back.
+    # moment the temporary file appears, three times or more: ckpt.pt must always load, and never go back.
     ckpt = tmp_path / "finetune-r50" / "ckpt.pt"
     tmp = Path(str(ckpt) + ".tmp")
     last, mid_save = 0, 0
-    for attempt in range(3):
+    for attempt in range(6):  # three rounds, more if none has yet landed in the middle of a save
         pr = procs(FINETUNE, finetune_env(tmp_path, SAVE_EVERY=1, STEP_SLEEP=0, EPOCHS=50))
         pr.expect(PERIODIC)  # running; from here on every step saves
         deadline = time.monotonic() + 20
@@ -163,8 +163,9 @@ def test_finetune_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(
         last = ck["global_step"]
         if attempt:
             assert any(RESUME_LINE.match(ln) for ln in pr.lines)
+        if attempt >= 2 and mid_save:
+            break
     assert last > 0
-    print(f"{mid_save} of 3 kills landed mid-save")
     assert mid_save >= 1, "no kill landed in the middle of a save"
 
 

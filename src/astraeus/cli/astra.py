@@ -1,0 +1,506 @@
+"""`astra`: the command line for Astraeus.
+
+    astra login --api URL --token TOKEN
+    astra astraeus run|runs|logs|describe|delete|events|drives|machines …
+    astra slurm sbatch|squeue|scancel …
+
+Every failure is one line on stderr and a non-zero exit; set ASTRA_DEBUG=1 for a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from astraeus.cli import format as fmt
+from astraeus.cli.client import ApiError, Client, Config, q, save_config
+from astraeus.cli.slurm import (
+    HelpRequested,
+    SbatchError,
+    build_job,
+    parse_command_line,
+)
+from astraeus.cli.spec import SpecError, build_run_spec
+
+
+class _App(typer.Typer):
+    """Typer, but an unexpected exception is one line too (ASTRA_DEBUG=1 shows the traceback)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except SystemExit:
+            raise
+        except KeyboardInterrupt:
+            sys.exit(130)
+        except Exception as e:  # noqa: BLE001 - the last line of defence against tracebacks
+            if os.environ.get("ASTRA_DEBUG"):
+                raise
+            typer.echo(f"error: {type(e).__name__}: {e} (set ASTRA_DEBUG=1 for details)", err=True)
+            sys.exit(1)
+
+
+def _app(**kw: Any) -> typer.Typer:
+    return _App(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, **kw)
+
+
+app = _app(help="The Astraeus command line: runs, logs, drives and machines, and Slurm-style batch jobs.")
+astraeus_app = _app(help="Runs, workers' logs, events, drives and machines of your workspace.")
+drives_app = _app(help="Drives: storage that workers mount.")
+slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, squeue, scancel.")
+app.add_typer(astraeus_app, name="astraeus")
+app.add_typer(slurm_app, name="slurm")
+astraeus_app.add_typer(drives_app, name="drives")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(code)
+
+
+def handle_errors(prefix: str = "error: ") -> Callable[[F], F]:
+    """Turn ApiError/SpecError/SbatchError into one line on stderr and exit 1; Ctrl-C into exit 130."""
+
+    def deco(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except ApiError as e:
+                raise fail(f"{prefix}{e.message}", e.exit_code) from None
+            except SbatchError as e:
+                raise fail(str(e), 1) from None
+            except SpecError as e:
+                raise fail(f"{prefix}{e}", 1) from None
+            except KeyboardInterrupt:
+                raise typer.Exit(130) from None
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def client() -> Client:
+    return Client.from_env()
+
+
+def read_json_file(path: str, what: str = "spec") -> Any:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read the {what} file {path}: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise SpecError(f"{path} is not valid JSON: {e}") from None
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def check_output(output: str | None) -> bool:
+    """`-o json` → True; the table otherwise."""
+    if output in (None, "", "table"):
+        return False
+    if output == "json":
+        return True
+    raise SpecError(f"-o {output}: use -o json (or leave it out for the table)")
+
+
+# --- login -------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+@handle_errors()
+def login(
+    api: Annotated[str, typer.Option("--api", help="The workspace API URL ($API), http://HOST:PORT/api/v1/o/ORG/w/WS")],
+    token: Annotated[str, typer.Option("--token", help="An API token", prompt=True, hide_input=True)],
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the URL and token first")] = True,
+) -> None:
+    """Save the API URL and token (in $ASTRAEUS_CONFIG or ~/.config/astraeus/config.json).
+
+    ASTRAEUS_API and ASTRAEUS_TOKEN in the environment win over the saved ones."""
+    config = Config(api=api.rstrip("/"), token=token)
+    who = ""
+    if verify:
+        with Client(config) as c:
+            ws = c.get("")
+        if isinstance(ws, dict) and ws.get("name"):
+            who = f" to workspace {ws['name']}" + (f" ({ws['org']})" if ws.get("org") else "")
+            if ws.get("role"):
+                who += f" as {ws['role']}"
+    path = save_config(config.api, config.token)
+    typer.echo(f"Logged in{who} at {config.api}; saved to {path}")
+    for var in ("ASTRAEUS_API", "ASTRAEUS_TOKEN"):
+        if os.environ.get(var):
+            typer.echo(f"note: {var} is set in the environment and wins over the saved value", err=True)
+
+
+# --- astra astraeus ------------------------------------------------------------------------------------------------
+
+
+@astraeus_app.command(context_settings={"allow_interspersed_args": False})
+@handle_errors()
+def run(
+    command: Annotated[list[str] | None, typer.Argument(help="The command and its arguments, after --")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The run's name")] = None,
+    image: Annotated[str | None, typer.Option("--image", help="Container image")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in all")] = None,
+    machines: Annotated[int | None, typer.Option("--machines", help="Machines (one worker each)")] = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores; per GPU when --gpus is given")] = None,
+    mem: Annotated[str | None, typer.Option("--mem", help="Memory, e.g. 16G; per GPU when --gpus is given")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", help="Time limit, e.g. 20m, 2h, 1d12h")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE, repeatable")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster (default: the workspace's)")] = None,
+    start: Annotated[str, typer.Option("--start", help="Independent or Gang")] = "Independent",
+    file: Annotated[str | None, typer.Option("-f", "--file", help="Submit a whole spec (JSON file, - for stdin)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the spec; submit nothing")] = False,
+) -> None:
+    """Submit a run: astra astraeus run --name N --image I --gpus G -- CMD ARGS…
+
+    With GPUs, --cpus and --mem are per GPU. There is no priority flag and no drive: set those in a spec
+    (console or API) and submit it with -f spec.json."""
+    if file is not None:
+        given = [opt for opt, val in (("--name", name), ("--image", image), ("--gpus", gpus),
+                                      ("--machines", machines), ("--cpus", cpus), ("--mem", mem),
+                                      ("--time", time_limit), ("--env", env), ("--cluster", cluster)) if val]
+        if given or command:
+            raise SpecError(f"-f submits the spec as it is: leave out {', '.join(given) or 'the command'}, "
+                            "or put them in the spec")
+        body = read_json_file(file)
+        if not isinstance(body, dict):
+            raise SpecError(f"{file}: a run spec is a JSON object with metadata and spec")
+    else:
+        body = build_run_spec(name=name or "", command=list(command or []), image=image, gpus=gpus,
+                              machines=machines, cpus=cpus, mem=mem, time=time_limit, env=env, cluster=cluster,
+                              start=start)
+    if dry_run:
+        print_json(body)
+        return
+    with client() as c:
+        created = c.post("runs", body)
+    typer.echo(submitted_line(created, body))
+
+
+def submitted_line(created: Any, body: dict[str, Any]) -> str:
+    created = created if isinstance(created, dict) else {}
+    meta = created.get("metadata") or {}
+    name = meta.get("name") or (body.get("metadata") or {}).get("name", "")
+    cluster = meta.get("cluster") or (created.get("spec") or {}).get("cluster") or (body.get("spec") or {}).get(
+        "cluster")
+    url = (created.get("status") or {}).get("console_url")
+    line = f"{name} submitted"
+    if cluster:
+        line += f" to {cluster}"
+    if url:
+        line += f": {url}"
+    return line
+
+
+@astraeus_app.command()
+@handle_errors()
+def runs(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh in place until Ctrl-C")] = False,
+    state: Annotated[str | None, typer.Option("--state", help="Only runs in this state, e.g. Pending")] = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes with --watch")] = 2.0,
+) -> None:
+    """List runs, newest first: NAME, CLUSTER, STATE, REASON."""
+    as_json = check_output(output)
+    with client() as c:
+        if not watch:
+            data = c.get("runs", state=state)
+            if as_json:
+                print_json(data)
+            else:
+                typer.echo(fmt.runs_table(_items(data)), nl=False)
+            return
+        if as_json:
+            raise SpecError("--watch shows the table; leave out -o json")
+        watch_table(lambda: fmt.runs_table(_items(c.get("runs", state=state))), interval)
+
+
+def watch_table(render: Callable[[], str], interval: float) -> None:
+    """Redraw `render()` in place on a terminal (a new copy when it changes otherwise) until Ctrl-C."""
+    try:
+        _watch(render, interval)
+    except KeyboardInterrupt:
+        return
+
+
+def _watch(render: Callable[[], str], interval: float) -> None:
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
+        console = Console()
+        with Live(Text(render(), no_wrap=True, overflow="ellipsis"), console=console, auto_refresh=False,
+                  transient=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(Text(render(), no_wrap=True, overflow="ellipsis"), refresh=True)
+    last = None
+    while True:
+        text = render()
+        if text != last:
+            if last is not None:
+                typer.echo("")
+            typer.echo(text, nl=False)
+            sys.stdout.flush()
+            last = text
+        time.sleep(interval)
+
+
+def _items(data: Any) -> list[dict[str, Any]]:
+    if isinstance(data, dict):
+        return list(data.get("items") or [])
+    if isinstance(data, list):
+        return data
+    return []
+
+
+@astraeus_app.command()
+@handle_errors()
+def logs(
+    worker: Annotated[str, typer.Argument(help="The worker, e.g. finetune-r50-0 (a one-worker run's name works too)")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Stream lines as they arrive")] = False,
+    tail: Annotated[int | None, typer.Option("--tail", help="Only the last N lines")] = None,
+    timestamps: Annotated[bool, typer.Option("--timestamps", help="Prefix each line with its time")] = False,
+) -> None:
+    """Print a worker's output, as it wrote it."""
+    if tail is not None and tail < 0:
+        raise SpecError(f"--tail {tail}: give 0 or more")
+    with client() as c:
+        name = resolve_worker(c, worker)
+        path = f"workers/{q(name)}/logs"
+        if follow:
+            for chunk in c.stream(path, tail=tail, follow=True, timestamps=timestamps):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        else:
+            text = c.get(path, tail=tail, timestamps=timestamps)
+            if text:
+                text = text if isinstance(text, str) else json.dumps(text)
+                sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def resolve_worker(c: Client, name: str) -> str:
+    """A worker's name; a run's name stands for its only worker."""
+    try:
+        c.get(f"workers/{q(name)}")
+        return name
+    except ApiError as e:
+        if e.status != 404:
+            raise
+        try:
+            run_obj = c.get(f"runs/{q(name)}")
+        except ApiError:
+            raise e from None
+        workers = [w.get("name") for w in ((run_obj or {}).get("status") or {}).get("workers") or []]
+        if len(workers) == 1:
+            return workers[0]
+        raise ApiError(f"{name} is a run; name one of its workers: {', '.join(workers) or '(none yet)'}") from None
+
+
+@astraeus_app.command()
+@handle_errors()
+def describe(run_name: Annotated[str, typer.Argument(metavar="RUN", help="The run's name")]) -> None:
+    """A run: its spec, workers, history, and why a waiting worker is not running yet."""
+    with client() as c:
+        data = c.get(f"runs/{q(run_name)}")
+    typer.echo(fmt.describe_run(data), nl=False)
+
+
+@astraeus_app.command()
+@handle_errors()
+def delete(run_names: Annotated[list[str], typer.Argument(metavar="RUN...", help="Runs to delete")]) -> None:
+    """Stop a run's workers (SIGTERM, stop grace, SIGKILL) and remove it."""
+    with client() as c:
+        for name in run_names:
+            c.delete(f"runs/{q(name)}")
+            typer.echo(f"{name} deleted")
+
+
+@astraeus_app.command()
+@handle_errors()
+def events(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """The workspace's events, newest first."""
+    as_json = check_output(output)
+    with client() as c:
+        data = c.get("events")
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(fmt.events_table(_items(data)), nl=False)
+
+
+@astraeus_app.command()
+@handle_errors()
+def machines(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """Machines with their GPUs used and free."""
+    as_json = check_output(output)
+    with client() as c:
+        data = c.get("machines")
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(fmt.machines_table(_items(data)), nl=False)
+
+
+@drives_app.command("create")
+@handle_errors()
+def drives_create(
+    file: Annotated[str, typer.Option("-f", "--file", help="The drive's JSON (e.g. drive.json; - for stdin)")],
+) -> None:
+    """Create a drive from a JSON file."""
+    body = read_json_file(file, "drive")
+    with client() as c:
+        created = c.post("drives", body)
+    name = ((created if isinstance(created, dict) else {}).get("metadata") or {}).get("name") or (
+        (body.get("metadata") or {}).get("name") if isinstance(body, dict) else "")
+    typer.echo(f"{name} created")
+
+
+@drives_app.command("list")
+@handle_errors()
+def drives_list(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """List drives."""
+    as_json = check_output(output)
+    with client() as c:
+        data = c.get("drives")
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(fmt.drives_table(_items(data)), nl=False)
+
+
+@drives_app.command("delete")
+@handle_errors()
+def drives_delete(names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Drives to delete")]) -> None:
+    """Remove drives; their files stay where they are."""
+    with client() as c:
+        for name in names:
+            c.delete(f"drives/{q(name)}")
+            typer.echo(f"{name} deleted")
+
+
+# --- astra slurm ---------------------------------------------------------------------------------------------------
+
+SBATCH_HELP = """Submit a batch script: astra slurm sbatch [OPTIONS] SCRIPT [ARGS]…
+
+Options (also read from the script's #SBATCH lines; the command line wins):
+  -J, --job-name=NAME        the run's name (default: the script's file name without its extension)
+  -p, --partition=PART       the cluster
+  --nice[=N]                 priority -N (default 100)
+  --gres=gpu:N, --gpus-per-node=N   GPUs per node;  -G, --gpus=N   GPUs in all
+  -N, --nodes=N              machines (the script runs on each)
+  -c, --cpus-per-task=N      CPU cores per node;  --cpus-per-gpu=N
+  --mem=SIZE                 memory per node (16G, 500M, 1T; a plain number is MB);  --mem-per-cpu, --mem-per-gpu
+  -t, --time=TIME            MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+  --container-image=IMAGE    the container image
+  -o, --output / -e, --error accepted and ignored: Astraeus keeps each worker's output (astra astraeus logs)
+  --ntasks-per-node=1, -n/--ntasks=NODES   one task per node
+  --wrap=COMMAND             a one-line script
+  --dry-run                  print the run spec; submit nothing (astra's own)
+Other options are refused by name.
+"""
+
+
+@slurm_app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False,
+                      "help_option_names": []},
+    help=SBATCH_HELP,
+)
+@handle_errors(prefix="sbatch: error: ")
+def sbatch(ctx: typer.Context) -> None:
+    try:
+        cmd = parse_command_line(list(ctx.args))
+    except HelpRequested:
+        typer.echo(SBATCH_HELP, nl=False)
+        return
+    wrap = cmd.options.values.get("wrap")
+    if wrap is not None:
+        if cmd.script is not None:
+            raise SbatchError("sbatch: error: give either --wrap or a script, not both")
+        text, label = "", "--wrap"
+    elif cmd.script is None or cmd.script == "-":
+        if sys.stdin.isatty():
+            raise SbatchError("sbatch: error: give a batch script: astra slurm sbatch [OPTIONS] SCRIPT [ARGS]")
+        text, label = sys.stdin.read(), "stdin"
+    else:
+        try:
+            text = Path(cmd.script).read_text()
+        except OSError as e:
+            raise SbatchError(f"sbatch: error: Unable to open file {cmd.script}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise SbatchError(f"sbatch: error: {cmd.script} is not a text file") from None
+        label = cmd.script
+    job = build_job(cmd, text, label)
+    if job.dry_run:
+        print_json(job.spec)
+        for note in job.notes:
+            typer.echo(note, err=True)
+        return
+    with client() as c:
+        try:
+            created = c.post("runs", job.spec)
+        except ApiError as e:
+            if e.status is not None:
+                raise SbatchError(f"sbatch: error: Batch job submission failed: {e.message}") from None
+            raise
+    name = ((created if isinstance(created, dict) else {}).get("metadata") or {}).get("name") or job.name
+    typer.echo(f"Submitted batch job {name}")
+    for note in job.notes:  # after the outcome, so that a refusal stays one line
+        typer.echo(note, err=True)
+
+
+@slurm_app.command()
+@handle_errors(prefix="squeue: error: ")
+def squeue(
+    name: Annotated[list[str] | None, typer.Option("-j", "--jobs", "-n", "--name", help="Only these jobs")] = None,
+    states: Annotated[str | None, typer.Option("-t", "--states", help="Only these states, e.g. PD,R")] = None,
+) -> None:
+    """Runs in Slurm's squeue layout: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)."""
+    with client() as c:
+        items = _items(c.get("runs"))
+    wanted = {n for arg in name or [] for n in arg.split(",") if n}
+    if wanted:
+        items = [r for r in items if (r.get("metadata") or {}).get("name") in wanted]
+    if states:
+        codes = {s.strip().upper() for s in states.split(",") if s.strip()}
+        names = {k.upper(): v for k, v in fmt.SLURM_STATE.items()}
+        codes = {names.get(s, s) for s in codes}
+        items = [r for r in items if fmt.SLURM_STATE.get((r.get("status") or {}).get("state", "")) in codes]
+    typer.echo(fmt.squeue_table(items), nl=False)
+
+
+@slurm_app.command()
+@handle_errors(prefix="scancel: error: ")
+def scancel(jobs: Annotated[list[str], typer.Argument(metavar="JOB...", help="Job names (run names)")]) -> None:
+    """Cancel jobs: deletes the runs (their workers get SIGTERM, then SIGKILL after the stop grace)."""
+    with client() as c:
+        for job in jobs:
+            try:
+                c.delete(f"runs/{q(job)}")
+            except ApiError as e:
+                if e.status == 404:
+                    raise ApiError(f"Kill job error on job id {job}: Invalid job id specified") from None
+                raise

@@ -1,0 +1,333 @@
+"""Pure text formatting for the CLI: tables (runs, squeue, events, drives, machines) and `describe`."""
+
+from __future__ import annotations
+
+import shlex
+from datetime import UTC, datetime
+from typing import Any
+
+GIB = 1024**3
+
+# `astra astraeus runs`: the page's columns, widths 30, 14, 12, then the reason.
+RUNS_COLUMNS = (("NAME", 30), ("CLUSTER", 14), ("STATE", 12))
+
+
+def _cell(text: str, width: int) -> str:
+    """Left-aligned in `width`, with at least one space after it when it is longer."""
+    return text.ljust(width - 1) + " " if len(text) < width else text + " "
+
+
+def runs_table(runs: list[dict[str, Any]]) -> str:
+    lines = ["".join(_cell(h, w) for h, w in RUNS_COLUMNS) + "REASON"]
+    for run in runs:
+        meta, status = run.get("metadata") or {}, run.get("status") or {}
+        cluster = meta.get("cluster") or (run.get("spec") or {}).get("cluster") or ""
+        cells = (str(meta.get("name", "")), str(cluster), str(status.get("state", "")))
+        line = "".join(_cell(c, w) for c, (_, w) in zip(cells, RUNS_COLUMNS, strict=True)) + str(
+            status.get("reason") or "")
+        lines.append(line.rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def table(headers: list[str], rows: list[list[Any]], gap: int = 2) -> str:
+    """A plain left-aligned table, each column as wide as its widest cell plus `gap`."""
+    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    out = []
+    for row in [headers, *cells]:
+        parts = [c.ljust(widths[i] + gap) if i < len(row) - 1 else c for i, c in enumerate(row)]
+        out.append("".join(parts).rstrip())
+    return "\n".join(out) + "\n"
+
+
+# --- sizes, times ---------------------------------------------------------------------------------------------
+
+
+def human_bytes(n: int | float | None) -> str:
+    if n is None:
+        return ""
+    for unit, size in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if float(v).is_integer() else f"{v:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def human_duration(seconds: int | float | None) -> str:
+    """1200 → 20m, 5400 → 1h30m, 172800 → 2d."""
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    if s <= 0:
+        return "0s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            parts.append(f"{s // size}{unit}")
+            s %= size
+    return "".join(parts)
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An API time (RFC 3339 text or epoch seconds) → an aware datetime."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC)
+    try:
+        t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def show_time(value: Any) -> str:
+    t = parse_time(value)
+    if t is None:
+        return "" if value is None else str(value)
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def slurm_elapsed(seconds: int | float) -> str:
+    """Slurm's TIME column: M:SS, H:MM:SS, D-HH:MM:SS."""
+    s = max(0, int(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
+    if h:
+        return f"{h}:{m:02d}:{s:02d}"
+    return f"{m}:{s:02d}"
+
+
+def compress_ints(values: list[int]) -> str:
+    """[0,1,2,3,5] → 0-3,5."""
+    vals = sorted(set(values))
+    out: list[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        out.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+# --- squeue ----------------------------------------------------------------------------------------------------
+
+SLURM_STATE = {
+    "Pending": "PD",
+    "Starting": "R",
+    "Running": "R",
+    "Stopping": "CG",
+    "Completed": "CD",
+    "Failed": "F",
+    "Cancelled": "CA",
+}
+TERMINAL = {"Completed", "Failed", "Cancelled"}
+
+# Slurm's default `%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R`; the job id is the run's name and is never cut.
+SQUEUE_FIELDS = (("JOBID", 18), ("PARTITION", 9), ("NAME", 8), ("USER", 8), ("ST", 2), ("TIME", 10),
+                 ("NODES", 6))
+
+
+def run_elapsed(run: dict[str, Any], now: datetime) -> float:
+    status = run.get("status") or {}
+    state = status.get("state")
+    if state == "Pending":
+        return 0
+    workers = status.get("workers") or []
+    starts = [t for t in (parse_time(w.get("started_at")) for w in workers) if t]
+    start = parse_time(status.get("started_at")) or (min(starts) if starts else None)
+    if start is None:
+        return 0
+    end = now
+    if state in TERMINAL:
+        ends = [t for t in (parse_time(w.get("finished_at")) for w in workers) if t]
+        end = parse_time(status.get("finished_at")) or (max(ends) if ends else now)
+    return max(0.0, (end - start).total_seconds())
+
+
+def _machines_of(run: dict[str, Any]) -> list[str]:
+    names: list[str] = []
+    for w in (run.get("status") or {}).get("workers") or []:
+        m = w.get("machine")
+        if m and m not in names:
+            names.append(m)
+    return names
+
+
+def squeue_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str:
+    now = now or datetime.now(UTC)
+    header = " ".join(h.rjust(w) for h, w in SQUEUE_FIELDS) + " NODELIST(REASON)"
+    lines = [header]
+    for run in runs:
+        meta, spec, status = run.get("metadata") or {}, run.get("spec") or {}, run.get("status") or {}
+        state = status.get("state", "")
+        st = SLURM_STATE.get(state, state[:2].upper())
+        resources = (spec.get("task_template") or {}).get("requested_resources") or {}
+        nodes = resources.get("machines") or len(status.get("workers") or []) or 1
+        machines = _machines_of(run)
+        reason = status.get("reason") or ""
+        if st == "PD" or not machines:
+            where = f"({reason})" if reason else "(None)"
+        else:
+            where = ",".join(machines)
+        name = str(meta.get("name", ""))
+        values = (name, str(meta.get("cluster") or spec.get("cluster") or ""), name,
+                  str(meta.get("workspace") or ""), st, slurm_elapsed(run_elapsed(run, now)), str(nodes))
+        cells = [v.rjust(w) if i == 0 else v[:w].rjust(w) for i, (v, (_, w)) in enumerate(
+            zip(values, SQUEUE_FIELDS, strict=True))]
+        lines.append(" ".join(cells) + " " + where)
+    return "\n".join(lines) + "\n"
+
+
+# --- other tables ------------------------------------------------------------------------------------------------
+
+
+def events_table(events: list[dict[str, Any]]) -> str:
+    rows = [[show_time(e.get("time")), e.get("kind", ""), e.get("object", ""), e.get("message", "")] for e in events]
+    return table(["TIME", "KIND", "OBJECT", "MESSAGE"], rows)
+
+
+def machines_table(machines: list[dict[str, Any]]) -> str:
+    rows = []
+    for m in machines:
+        rows.append([m.get("name", ""), m.get("cluster", ""), m.get("state", ""), m.get("gpus", 0),
+                     m.get("gpus_used", 0), m.get("gpus_free", 0), _num(m.get("cpu_cores")),
+                     human_bytes(m.get("memory_bytes"))])
+    return table(["NAME", "CLUSTER", "STATE", "GPUS", "GPUS USED", "GPUS FREE", "CPUS", "MEMORY"], rows)
+
+
+def drives_table(drives: list[dict[str, Any]]) -> str:
+    rows = []
+    for d in drives:
+        meta, spec, status = d.get("metadata") or {}, d.get("spec") or {}, d.get("status") or {}
+        sources = spec.get("sources") or []
+        where = ", ".join(f"{s.get('node')}:{s.get('path')}" if s.get("node") else str(s.get("path", ""))
+                          for s in sources)
+        mounts = sorted({s.get("mount_path", "") for s in sources if s.get("mount_path")})
+        modes = sorted({s.get("mode", "") for s in sources if s.get("mode")})
+        rows.append([meta.get("name", ""), ", ".join(mounts), ", ".join(modes), spec.get("transport", ""),
+                     status.get("state", ""), where])
+    return table(["NAME", "MOUNT", "MODE", "TRANSPORT", "STATE", "SOURCES"], rows)
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+# --- describe ----------------------------------------------------------------------------------------------------
+
+
+def resources_summary(resources: dict[str, Any]) -> str:
+    parts = []
+    gpus = (resources.get("gpu_requests") or {}).get("count")
+    if gpus:
+        parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
+        per_machine = (resources.get("gpu_requests") or {}).get("min_per_machine")
+        if per_machine:
+            parts[-1] += f" ({per_machine} per machine)"
+    if resources.get("cpu_cores") is not None:
+        parts.append(f"{_num(resources['cpu_cores'])} CPU cores")
+    if resources.get("memory_bytes") is not None:
+        parts.append(f"{human_bytes(resources['memory_bytes'])} memory")
+    per_gpu = resources.get("per_gpu") or {}
+    if per_gpu:
+        each = []
+        if per_gpu.get("cpu_cores") is not None:
+            each.append(f"{_num(per_gpu['cpu_cores'])} CPU cores")
+        if per_gpu.get("memory_bytes") is not None:
+            each.append(f"{human_bytes(per_gpu['memory_bytes'])} memory")
+        parts.append(" and ".join(each) + " per GPU")
+    machines = resources.get("machines")
+    if machines:
+        parts.append(f"{machines} machine{'s' if machines != 1 else ''}")
+    sel = resources.get("node_selection") or {}
+    if sel and sel.get("mode") not in (None, "Any"):
+        parts.append(f"machines: {sel.get('mode')} {sel.get('names') or sel.get('labels') or ''}".rstrip())
+    return ", ".join(parts) if parts else "defaults"
+
+
+def describe_run(run: dict[str, Any]) -> str:
+    meta, spec, status = run.get("metadata") or {}, run.get("spec") or {}, run.get("status") or {}
+    tt = spec.get("task_template") or {}
+    workers = status.get("workers") or []
+    fields: list[tuple[str, Any]] = [("Name", meta.get("name"))]
+    ws = meta.get("workspace")
+    if ws or meta.get("namespace"):
+        fields.append(("Workspace", f"{ws} ({meta['namespace']})" if ws and meta.get("namespace") else ws or
+                       meta.get("namespace")))
+    fields += [
+        ("Cluster", meta.get("cluster") or spec.get("cluster")),
+        ("Labels", ", ".join(f"{k}={v}" for k, v in (meta.get("labels") or {}).items()) or None),
+        ("Created", show_time(meta.get("created_at")) or None),
+        ("State", status.get("state")),
+        ("Reason", status.get("reason")),
+        ("Console", status.get("console_url")),
+        ("Priority", spec.get("priority", 0)),
+        ("Start", spec.get("start")),
+        ("Image", tt.get("image")),
+    ]
+    environments = sorted({w.get("environment") for w in workers if w.get("environment")})
+    if environments:
+        fields.append(("Environment", ", ".join(environments) + " (where the image runs on this cluster)"))
+    command = [tt.get("command")] + list(tt.get("args") or []) if tt.get("command") else list(tt.get("args") or [])
+    fields += [
+        ("Command", shlex.join(str(c) for c in command) if command else None),
+        ("Resources", resources_summary(tt.get("requested_resources") or {})),
+        ("Time limit", human_duration(tt.get("time_limit_seconds")) or "none"),
+        ("Restart policy", tt.get("restart_policy")),
+    ]
+    env = tt.get("env") or {}
+    if env:
+        fields.append(("Env", ", ".join(f"{k}={v}" for k, v in env.items())))
+    drives = tt.get("datavolume_refs") or []
+    if drives:
+        fields.append(("Drives", ", ".join(f"{d.get('name')} at {d.get('mount_path')} ({d.get('mode', 'ReadWrite')})"
+                                           for d in drives)))
+    configs = tt.get("configs") or []
+    if configs:
+        fields.append(("Configs", ", ".join(m for c in configs for m in (c.get("mounts") or []))))
+    if status.get("preemptions"):
+        fields.append(("Preemptions", status["preemptions"]))
+
+    width = max(len(k) for k, _ in fields) + 2
+    out = [f"{(k + ':').ljust(width)}{v}" for k, v in fields if v is not None and v != ""]
+
+    out.append("")
+    out.append("Workers:")
+    if workers:
+        rows = []
+        for w in workers:
+            gpus = compress_ints(w.get("gpu_indices") or [])
+            rows.append([w.get("name", ""), w.get("state", ""), w.get("restarts", 0), w.get("preemptions", 0),
+                         w.get("machine") or "-", gpus or "-", w.get("reason") or ""])
+        out += ["  " + line for line in table(["NAME", "STATE", "RESTARTS", "PREEMPTIONS", "MACHINE", "GPUS",
+                                               "REASON"], rows).splitlines()]
+    else:
+        out.append("  (none yet)")
+
+    history = status.get("history") or []
+    out.append("")
+    out.append("History:")
+    if history:
+        rows = [[show_time(h.get("time")), h.get("state", ""), h.get("reason") or ""] for h in history]
+        out += ["  " + line for line in table(["TIME", "STATE", "REASON"], rows).splitlines()]
+    else:
+        out.append("  (none)")
+
+    for w in workers:
+        why = w.get("why_not") or []
+        if w.get("state") in ("Pending", "Starting") and why:
+            out.append("")
+            out.append(f"Why it is not running yet ({w.get('name')}):")
+            for item in why:
+                out.append(f"  {item.get('machine', '?')}: {item.get('reason', '')}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,481 @@
+"""Pure parts of `astra slurm sbatch`: Slurm's option and `#SBATCH` parsing, its time and memory formats, and
+the run spec a batch job becomes.
+
+A batch job is one Astraeus run: `-N` machines (one worker, one task each), the script's content mounted as a
+config file at /astraeus/slurm/<name>.sbatch and run with `bash`, arguments after the script passed on as they
+are. Options that Astraeus cannot honour are refused by name, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any
+
+MIB = 1024**2
+SCRIPT_DIR = "/astraeus/slurm"
+
+
+class SbatchError(ValueError):
+    """A user-facing refusal; the message is printed as it is (it starts with `sbatch: `)."""
+
+
+class HelpRequested(Exception):
+    """`--help` among sbatch's options."""
+
+
+def unsupported(option: str, hint: str | None = None, where: str | None = None) -> SbatchError:
+    msg = f"sbatch: option {option} is not supported by astra slurm"
+    if hint:
+        msg += f": {hint}"
+    if where:
+        msg += f" ({where})"
+    return SbatchError(msg)
+
+
+# --- Slurm's formats -------------------------------------------------------------------------------------
+
+TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+_DAYS = re.compile(r"(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?")
+
+
+def parse_time(text: str, option: str = "--time") -> int | None:
+    """Slurm's time formats → seconds; None for no limit (`0`, `UNLIMITED`, `INFINITE`, as in Slurm).
+
+    `MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`.
+    """
+    s = text.strip()
+    if s.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    m = _DAYS.fullmatch(s)
+    if m:
+        d, h, mi, se = (int(g) if g is not None else 0 for g in m.groups())
+        total = d * 86400 + h * 3600 + mi * 60 + se
+    else:
+        parts = s.split(":")
+        if not s or len(parts) > 3 or not all(p.isdigit() for p in parts):
+            raise SbatchError(f"sbatch: error: invalid time {option}={text!r}: use {TIME_FORMATS}")
+        nums = [int(p) for p in parts]
+        if len(nums) == 1:
+            total = nums[0] * 60
+        elif len(nums) == 2:
+            total = nums[0] * 60 + nums[1]
+        else:
+            total = nums[0] * 3600 + nums[1] * 60 + nums[2]
+    return total or None
+
+
+_MEM = re.compile(r"(\d+)([KMGT]?)B?", re.IGNORECASE)
+_MEM_UNITS = {"": MIB, "K": 1024, "M": MIB, "G": 1024**3, "T": 1024**4}
+
+
+def parse_mem(text: str, option: str = "--mem") -> int:
+    """Slurm's memory sizes → bytes: `16G`, `500M`, `1T`, `64K`; a plain number is megabytes, as in Slurm."""
+    m = _MEM.fullmatch(text.strip())
+    if not m:
+        raise SbatchError(f"sbatch: error: invalid memory {option}={text!r}: use a number of megabytes or a size "
+                          "with a unit, e.g. 16G, 500M, 1T")
+    value = int(m.group(1)) * _MEM_UNITS[m.group(2).upper()]
+    if value == 0:
+        raise SbatchError(f"sbatch: error: {option}=0 (all the memory of a node) is not supported by astra slurm: "
+                          "give an amount, e.g. 64G")
+    return value
+
+
+def _positive_int(text: str, option: str, allow_zero: bool = False) -> int:
+    s = text.strip()
+    if not s.isdigit() or (int(s) == 0 and not allow_zero):
+        least = "0 or more" if allow_zero else "a whole number, 1 or more"
+        raise SbatchError(f"sbatch: error: invalid {option}={text!r}: give {least}")
+    return int(s)
+
+
+def _gpu_count(text: str, option: str) -> int:
+    """`N` or `gpu:N` forms' count; GPU types (`a100:4`) are refused."""
+    parts = text.strip().split(":")
+    if len(parts) == 2:
+        raise SbatchError(f"sbatch: error: {option}={text}: GPU types are not supported by astra slurm; "
+                          f"give a count, e.g. {option}={parts[1]}")
+    if len(parts) != 1:
+        raise SbatchError(f"sbatch: error: invalid {option}={text!r}: give a count of GPUs")
+    return _positive_int(parts[0], option, allow_zero=True)
+
+
+def _gres(text: str) -> int:
+    """`--gres=gpu`, `gpu:N`; `gpu:TYPE:N` and other resources are refused."""
+    total = 0
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if parts[0] not in ("gpu", "gres/gpu"):
+            raise SbatchError(f"sbatch: error: --gres={text}: astra slurm knows only GPUs (--gres=gpu:N)")
+        if len(parts) == 1:
+            total += 1
+        elif len(parts) == 2 and parts[1].isdigit():
+            total += int(parts[1])
+        elif len(parts) >= 3:
+            raise SbatchError(f"sbatch: error: --gres={text}: GPU types are not supported by astra slurm; "
+                              f"give a count, e.g. --gres=gpu:{parts[-1]}")
+        else:
+            raise SbatchError(f"sbatch: error: invalid --gres={text!r}: use --gres=gpu:N")
+    return total
+
+
+def _nodes(text: str) -> int:
+    s = text.strip()
+    if "-" in s:
+        lo, _, hi = s.partition("-")
+        if lo.isdigit() and lo == hi:
+            s = lo
+        else:
+            raise SbatchError(f"sbatch: error: --nodes={text}: node ranges are not supported by astra slurm; "
+                              "give an exact number of nodes")
+    return _positive_int(s, "--nodes")
+
+
+def _nice(text: str | None) -> int:
+    if text is None:
+        return 100  # Slurm: --nice without a value is 100
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise SbatchError(f"sbatch: error: invalid --nice={text!r}: give a whole number") from None
+
+
+def _container_image(text: str) -> str:
+    """Pyxis' `[docker://][REGISTRY#]IMAGE[:TAG]` → a plain image reference."""
+    s = text.strip()
+    s = s.removeprefix("docker://")
+    if "#" in s:
+        registry, _, rest = s.partition("#")
+        s = f"{registry}/{rest}"
+    if not s:
+        raise SbatchError("sbatch: error: --container-image needs an image")
+    return s
+
+
+def _nonempty(text: str, option: str) -> str:
+    if not text.strip():
+        raise SbatchError(f"sbatch: error: {option} needs a value")
+    return text
+
+
+def _partition(text: str) -> str:
+    s = _nonempty(text, "--partition").strip()
+    if "," in s:
+        raise SbatchError(f"sbatch: error: --partition={text}: astra slurm submits to one cluster; "
+                          "give one partition")
+    return s
+
+
+# --- options -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    long: str
+    short: str | None
+    arg: str  # "required" | "optional" | "none"
+    slot: str  # options that set the same thing share a slot; the last one wins
+    parse: Any  # (value) -> parsed value, tagged with the option's kind where a slot has several
+    cli_only: bool = False
+
+
+OPTIONS: list[Option] = [
+    Option("job-name", "J", "required", "name", lambda v: _nonempty(v, "--job-name")),
+    Option("partition", "p", "required", "partition", _partition),
+    Option("gres", None, "required", "gpus", lambda v: ("per_node", _gres(v))),
+    Option("gpus-per-node", None, "required", "gpus", lambda v: ("per_node", _gpu_count(v, "--gpus-per-node"))),
+    Option("gpus", "G", "required", "gpus", lambda v: ("total", _gpu_count(v, "--gpus"))),
+    Option("nodes", "N", "required", "nodes", _nodes),
+    Option("cpus-per-task", "c", "required", "cpus", lambda v: ("per_task", _positive_int(v, "--cpus-per-task"))),
+    Option("cpus-per-gpu", None, "required", "cpus", lambda v: ("per_gpu", _positive_int(v, "--cpus-per-gpu"))),
+    Option("mem", None, "required", "mem", lambda v: ("per_node", parse_mem(v, "--mem"))),
+    Option("mem-per-cpu", None, "required", "mem", lambda v: ("per_cpu", parse_mem(v, "--mem-per-cpu"))),
+    Option("mem-per-gpu", None, "required", "mem", lambda v: ("per_gpu", parse_mem(v, "--mem-per-gpu"))),
+    Option("time", "t", "required", "time", lambda v: parse_time(v, "--time")),
+    Option("container-image", None, "required", "image", _container_image),
+    Option("nice", None, "optional", "nice", _nice),
+    Option("output", "o", "required", "output", lambda v: v),
+    Option("error", "e", "required", "error", lambda v: v),
+    Option("ntasks-per-node", None, "required", "ntasks_per_node",
+           lambda v: _positive_int(v, "--ntasks-per-node")),
+    Option("ntasks", "n", "required", "ntasks", lambda v: _positive_int(v, "--ntasks")),
+    Option("wrap", None, "required", "wrap", lambda v: _nonempty(v, "--wrap"), cli_only=True),
+    Option("dry-run", None, "none", "dry_run", lambda v: True, cli_only=True),  # astra's own: print the spec
+]
+_LONG = {o.long: o for o in OPTIONS}
+_SHORT = {o.short: o for o in OPTIONS if o.short}
+
+# Hints for options people commonly carry over from Slurm.
+_HINTS = {
+    "--array": "submit one run per task instead",
+    "--dependency": "submit the dependent run when the first has completed",
+    "--container-mounts": "astra cannot mount a drive; use a template that has it, or the API (datavolume_refs)",
+    "--export": "the worker's environment is the run's env; set it in the spec (console or API)",
+    "--exclusive": "ask for all of a machine's GPUs instead",
+    "--mail-type": "Astraeus does not send mail; watch the run's events (astra astraeus events)",
+    "--mail-user": "Astraeus does not send mail; watch the run's events (astra astraeus events)",
+    "--requeue": "preempted runs are always queued again",
+    "--qos": "use --nice, or a priority in the spec",
+    "--priority": "use --nice=-N, or a priority in the spec",
+}
+
+
+@dataclass
+class Options:
+    values: dict[str, Any] = field(default_factory=dict)  # slot → parsed value
+    given: dict[str, str] = field(default_factory=dict)  # slot → the option as written, for messages
+
+
+def parse_options(args: list[str], *, where: str | None = None, directive: bool = False) -> tuple[Options, list[str]]:
+    """Parse sbatch options up to the first argument that is not one; return them and the rest.
+
+    In a `#SBATCH` line (`directive=True`) every word must be an option. `where` names the source in messages.
+    """
+    opts = Options()
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return opts, args[i + 1 :]
+        if arg in ("-h", "--help", "--usage") and not directive:
+            raise HelpRequested()
+        if arg.startswith("--") and len(arg) > 2:
+            name, eq, value = arg[2:].partition("=")
+            opt = _LONG.get(name)
+            written = f"--{name}"
+            if opt is None or (directive and opt.cli_only):
+                raise unsupported(written, _HINTS.get(written), where)
+            if opt.arg == "none":
+                if eq:
+                    raise SbatchError(f"sbatch: error: {written} takes no value")
+                val = None
+            elif eq:
+                val = value
+            elif opt.arg == "optional":
+                val = None
+                if i + 1 < len(args) and re.fullmatch(r"[+-]?\d+", args[i + 1]):
+                    i += 1  # `--nice -60`: take the number, as people write it
+                    val = args[i]
+            else:
+                if i + 1 >= len(args):
+                    raise SbatchError(f"sbatch: error: {written} needs a value"
+                                      + (f" ({where})" if where else ""))
+                i += 1
+                val = args[i]
+        elif arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
+            letter = arg[1]
+            opt = _SHORT.get(letter)
+            written = f"-{letter}"
+            if opt is None or (directive and opt.cli_only):
+                raise unsupported(written, None, where)
+            if len(arg) > 2:
+                val = arg[2:]
+            else:
+                if i + 1 >= len(args):
+                    raise SbatchError(f"sbatch: error: {written} needs a value" + (f" ({where})" if where else ""))
+                i += 1
+                val = args[i]
+        else:
+            if directive:
+                raise SbatchError(f"sbatch: error: unexpected word {arg!r} in an #SBATCH line ({where})")
+            return opts, args[i:]
+        try:
+            parsed = opt.parse(val)
+        except SbatchError as e:
+            if where:
+                raise SbatchError(f"{e} ({where})") from None
+            raise
+        prev = opts.given.get(opt.slot)
+        if prev is not None and prev != f"--{opt.long}" and opt.slot in ("mem",):
+            raise SbatchError(f"sbatch: error: --{opt.long} and {prev} are mutually exclusive"
+                              + (f" ({where})" if where else ""))
+        opts.values[opt.slot] = parsed
+        opts.given[opt.slot] = f"--{opt.long}"
+        i += 1
+    return opts, []
+
+
+def _is_number(arg: str) -> bool:
+    return bool(re.fullmatch(r"-\d+(\.\d+)?", arg))
+
+
+def _strip_comment(text: str) -> str:
+    """Cut a line at the first `#` that starts a word outside quotes (so `nvcr.io#nvidia/pytorch` stays whole)."""
+    quote: str | None = None
+    escaped = False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or text[i - 1].isspace()):
+            return text[:i]
+    return text
+
+
+def directives(script: str) -> list[tuple[int, list[str]]]:
+    """The `#SBATCH` lines of a script as (line number, words), as Slurm reads them: from the top, up to the
+    first line that is not blank and not a comment; later `#SBATCH` lines are ignored."""
+    found: list[tuple[int, list[str]]] = []
+    for lineno, line in enumerate(script.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if line.startswith("#SBATCH"):
+            rest = line[len("#SBATCH") :]
+            if rest and not rest[0].isspace():
+                continue  # "#SBATCHfoo": just a comment
+            try:
+                words = shlex.split(_strip_comment(rest))
+            except ValueError as e:
+                raise SbatchError(f"sbatch: error: cannot read #SBATCH line {lineno}: {e}") from None
+            found.append((lineno, words))
+        elif stripped.startswith("#"):
+            continue
+        else:
+            break
+    return found
+
+
+# --- the job -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SbatchJob:
+    name: str
+    spec: dict[str, Any]
+    notes: list[str]
+    dry_run: bool = False
+
+
+@dataclass
+class CommandLine:
+    options: Options
+    script: str | None  # path; None: read the script from stdin (or --wrap)
+    script_args: list[str]
+
+
+def parse_command_line(argv: list[str]) -> CommandLine:
+    opts, rest = parse_options(argv)
+    if rest:
+        return CommandLine(opts, rest[0], rest[1:])
+    return CommandLine(opts, None, [])
+
+
+def default_name(script: str | None, wrap: bool) -> str:
+    """Slurm's default job name, made a valid run name: `finetune.sbatch` → `finetune`, `Train_GPT.sh` →
+    `train-gpt`."""
+    if wrap:
+        return "wrap"
+    if script is None or script == "-":
+        return "sbatch"
+    name = re.sub(r"[^a-z0-9-]+", "-", PurePath(script).stem.lower()).strip("-")[:63].strip("-")
+    return name or "sbatch"
+
+
+def wrap_script(command: str) -> str:
+    return f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{command}\n"
+
+
+def build_job(cmd: CommandLine, script_text: str, script_label: str = "the script") -> SbatchJob:
+    """Merge the script's `#SBATCH` lines with the command line (the command line wins) into a run spec."""
+    merged = Options()
+    wrap = "wrap" in cmd.options.values
+    if wrap:
+        script_text = wrap_script(cmd.options.values["wrap"])
+    if not wrap:
+        for lineno, words in directives(script_text):
+            line_opts, _ = parse_options(words, where=f"#SBATCH line {lineno} of {script_label}", directive=True)
+            for slot, val in line_opts.values.items():
+                if slot == "mem" and merged.given.get("mem") not in (None, line_opts.given[slot]):
+                    raise SbatchError(f"sbatch: error: {line_opts.given[slot]} and {merged.given['mem']} are "
+                                      f"mutually exclusive (#SBATCH line {lineno} of {script_label})")
+                merged.values[slot] = val
+                merged.given[slot] = line_opts.given[slot]
+    merged.values.update(cmd.options.values)
+    merged.given.update(cmd.options.given)
+    v = merged.values
+
+    name = v.get("name") or default_name(cmd.script, wrap)
+    nodes = v.get("nodes", 1)
+    for slot, option in (("ntasks_per_node", "--ntasks-per-node"),):
+        if slot in v and v[slot] != 1:
+            raise SbatchError(f"sbatch: error: {option}={v[slot]}: astra slurm runs one task per node; start "
+                              "several processes from the script (e.g. torchrun --nproc-per-node)")
+    if "ntasks" in v and v["ntasks"] != nodes:
+        raise SbatchError(f"sbatch: error: --ntasks={v['ntasks']} with {nodes} node(s): astra slurm runs one task "
+                          "per node; start several processes from the script (e.g. torchrun --nproc-per-node)")
+
+    resources: dict[str, Any] = {}
+    gpu_count = 0
+    per_machine: int | None = None
+    if "gpus" in v:
+        kind, n = v["gpus"]
+        if kind == "per_node":
+            gpu_count, per_machine = n * nodes, n
+        else:
+            gpu_count = n
+    cpus_total: int | None = None
+    if "cpus" in v:
+        kind, n = v["cpus"]
+        if kind == "per_task":
+            cpus_total = n * nodes
+        else:
+            if not gpu_count:
+                raise SbatchError("sbatch: error: --cpus-per-gpu needs GPUs (--gres=gpu:N or --gpus=N)")
+            cpus_total = n * gpu_count
+    if cpus_total is not None:
+        resources["cpu_cores"] = cpus_total
+    if "mem" in v:
+        kind, b = v["mem"]
+        if kind == "per_node":
+            resources["memory_bytes"] = b * nodes
+        elif kind == "per_cpu":
+            resources["memory_bytes"] = b * (cpus_total if cpus_total is not None else nodes)
+        else:
+            if not gpu_count:
+                raise SbatchError("sbatch: error: --mem-per-gpu needs GPUs (--gres=gpu:N or --gpus=N)")
+            resources["memory_bytes"] = b * gpu_count
+    if gpu_count:
+        gpu_req: dict[str, Any] = {"count": gpu_count}
+        if per_machine and nodes > 1:
+            gpu_req["min_per_machine"] = per_machine
+        resources["gpu_requests"] = gpu_req
+    resources["machines"] = nodes
+    resources["node_selection"] = {"mode": "Any"}
+
+    if "image" not in v:
+        raise SbatchError("sbatch: error: no container image: add #SBATCH --container-image=IMAGE to the script, "
+                          "or give --container-image=IMAGE (every Astraeus run names its image)")
+    path = f"{SCRIPT_DIR}/{name}.sbatch"
+    template: dict[str, Any] = {"image": v["image"], "command": "bash"}
+    template["args"] = [path, *cmd.script_args]
+    template["restart_policy"] = "Never"
+    if v.get("time") is not None:
+        template["time_limit_seconds"] = v["time"]
+    template["requested_resources"] = resources
+    template["configs"] = [{"mounts": [path], "value": script_text}]
+
+    spec: dict[str, Any] = {}
+    if "nice" in v:
+        spec["priority"] = -v["nice"]
+    spec["start"] = "Gang"
+    if "partition" in v:
+        spec["cluster"] = v["partition"]
+    spec["task_template"] = template
+
+    notes = []
+    ignored = [merged.given[s] for s in ("output", "error") if s in v]
+    if ignored:
+        notes.append(f"sbatch: note: {' and '.join(ignored)} ignored: Astraeus keeps each worker's output; "
+                     f"read it with astra astraeus logs {name}-0")
+    return SbatchJob(name=name, spec={"metadata": {"name": name}, "spec": spec}, notes=notes,
+                     dry_run=bool(v.get("dry_run")))

@@ -1,0 +1,260 @@
+"""The console in a real browser (Debian's chromium through Playwright) against a real local cluster: sign in,
+submit from the form and from Edit as JSON, watch runs change state without a reload, a preemption's reasons and
+History, drives, a refused priority, a viewer. Each page is saved as a screenshot in test-artifacts/console/."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from tests.console.conftest import shot
+
+pytestmark = pytest.mark.browser
+
+SLEEP = "import time; time.sleep(600)"
+
+
+def org_ws(cluster) -> tuple[str, str]:
+    parts = cluster.api.split("/o/")[1].split("/")
+    return parts[0], parts[2]
+
+
+def sign_in(browser, cluster, token: str):
+    ctx = browser.new_context(viewport={"width": 1360, "height": 900})
+    page = ctx.new_page()
+    page.set_default_timeout(20_000)
+    page.goto(cluster.server + "/")
+    assert "/sign-in" in page.url
+    page.fill("input[name=token]", token)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_url(re.compile(r"/o/[^/]+/w/[^/]+/runs$"))
+    return ctx, page
+
+
+def workspace(cluster) -> dict:
+    r = httpx.get(cluster.api, headers={"Authorization": f"Bearer {cluster.token}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def mark(page) -> None:
+    page.evaluate("window.__noReload = 'still here'")
+
+
+def not_reloaded(page) -> bool:
+    return page.evaluate("window.__noReload") == "still here"
+
+
+def submit_api(cluster, name: str, *, priority: int = 0, gpus: int = 0, args=("-c", SLEEP)) -> None:
+    body = {"metadata": {"name": name},
+            "spec": {"priority": priority, "start": "Independent",
+                     "task_template": {"image": "python:3.11", "command": "python", "args": list(args),
+                                       "restart_policy": "Never",
+                                       "requested_resources": {"gpu_requests": {"count": gpus}}}}}
+    with cluster.client() as c:
+        r = c.post("/runs", json=body)
+        assert r.status_code == 201, r.text
+
+
+@pytest.fixture(scope="module")
+def editor(browser, console_cluster):
+    ctx, page = sign_in(browser, console_cluster, console_cluster.token)
+    shot(page, "runs-empty")
+    yield page
+    ctx.close()
+
+
+def test_sign_in_page(browser, console_cluster):
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.goto(console_cluster.server + "/sign-in")
+    page.fill("input[name=token]", "not-a-token")
+    page.click("button:has-text('Sign in')")
+    assert "the token is not valid" in page.inner_text("[role=alert]")
+    shot(page, "sign-in")
+    ctx.close()
+
+
+def test_submit_from_the_form_and_watch_it_finish(editor, console_cluster):
+    page = editor
+    page.click("a:has-text('New run')")
+    assert "split on spaces" in page.inner_text("#args-hint").lower()
+    assert "Edit as JSON" in page.inner_text("#args-hint")
+    page.fill("input[name=name]", "form-run")
+    page.fill("input[name=image]", "python:3.11")
+    page.fill("input[name=command]", "python")
+    page.fill("input[name=args]", "-u -c print('hello-from-form')")
+    page.select_option("select[name=restart_policy]", "Never")
+    shot(page, "new-run")
+    page.click("button:has-text('Start run')")
+    page.wait_for_url(re.compile(r"/jobs/main/form-run$"))
+    mark(page)
+    page.wait_for_function("document.querySelector('#run-state').textContent.trim() === 'Completed'")
+    page.wait_for_function("document.querySelector('#logs').textContent.includes('hello-from-form')")
+    assert not_reloaded(page)
+    assert "1 of 1 workers succeeded" in page.inner_text("#run-reason")
+    assert "gpu-01" in page.inner_text("#workers")
+    shot(page, "run-completed")
+
+
+def test_runs_list_updates_live(editor, console_cluster):
+    page = editor
+    page.click("nav.side a:has-text('Runs')")
+    mark(page)
+    submit_api(console_cluster, "live-run", args=("-c", "import time; time.sleep(2)"))
+    row = page.locator("tr[data-run='live-run']")
+    row.wait_for()
+    page.wait_for_function(
+        "(() => { const r = document.querySelector(\"tr[data-run='live-run']\");"
+        " return r && r.innerText.includes('Running'); })()")
+    page.wait_for_function(
+        "(() => { const r = document.querySelector(\"tr[data-run='live-run']\");"
+        " return r && r.innerText.includes('Completed'); })()")
+    assert not_reloaded(page)
+    shot(page, "runs")
+    page.click(".filters a:has-text('Completed')")
+    assert page.locator("tr[data-run='live-run']").count() == 1
+    page.click(".filters a:has-text('Pending')")
+    assert page.locator("tr[data-run='live-run']").count() == 0
+
+
+def test_priority_above_the_maximum_is_refused(editor, console_cluster):
+    page = editor
+    ns = workspace(console_cluster)["id"]
+    page.goto(console_cluster.server + "/o/acme/w/vision/runs/new")
+    page.click("summary:has-text('More options')")
+    assert page.inner_text("#priority-hint") == "Higher runs first and may preempt lower. Up to 0 here."
+    assert page.inner_text("#max-priority") == "0"
+    page.fill("input[name=name]", "too-high")
+    page.fill("input[name=image]", "python:3.11")
+    page.fill("input[name=command]", "python")
+    page.fill("input[name=priority]", "60")
+    page.click("button:has-text('Start run')")
+    assert page.inner_text("#form-error").strip() == f"priority 60 is above namespace {ns}'s maximum of 0"
+    assert page.input_value("input[name=name]") == "too-high"  # what was typed is kept
+    shot(page, "new-run-refused")
+
+
+def test_preemption_from_edit_as_json(editor, console_cluster):
+    page = editor
+    submit_api(console_cluster, "scavenger", priority=-100, gpus=1)
+    console_cluster.wait_for(lambda: console_cluster.run("scavenger")["status"]["state"] == "Running", 30,
+                             what="scavenger running")
+    page.goto(console_cluster.server + "/o/acme/w/vision/runs/new")
+    page.fill("input[name=name]", "urgent-eval")
+    page.click("button:has-text('Edit as JSON')")
+    spec = json.loads(page.input_value("#spec-json"))
+    assert spec["metadata"]["name"] == "urgent-eval"
+    spec["spec"]["task_template"].update({"image": "python:3.11", "command": "python", "args": ["-c", SLEEP],
+                                          "restart_policy": "Never"})
+    spec["spec"]["task_template"]["requested_resources"] = {"gpu_requests": {"count": 8}, "machines": 1}
+    page.fill("#spec-json", json.dumps(spec, indent=2))
+    shot(page, "new-run-json")
+    page.click("button:has-text('Start run')")
+    page.wait_for_url(re.compile(r"/jobs/main/urgent-eval$"))
+
+    page.goto(console_cluster.server + "/o/acme/w/vision/jobs/main/scavenger")
+    mark(page)
+    page.wait_for_function("(document.querySelector('#console-reason') || {}).textContent"
+                           " === 'Paused to make room for higher-priority work'", timeout=30_000)
+    reason = page.inner_text("#run-reason")
+    assert reason == "Preempted by higher-priority work (urgent-eval); waiting to run again"
+    assert "Preempted by urgent-eval" in page.inner_text("#history")
+    assert not_reloaded(page)
+    page.wait_for_selector("text=Why it is not running yet", timeout=20_000)
+    assert "gpu-01" in page.inner_text(".why-not")
+    shot(page, "run-preempted")
+
+    page.goto(console_cluster.server + "/o/acme/w/vision/runs")
+    page.wait_for_function("document.querySelector(\"tr[data-run='scavenger']\").innerText"
+                           ".includes('Preempted by higher-priority work (urgent-eval)')")
+    page.goto(console_cluster.server + "/o/acme/w/vision/events")
+    assert "Preempted" in page.inner_text("#events")
+    shot(page, "events")
+
+    # Delete the urgent run from its page: the scavenger gets its GPU back.
+    page.goto(console_cluster.server + "/o/acme/w/vision/jobs/main/urgent-eval")
+    page.click("summary:has-text('Delete')")
+    page.click("button:has-text('Delete run')")
+    page.wait_for_url(re.compile(r"/runs\?deleted=urgent-eval$"))
+    console_cluster.wait_for(lambda: console_cluster.run("scavenger")["status"]["state"] == "Running", 30,
+                             what="scavenger running again")
+
+
+def test_machines_page(editor, console_cluster):
+    page = editor
+    page.click("nav.side a:has-text('Machines')")
+    row = page.inner_text("tr[data-machine='gpu-01']")
+    assert "Ready" in row
+    shot(page, "machines")
+
+
+def test_create_and_delete_a_drive(editor, console_cluster):
+    page = editor
+    page.click("nav.side a:has-text('Drives')")
+    page.click("a:has-text('New drive')")
+    page.fill("input[name=name]", "ft-ckpt")
+    assert page.input_value("select[name=kind]") == "one-machine"
+    page.select_option("select[name=machine]", "gpu-01")
+    page.fill("input[name=path]", "/data/astraeus/ft-ckpt")
+    page.fill("input[name=mount_path]", "/ckpt")
+    page.select_option("select[name=mode]", label="Read-write")
+    page.select_option("select[name=transport]", label="RDMA when both have it, else TCP")
+    shot(page, "new-drive")
+    page.click("button:has-text('Create drive')")
+    page.wait_for_url(re.compile(r"/drives$"))
+    row = page.inner_text("tr[data-drive='ft-ckpt']")
+    assert "/data/astraeus/ft-ckpt" in row and "/ckpt" in row and "Read-write" in row
+    shot(page, "drives")
+    with console_cluster.client() as c:
+        assert c.get("/drives/ft-ckpt").status_code == 200
+    page.click("tr[data-drive='ft-ckpt'] summary:has-text('Delete')")
+    assert "files stay" in page.inner_text("tr[data-drive='ft-ckpt'] .popover")
+    page.click("tr[data-drive='ft-ckpt'] button:has-text('Delete drive')")
+    page.wait_for_selector("#drive-deleted")
+    assert "files stay" in page.inner_text("#drive-deleted")
+    assert page.locator("tr[data-drive='ft-ckpt']").count() == 0
+    with console_cluster.client() as c:
+        assert c.get("/drives/ft-ckpt").status_code == 404
+
+
+def test_a_viewer_sees_but_cannot_submit(browser, console_cluster):
+    with console_cluster.admin() as a:
+        r = a.post("/tokens", json={"kind": "user", "workspace": "vision", "role": "viewer"})
+        assert r.status_code == 201, r.text
+        viewer = r.json()["token"]
+    ctx, page = sign_in(browser, console_cluster, viewer)
+    assert page.locator("tr[data-run='form-run']").count() == 1  # sees the workspace's runs
+    assert page.locator("a:has-text('New run')").count() == 0
+    page.goto(console_cluster.server + "/o/acme/w/vision/runs/new")
+    assert "this needs the editor role in workspace vision; this token has the viewer role" in page.inner_text(
+        "#cannot-submit")
+    assert page.locator("button:has-text('Start run')").is_disabled()
+    shot(page, "new-run-viewer")
+    page.goto(console_cluster.server + "/o/acme/w/vision/jobs/main/form-run")
+    assert page.locator("summary:has-text('Delete')").count() == 0
+    ctx.close()
+
+
+def test_settings_for_organisation_admins(browser, console_cluster):
+    ctx, page = sign_in(browser, console_cluster, console_cluster.admin_token)
+    page.click("nav.side a:has-text('Settings')")
+    assert "/data/astraeus" in page.inner_text("#clusters")
+    shot(page, "settings")
+    page.click("tr[data-access='main/vision'] a:has-text('Change')")
+    page.fill("textarea[name=host_paths]", "/data/astraeus\n/scratch/vision")
+    page.fill("input[name=max_priority]", "50")
+    shot(page, "settings-change")
+    page.click("button:has-text('Save')")
+    page.wait_for_selector("#saved")
+    assert "/scratch/vision" in page.inner_text("#clusters")
+    assert "50" in page.inner_text("tr[data-ws='vision/main']")
+    acc = workspace(console_cluster)["clusters"][0]
+    assert acc["max_priority"] == 50 and "/scratch/vision" in acc["host_paths"]
+    page.goto(console_cluster.server + "/o/acme/w/vision/runs/new")
+    assert page.text_content("#priority-hint") == "Higher runs first and may preempt lower. Up to 50 here."
+    assert page.text_content("#max-priority") == "50"
+    ctx.close()

@@ -124,6 +124,8 @@ def report(session: Session, m: Machine, body: dict, at: float) -> bool:
                 w.pid = r.get("pid") or w.pid
                 w.environment = r.get("environment") or w.environment
         elif state == "Exited":
+            if w.state == "Starting" and r.get("pid"):  # it ran, and ended before a report said so
+                lifecycle.running(session, w.run, w, r.get("pid"), r.get("environment"), r.get("started_at") or at)
             lifecycle.ended(session, w.run, w, r.get("exit_code"), r.get("signal"), None, at)
             changed = True
         elif state == "StartFailed":

@@ -23,7 +23,7 @@ class Settings:
     # changes." A change wakes the loop at once; this is the longest it sleeps.
     schedule_interval: float = field(default_factory=lambda: float(os.environ.get("ASTRAEUS_SCHEDULE_INTERVAL", "15")))
     # Debounce: a burst of submits within this many seconds is scheduled in one cycle.
-    schedule_debounce: float = 0.005
+    schedule_debounce: float = 0.005  # 5 ms
     heartbeat_seconds: float = field(default_factory=lambda: float(os.environ.get("ASTRAEUS_HEARTBEAT", "5")))
 
     def url(self) -> str:

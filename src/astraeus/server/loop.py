@@ -224,6 +224,7 @@ class SchedulingLoop:
         self.cp = cp
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.last_cycle_seconds = 0.0
 
     def start(self) -> None:
         self._stop.clear()
@@ -247,9 +248,13 @@ class SchedulingLoop:
             if self._stop.is_set():
                 return
             if woke:
-                time.sleep(s.schedule_debounce)
+                # Batch a burst of changes into one cycle: wait the debounce, and at least as long as the last
+                # cycle took, so that scheduling never takes more than about half of the control plane's time.
+                time.sleep(max(s.schedule_debounce, self.last_cycle_seconds))
             try:
+                c0 = time.perf_counter()
                 touched = self.cycle_once(full=woke or time.time() - last_full >= s.schedule_interval)
+                self.last_cycle_seconds = min(time.perf_counter() - c0, 1.0)
                 if woke or time.time() - last_full >= s.schedule_interval:
                     last_full = time.time()
                 if touched:

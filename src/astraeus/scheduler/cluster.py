@@ -25,6 +25,10 @@ def shape(w: WorkerRequest) -> Shape:
     return (w.gpus, w.cpu_cores, w.memory_bytes)
 
 
+def _by_worker_index(p: Placement) -> int:
+    return p.worker_index
+
+
 def placement_order(workers) -> list[WorkerRequest]:
     """Largest workers first (they are the hardest to place), then by index: one fixed order."""
     return sorted(workers, key=lambda w: (-w.gpus, -w.cpu_cores, -w.memory_bytes, w.index))
@@ -40,26 +44,29 @@ class Cluster:
         self.cap_c = [m.cpu_cores for m in machines]
         self.cap_m = [m.memory_bytes for m in machines]
         self.schedulable = [m.schedulable for m in machines]
-        self.labels = [dict(m.labels) for m in machines]
+        self._labels: list[dict[str, str]] | None = None  # per machine, made when a run selects by labels
         self.all_schedulable = [i for i, m in enumerate(machines) if m.schedulable]
-        # Who holds GPUs on each machine, for the "why not" lines: machine -> run -> [workspace, priority, gpus].
-        self.holders: list[dict[str, list]] = [{} for _ in machines]
+        # Who holds GPUs on each machine, for the "why not" lines: made when first asked (`holders`).
+        self._running = snapshot.running
+        self._holders: list[dict[str, list]] | None = None
+        self._taken: list[tuple] = []  # (machine, run, workspace, priority, gpus) started before `holders` is made
 
-        used: list[set[int]] = [set() for _ in machines]
-        self.free_c = list(self.cap_c)
-        self.free_m = list(self.cap_m)
+        free_g: list[list[int]] = [list(range(cap)) for cap in self.cap_g]
+        self.free_g = free_g
+        self.free_c = free_c = list(self.cap_c)
+        self.free_m = free_m = list(self.cap_m)
+        index_get = self.index.get
         for unit in snapshot.running:
             for w in unit.workers:
-                i = self.index.get(w.machine)
+                i = index_get(w.machine)
                 if i is None:
                     continue
-                used[i].update(w.gpu_indices)
-                self.free_c[i] -= w.cpu_cores
-                self.free_m[i] -= w.memory_bytes
-                self._note_holder(i, unit.run, unit.workspace, unit.priority, len(w.gpu_indices))
-        self.free_g: list[list[int]] = [
-            [g for g in range(cap) if g not in u] for cap, u in zip(self.cap_g, used, strict=True)
-        ]
+                free = free_g[i]
+                for g in w.gpu_indices:
+                    if g in free:
+                        free.remove(g)  # free GPUs stay in index order
+                free_c[i] -= w.cpu_cores
+                free_m[i] -= w.memory_bytes
         self.max_g = max(self.cap_g, default=0)
         self.buckets: list[list[int]] = [[] for _ in range(self.max_g + 1)]
         for i in self.all_schedulable:
@@ -73,12 +80,44 @@ class Cluster:
 
     # ------------------------------------------------------------------------------------------- machines
 
+    @property
+    def holders(self) -> list[dict[str, list]]:
+        """Per machine: run -> [workspace, priority, GPUs held] (workspace and priority as first seen)."""
+        if self._holders is None:
+            holders: list[dict[str, list]] = [{} for _ in self.machines]
+            index_get = self.index.get
+            for unit in self._running:
+                run = unit.run
+                for w in unit.workers:
+                    i = index_get(w.machine)
+                    if i is None:
+                        continue
+                    h = holders[i].get(run)
+                    if h is None:
+                        holders[i][run] = [unit.workspace, unit.priority, len(w.gpu_indices)]
+                    else:
+                        h[2] += len(w.gpu_indices)
+            self._holders = holders
+            for t in self._taken:
+                self._note_holder(*t)
+            self._taken = []
+        return self._holders
+
     def _note_holder(self, i: int, run: str, workspace: str, priority: int, gpus: int) -> None:
-        h = self.holders[i].get(run)
+        if self._holders is None:
+            self._taken.append((i, run, workspace, priority, gpus))
+            return
+        h = self._holders[i].get(run)
         if h is None:
-            self.holders[i][run] = [workspace, priority, gpus]
+            self._holders[i][run] = [workspace, priority, gpus]
         else:
             h[2] += gpus
+
+    @property
+    def labels(self) -> list[dict[str, str]]:
+        if self._labels is None:
+            self._labels = [dict(m.labels) for m in self.machines]
+        return self._labels
 
     def allowed(self, run: WaitingRun) -> tuple[int, frozenset[int] | None, list[int] | None]:
         """(key, set, sorted list) of schedulable machines the run may use; set None = every schedulable one."""
@@ -178,26 +217,29 @@ class Cluster:
     ) -> tuple[Placement, ...]:
         """Take the room; lowest free GPU indices first."""
         out = []
+        free_g, buckets, held = self.free_g, self.buckets, self.held
         for w, i in chosen:
-            free = self.free_g[i]
+            free = free_g[i]
             before = len(free)
-            gpus = tuple(free[: w.gpus])
-            del free[: w.gpus]
-            if self.schedulable[i] and w.gpus:
-                b = self.buckets[before]
+            n = w.gpus
+            gpus = tuple(free[:n])
+            del free[:n]
+            if n and self.schedulable[i]:
+                b = buckets[before]
                 del b[bisect_left(b, i)]
-                insort(self.buckets[len(free)], i)
+                insort(buckets[before - len(gpus)], i)
             self.free_c[i] -= w.cpu_cores
             self.free_m[i] -= w.memory_bytes
-            if ends_before_shadow and i in self.held:
+            if ends_before_shadow and i in held:
                 e = self.ending.setdefault(i, [0, 0.0, 0])
-                e[0] += w.gpus
+                e[0] += n
                 e[1] += w.cpu_cores
                 e[2] += w.memory_bytes
-            if w.gpus:
-                self._note_holder(i, run, workspace, priority, w.gpus)
+            if n:
+                self._note_holder(i, run, workspace, priority, n)
             out.append(Placement(w.index, self.names[i], gpus, w.cpu_cores, w.memory_bytes))
-        out.sort(key=lambda p: p.worker_index)
+        if len(out) > 1:
+            out.sort(key=_by_worker_index)
         return tuple(out)
 
     # ------------------------------------------------------------------------------ could it ever run here

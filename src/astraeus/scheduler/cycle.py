@@ -18,31 +18,51 @@ from collections import defaultdict
 from . import reasons as R
 from .cluster import Cluster
 from .head import HeadFit, choose_victims, shadow, unit_grace
-from .model import Plan, QuotaReached, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
+from .model import Placement, Plan, QuotaReached, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
 from .queue import Usage, queue_order
 from .whynot import Unstarted, WhyNot
 
+_UNSET = object()
+_EMPTY: frozenset[int] = frozenset()
 
-def _quota_check(ws: Workspace | None, usage: Usage, workers) -> tuple[str, bool] | None:
-    """(detail, alone) for the first quota resource the workers would exceed, or None."""
+QuotaSpec = tuple  # ((word, formatter, limit), ...) for gpus, cpu cores, memory, workers; limit None: no limit
+
+
+def _quota_spec(ws: Workspace | None) -> QuotaSpec | None:
     if ws is None or ws.quota is None:
         return None
-    asked = {
-        "gpus": sum(w.gpus for w in workers),
-        "cpu_cores": sum(w.cpu_cores for w in workers),
-        "memory_bytes": sum(w.memory_bytes for w in workers),
-        "workers": len(workers),
-    }
-    for field, word, fmt in R.QUOTA_RESOURCES:
-        limit = getattr(ws.quota, field)
-        if limit is not None and asked[field] > limit:
-            return R.quota_alone(word, fmt, asked[field], limit), True
-    for field, word, fmt in R.QUOTA_RESOURCES:
-        limit = getattr(ws.quota, field)
-        in_use = getattr(usage, field)
-        if limit is not None and in_use + asked[field] > limit:
-            return R.quota_in_use(word, fmt, in_use, asked[field], limit), False
-    return None
+    return tuple((word, fmt, getattr(ws.quota, field)) for field, word, fmt in R.QUOTA_RESOURCES)
+
+
+def _quota_check(spec: QuotaSpec, usage: Usage, workers) -> tuple[str, bool, str, str] | None:
+    """(detail, alone, the run's reason, the quota note) for the first quota resource the workers would
+    exceed, or None."""
+    asked = (
+        sum(w.gpus for w in workers),
+        sum(w.cpu_cores for w in workers),
+        sum(w.memory_bytes for w in workers),
+        len(workers),
+    )
+    found = None
+    for (word, fmt, limit), a in zip(spec, asked, strict=True):
+        if limit is not None and a > limit:
+            found = R.quota_alone(word, fmt, a, limit), True
+            break
+    if found is None:
+        in_use = (usage.gpus, usage.cpu_cores, usage.memory_bytes, usage.workers)
+        for (word, fmt, limit), a, u in zip(spec, asked, in_use, strict=True):
+            if limit is not None and u + a > limit:
+                found = R.quota_in_use(word, fmt, u, a, limit), False
+                break
+    if found is None:
+        return None
+    detail, alone = found
+    reason = R.waits_beyond_quota(detail) if alone else R.waits_for_quota(detail)
+    return detail, alone, reason, R.quota_reached(detail)
+
+
+def _by_worker_index(p: Placement) -> int:
+    return p.worker_index
 
 
 def plan(snapshot: Snapshot, now: float) -> Plan:
@@ -51,11 +71,12 @@ def plan(snapshot: Snapshot, now: float) -> Plan:
     workspaces = {ws.id: ws for ws in snapshot.workspaces}
     usage: dict[str, Usage] = defaultdict(Usage)
     run_machines: dict[str, set[int]] = defaultdict(set)  # machines holding workers of a run now
+    index_get = cluster.index.get
     for u in snapshot.running:
         use = usage[u.workspace]
         for w in u.workers:
             use.add(len(w.gpu_indices), w.cpu_cores, w.memory_bytes, 1)
-            i = cluster.index.get(w.machine)
+            i = index_get(w.machine)
             if i is not None:
                 run_machines[u.run].add(i)
 
@@ -64,122 +85,156 @@ def plan(snapshot: Snapshot, now: float) -> Plan:
     reasons: dict[str, str] = {}
     quota_notes: list[QuotaReached] = []
     unstarted: list[tuple[Unstarted, int]] = []
+    limit = snapshot.why_not_limit
+    keep = len(snapshot.waiting) if limit is None else max(limit, 0)  # runs left waiting that get why-not lines
     head: WaitingRun | None = None
     shadow_time: float | None = None
     failed: set[tuple] = set()  # placements known not to fit: free room only shrinks within a cycle
     never: dict[tuple, str | None] = {}
-    quota_seen: dict[tuple, tuple[str, bool] | None] = {}  # same ask, same usage: same answer
+    never_reason: dict[str, str] = {}
+    quota_specs = {ws_id: _quota_spec(ws) for ws_id, ws in workspaces.items()}
+    # Per workspace with a quota: group shapes -> _quota_check's answer at the workspace's usage now; cleared
+    # whenever that usage changes (same ask, same usage: same answer).
+    quota_seen: dict[str, dict] = {ws_id: {} for ws_id, spec in quota_specs.items() if spec is not None}
     queued_behind: dict[str, str] = {}  # the reason behind the head, per workspace of the waiting run
-
-    def try_place(run, workers, allowed_key, allowed, allowed_list, avoid, view_b):
-        if len(workers) == 1:
-            w = workers[0]
-            shapes: tuple = (w.gpus, w.cpu_cores, w.memory_bytes)
-        else:
-            shapes = tuple(sorted((w.gpus, w.cpu_cores, w.memory_bytes) for w in workers))
-        k = (shapes, allowed_key, avoid, view_b)
-        if k in failed:
-            return None
-        chosen = cluster.place(workers, allowed, allowed_list, avoid, view_b)
-        if chosen is None:
-            failed.add(k)
-        return chosen
+    backfill = snapshot.backfill
+    place, commit = cluster.place, cluster.commit
 
     # 2. Order, 3. start what fits.
     for run in queue_order(snapshot, usage, workspaces):
         workers = run.workers
         if not workers:
             continue
+        name = run.name
         if run.node_selection.mode == "Any" and not run.excluded_machines:
             allowed_key, allowed, allowed_list = -1, None, None  # every schedulable machine
         else:
             allowed_key, allowed, allowed_list = cluster.allowed(run)
-        if len(workers) == 1:
+        n = len(workers)
+        if n == 1:
             w0 = workers[0]
-            nk: tuple = (w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key)
+            ordered = shapes = (w0.gpus, w0.cpu_cores, w0.memory_bytes)  # one worker: its shape, not a 1-tuple
         else:
-            nk = (tuple(sorted((w.gpus, w.cpu_cores, w.memory_bytes) for w in workers)), allowed_key)
-        if nk not in never:
-            never[nk] = cluster.never_fits(run, workers, allowed_list)
-        why = never[nk]
-        avoid = frozenset(run_machines.get(run.name, ()))
+            ordered = tuple([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])
+            shapes = tuple(sorted(ordered))
+        nk = (shapes, allowed_key)
+        why = never.get(nk, _UNSET)
+        if why is _UNSET:
+            why = never[nk] = cluster.never_fits(run, workers, allowed_list)
+        rm = run_machines.get(name)
+        avoid = frozenset(rm) if rm else _EMPTY
         if why is not None:
-            reasons[run.name] = R.cannot_run(why)
-            unstarted.append((Unstarted(run, workers, False, None, avoid), allowed_key))
+            text = never_reason.get(why)
+            if text is None:
+                text = never_reason[why] = R.cannot_run(why)
+            reasons[name] = text
+            if len(unstarted) < keep:
+                unstarted.append((Unstarted(run, workers, False, None, avoid), allowed_key))
             continue
-        ws = workspaces.get(run.workspace)
-        use = usage[run.workspace]
+        ws_id = run.workspace
+        seen = quota_seen.get(ws_id)
+        use = usage[ws_id]
         # Behind the head a run may use the head's room only if its time limit ends it by the shadow time.
-        ends_before = (
-            head is not None
-            and shadow_time is not None
-            and run.time_limit_seconds is not None
-            and now + run.time_limit_seconds <= shadow_time
-        )
-        view_b = head is not None and not ends_before
-        groups = [workers] if run.start == "Gang" or len(workers) == 1 else [(w,) for w in workers]
-        placements = []
-        waiting: list = []
-        quota = None
-        for gi, group in enumerate(groups):
-            q = None
-            if ws is not None and ws.quota is not None:
-                qk = (run.workspace, use.gpus, use.cpu_cores, use.memory_bytes, use.workers,
-                      tuple((w.gpus, w.cpu_cores, w.memory_bytes) for w in group))
-                if qk in quota_seen:
-                    q = quota_seen[qk]
-                else:
-                    q = quota_seen[qk] = _quota_check(ws, use, group)
-            if q is not None:
-                quota = q
-                for rest in groups[gi:]:
-                    waiting.extend(rest)
-                break
-            if head is not None and not snapshot.backfill:
-                chosen = None  # backfill off: nothing behind the head starts
+        if head is None:
+            ends_before = view_b = False
+        else:
+            tl = run.time_limit_seconds
+            ends_before = shadow_time is not None and tl is not None and now + tl <= shadow_time
+            view_b = not ends_before
+        if n == 1 or run.start == "Gang":
+            # One group, the whole run: placed all at once or not at all.
+            quota = None
+            if seen is not None:
+                quota = seen.get(ordered, _UNSET)
+                if quota is _UNSET:
+                    quota = seen[ordered] = _quota_check(quota_specs[ws_id], use, workers)
+            if quota is not None or (head is not None and not backfill):
+                chosen = None  # over quota; or backfill off: nothing behind the head starts
             else:
-                chosen = try_place(run, group, allowed_key, allowed, allowed_list, avoid, view_b)
-            if chosen is None:
-                waiting.extend(group)
+                fk = (shapes, allowed_key, avoid, view_b)
+                if fk in failed:
+                    chosen = None
+                else:
+                    chosen = place(workers, allowed, allowed_list, avoid, view_b)
+                    if chosen is None:
+                        failed.add(fk)
+            if chosen is not None:
+                placed = commit(name, ws_id, run.priority, chosen, ends_before)  # in worker order
+                for w, _ in chosen:
+                    use.add(w.gpus, w.cpu_cores, w.memory_bytes, 1)
+                if seen is not None:
+                    seen.clear()
+                starts.append(StartRun(name, placed, head is not None))
                 continue
-            placements.extend(cluster.commit(run.name, run.workspace, run.priority, chosen, ends_before))
-            for w, i in chosen:
-                use.add(w.gpus, w.cpu_cores, w.memory_bytes, 1)
-                avoid = avoid | {i}
-        if placements:
-            placements.sort(key=lambda p: p.worker_index)
-            starts.append(StartRun(run.name, tuple(placements), backfilled=head is not None))
-        if not waiting:
-            continue
-        waiting_t = tuple(waiting)
+            waiting: tuple | list = workers
+        else:
+            # Independent workers: each one on its own.
+            placements: list = []
+            waiting = []
+            quota = None
+            for k, w in enumerate(workers):
+                s = ordered[k]
+                if seen is not None:
+                    q = seen.get(s, _UNSET)
+                    if q is _UNSET:
+                        q = seen[s] = _quota_check(quota_specs[ws_id], use, (w,))
+                    if q is not None:
+                        quota = q
+                        waiting.extend(workers[k:])
+                        break
+                if head is not None and not backfill:
+                    chosen = None  # backfill off: nothing behind the head starts
+                else:
+                    fk = (s, allowed_key, avoid, view_b)
+                    if fk in failed:
+                        chosen = None
+                    else:
+                        chosen = place((w,), allowed, allowed_list, avoid, view_b)
+                        if chosen is None:
+                            failed.add(fk)
+                if chosen is None:
+                    waiting.append(w)
+                    continue
+                placements.extend(commit(name, ws_id, run.priority, chosen, ends_before))
+                for cw, i in chosen:
+                    use.add(cw.gpus, cw.cpu_cores, cw.memory_bytes, 1)
+                    avoid = avoid | {i}
+                if seen is not None:
+                    seen.clear()
+            if placements:
+                if len(placements) > 1:
+                    placements.sort(key=_by_worker_index)
+                starts.append(StartRun(name, tuple(placements), head is not None))
+            if not waiting:
+                continue
         if quota is not None:
-            detail, alone = quota
-            reasons[run.name] = R.waits_beyond_quota(detail) if alone else R.waits_for_quota(detail)
+            reasons[name] = quota[2]
             if not run.quota_noted:
-                quota_notes.append(QuotaReached(run.name, run.workspace, R.quota_reached(detail)))
-            unstarted.append((Unstarted(run, waiting_t, view_b, detail, avoid), allowed_key))
+                quota_notes.append(QuotaReached(name, ws_id, quota[3]))
+            if len(unstarted) < keep:
+                unstarted.append((Unstarted(run, tuple(waiting), view_b, quota[0], avoid), allowed_key))
             continue
-        unstarted.append((Unstarted(run, waiting_t, view_b, None, avoid), allowed_key))
+        if len(unstarted) < keep:
+            unstarted.append((Unstarted(run, tuple(waiting), view_b, None, avoid), allowed_key))
         if head is not None:
-            behind = queued_behind.get(run.workspace)
+            behind = queued_behind.get(ws_id)
             if behind is None:
-                behind = R.queued_behind(R.shown(head.name, head.workspace, run.workspace), shadow_time)
-                queued_behind[run.workspace] = behind
-            reasons[run.name] = behind
+                behind = R.queued_behind(R.shown(head.name, head.workspace, ws_id), shadow_time)
+                queued_behind[ws_id] = behind
+            reasons[name] = behind
             continue
         # 4. The head.
         head = run
-        shadow_time, reasons[run.name], new_stops = _settle_head(
-            snapshot, cluster, run, waiting_t, allowed_list, avoid, now
+        shadow_time, reasons[name], new_stops = _settle_head(
+            snapshot, cluster, run, tuple(waiting), allowed_list, avoid, now
         )
         stops.extend(new_stops)
 
     # 6. Why not, for the first runs left waiting.
     why_not: dict[str, tuple[tuple[str, str], ...]] = {}
-    limit = snapshot.why_not_limit
-    if limit is None or limit > 0:
+    if unstarted:
         explain = WhyNot(cluster, head)
-        for u, allowed_key in unstarted if limit is None else unstarted[:limit]:
+        for u, allowed_key in unstarted:
             why_not.update(explain.lines(u, allowed_key))
 
     return Plan(

@@ -19,6 +19,8 @@ class HeadFit:
         self.cluster = cluster
         self.workers: list[WorkerRequest] = placement_order(workers)
         self.machine_set = frozenset(machines)
+        # Names whose index is one of `machines` (a worker on a machine not in the cluster touches none).
+        self.machine_names = frozenset([name for name, i in cluster.index.items() if i in self.machine_set])
         self.shapes: list[Shape] = sorted({shape(w) for w in self.workers}, key=lambda s: (-s[0], -s[1], -s[2]))
         self.need = [sum(1 for w in self.workers if shape(w) == s) for s in self.shapes]
         self.extra: dict[int, list] = {}  # machine -> [gpus, cpu, memory] that the added units free
@@ -42,8 +44,11 @@ class HeadFit:
                 self.fit[k].discard(i)
 
     def touches(self, unit: RunningUnit) -> bool:
-        idx = self.cluster.index
-        return any(idx.get(w.machine) in self.machine_set for w in unit.workers)
+        names = self.machine_names
+        for w in unit.workers:
+            if w.machine in names:
+                return True
+        return False
 
     def add(self, unit: RunningUnit, sign: int = 1) -> bool:
         """Count (sign=1) or stop counting (sign=-1) the unit's room as free. True if it touched the head's machines."""
@@ -97,6 +102,11 @@ class HeadFit:
 
 def unit_order_key(u: RunningUnit) -> tuple:
     return (u.run, u.workers[0].name if u.workers else "")
+
+
+def _victim_order(u: RunningUnit) -> tuple:
+    """Lowest priority first, among equals the most recently started (then `unit_order_key`)."""
+    return (u.priority, -u.started_at, u.run, u.workers[0].name if u.workers else "")
 
 
 def unit_grace(cluster: Cluster, u: RunningUnit) -> float:
@@ -155,8 +165,9 @@ def choose_victims(fit: HeadFit, priority: int, running) -> tuple[list[RunningUn
     order, each one without which the head still fits. What remains is minimal: without any one of it, the
     head does not fit.
     """
-    candidates = [u for u in running if not u.stopping and u.priority < priority and fit.touches(u)]
-    candidates.sort(key=lambda u: (u.priority, -u.started_at) + unit_order_key(u))
+    touches = fit.touches
+    candidates = [u for u in running if not u.stopping and u.priority < priority and touches(u)]
+    candidates.sort(key=_victim_order)
     chosen: list[RunningUnit] = []
     placed = None
     for u in candidates:

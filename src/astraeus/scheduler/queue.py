@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterator
+from operator import attrgetter
 
 from .model import Quota, Snapshot, WaitingRun, Workspace
 
@@ -36,21 +37,52 @@ class Usage:
 
 def dominant_share(usage: Usage, ws: Workspace | None) -> float:
     """Largest fraction of any quota in use, divided by the weight. No quota: 0."""
+    spec = share_spec(ws)
+    return 0.0 if spec is None else _share(usage, spec)
+
+
+ShareSpec = tuple  # (gpus, cpu_cores, memory_bytes, workers limits (None: no limit), weight)
+_INF = float("inf")
+
+
+def share_spec(ws: Workspace | None) -> ShareSpec | None:
+    """What `dominant_share` needs of a workspace, read once per cycle; None when it has no quota (share 0)."""
     if ws is None or ws.quota is None:
-        return 0.0
+        return None
     q: Quota = ws.quota
-    share = 0.0
-    for field in ("gpus", "cpu_cores", "memory_bytes", "workers"):
-        limit = getattr(q, field)
-        if limit is None:
-            continue
-        used = getattr(usage, field)
-        if limit <= 0:
-            frac = float("inf") if used > 0 else 0.0
-        else:
-            frac = used / limit
-        share = max(share, frac)
-    return share / ws.weight if ws.weight > 0 else float("inf")
+    return (q.gpus, q.cpu_cores, q.memory_bytes, q.workers, ws.weight)
+
+
+def _frac(used: float, limit: float) -> float:
+    if limit <= 0:
+        return _INF if used > 0 else 0.0
+    return used / limit
+
+
+def _share(usage: Usage, spec: ShareSpec) -> float:
+    lg, lc, lm, lw, weight = spec
+    share = 0.0  # `max(share, frac)` in field order: replaced only by a strictly larger fraction
+    if lg is not None:
+        frac = _frac(usage.gpus, lg)
+        if frac > share:
+            share = frac
+    if lc is not None:
+        frac = _frac(usage.cpu_cores, lc)
+        if frac > share:
+            share = frac
+    if lm is not None:
+        frac = _frac(usage.memory_bytes, lm)
+        if frac > share:
+            share = frac
+    if lw is not None:
+        frac = _frac(usage.workers, lw)
+        if frac > share:
+            share = frac
+    return share / weight if weight > 0 else _INF
+
+
+_by_submission = attrgetter("submitted_at", "name")
+_by_submission_workspace = attrgetter("submitted_at", "name", "workspace")
 
 
 def queue_order(
@@ -58,7 +90,7 @@ def queue_order(
 ) -> Iterator[WaitingRun]:
     runs = snapshot.waiting
     if snapshot.fifo:
-        yield from sorted(runs, key=lambda r: (r.submitted_at, r.name))
+        yield from sorted(runs, key=_by_submission)
         return
     if not snapshot.fair_share:
         yield from sorted(runs, key=lambda r: (-r.priority, r.submitted_at, r.name))
@@ -66,23 +98,45 @@ def queue_order(
     levels: dict[int, dict[str, list[WaitingRun]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         levels[r.priority][r.workspace].append(r)
+    specs: dict[str, ShareSpec | None] = {}
+    heappop, heappush = heapq.heappop, heapq.heappush
     for priority in sorted(levels, reverse=True):
         per_ws = levels[priority]
         heap = []
-        pos: dict[str, int] = {}
+        # Workspaces without a quota have share 0 for good: the heap would merge their runs by (submission,
+        # name, workspace), so they are merged once here and stand in the heap's place as one sorted list.
+        flat: list[WaitingRun] = []
         for ws_id, lst in per_ws.items():
-            lst.sort(key=lambda r: (r.submitted_at, r.name))
-            pos[ws_id] = 0
-            share = dominant_share(usage[ws_id], workspaces.get(ws_id))
-            heap.append((share, lst[0].submitted_at, lst[0].name, ws_id))
+            if ws_id not in specs:
+                specs[ws_id] = share_spec(workspaces.get(ws_id))
+            spec = specs[ws_id]
+            if spec is None:
+                flat.extend(lst)
+                continue
+            lst.sort(key=_by_submission)
+            lst.reverse()  # next run last: pop() walks the list in order
+            first = lst[-1]
+            heap.append((_share(usage[ws_id], spec), first.submitted_at, first.name, ws_id))
+        flat.sort(key=_by_submission_workspace)  # stable: a workspace's ties stay in snapshot order
+        flat.reverse()
         heapq.heapify(heap)
-        while heap:
-            _, _, _, ws_id = heapq.heappop(heap)
+        while True:
+            if flat:
+                if not heap or heap[0][0] > 0.0:
+                    # Every run left in `flat` comes before the heap's first (handling them changes no share
+                    # in the heap).
+                    while flat:
+                        yield flat.pop()
+                    continue
+                nxt = flat[-1]
+                if (0.0, nxt.submitted_at, nxt.name, nxt.workspace) < heap[0]:
+                    yield flat.pop()
+                    continue
+            elif not heap:
+                break
+            ws_id = heappop(heap)[3]
             lst = per_ws[ws_id]
-            run = lst[pos[ws_id]]
-            yield run  # the caller handles it (may start it, changing usage[ws_id]) before we continue
-            pos[ws_id] += 1
-            if pos[ws_id] < len(lst):
-                nxt = lst[pos[ws_id]]
-                share = dominant_share(usage[ws_id], workspaces.get(ws_id))
-                heapq.heappush(heap, (share, nxt.submitted_at, nxt.name, ws_id))
+            yield lst.pop()  # the caller handles it (may start it, changing usage[ws_id]) before we continue
+            if lst:
+                nxt = lst[-1]
+                heappush(heap, (_share(usage[ws_id], specs[ws_id]), nxt.submitted_at, nxt.name, ws_id))

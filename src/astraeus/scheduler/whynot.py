@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .cluster import Cluster, Shape, shape
 from .model import WaitingRun
-from .reasons import gib, number, shown
+from .reasons import OTHER_NAMESPACE, gib, number, shown
 
 
 @dataclass
@@ -26,6 +26,10 @@ class Unstarted:
 
 
 class WhyNot:
+    """Lines are built in layers, each computed at most once per cycle: per machine (not schedulable), per worker
+    shape (capacity short; free room short, with the holders of the GPUs; short of room held for the head),
+    then per run what its selection, quota and other workers add. The cluster does not change any more."""
+
     def __init__(self, cluster: Cluster, head: WaitingRun | None):
         self.cluster = cluster
         self.head = head
@@ -33,33 +37,57 @@ class WhyNot:
         self._lines: dict[tuple, tuple[tuple[str, str], ...]] = {}
         self._holders: dict[int, tuple[list, frozenset[str], str]] = {}
         self._own: dict[tuple[int, str], str] = {}
+        self._by_viewer: dict[str, list[int]] | None = None  # workspace -> machines where it is named
+        self._caps: dict[Shape, list[str | None]] = {}
+        self._frees: dict[Shape, tuple[list[str | None], dict[int, str], frozenset[int]]] = {}
+        self._templates: dict[tuple, tuple[list, list[int], dict[int, str]]] = {}
         self.free_gpus = [len(f) for f in cluster.free_g]
+        self._unschedulable = [
+            None if ok else f"machine is not schedulable ({m.unschedulable_reason})"
+            for ok, m in zip(cluster.schedulable, cluster.machines, strict=True)
+        ]
+
+    def _holder_items(self, i: int) -> tuple[list, frozenset[str], str, str]:
+        """(the first three holders as (workspace, run, "<gpus> held by ", " at priority <p>"), their workspaces,
+        the text with nobody named, the tail for the holders past three) for machine i."""
+        hit = self._holders.get(i)
+        if hit is None:
+            # (-gpus, run, workspace, priority): run names are unique per machine, so this sorts as
+            # (most GPUs first, then by run name) would.
+            items = sorted([(-h[2], run, h[0], h[1]) for run, h in self.cluster.holders[i].items() if h[2] > 0])
+            top = [(ws, run, f"{-g} held by ", f" at priority {p}") for g, run, ws, p in items[:3]]
+            tail = f", {-sum([t[0] for t in items[3:]])} held by {len(items) - 3} more" if len(items) > 3 else ""
+            hit = (top, frozenset([t[0] for t in top]), self._holders_text(top, tail, ""), tail)
+            self._holders[i] = hit
+        return hit
 
     def holders(self, i: int, viewer: str) -> str:
         """` (7 held by finetune-r50 at priority -100, ...)` for machine i, as `viewer` may see it."""
-        hit = self._holders.get(i)
-        if hit is None:
-            items = sorted(
-                ((h[2], run, h[0], h[1]) for run, h in self.cluster.holders[i].items() if h[2] > 0),
-                key=lambda t: (-t[0], t[1]),
-            )
-            hit = (items, frozenset(t[2] for t in items[:3]), self._holders_text(items, ""))
-            self._holders[i] = hit
-        items, spaces, anonymous = hit
+        top, spaces, anonymous, tail = self._holder_items(i)
         if viewer not in spaces:
             return anonymous  # nobody of the viewer's workspace is named: one text for every such viewer
         k = (i, viewer)
         own = self._own.get(k)
         if own is None:
-            own = self._own[k] = self._holders_text(items, viewer)
+            own = self._own[k] = self._holders_text(top, tail, viewer)
         return own
 
     @staticmethod
-    def _holders_text(items: list, viewer: str) -> str:
-        parts = [f"{g} held by {shown(run, ws, viewer)} at priority {p}" for g, run, ws, p in items[:3]]
-        if len(items) > 3:
-            parts.append(f"{sum(t[0] for t in items[3:])} held by {len(items) - 3} more")
-        return f" ({', '.join(parts)})" if parts else ""
+    def _holders_text(top: list, tail: str, viewer: str) -> str:
+        if not top:
+            return ""
+        parts = [held + (run if ws == viewer else OTHER_NAMESPACE) + prio for ws, run, held, prio in top]
+        return f" ({', '.join(parts)}{tail})"
+
+    def _named_in(self, viewer: str) -> list[int]:
+        """Machines (in order) where `viewer`'s workspace is among the holders named."""
+        if self._by_viewer is None:
+            by: dict[str, list[int]] = {}
+            for i in range(len(self.cluster.names)):
+                for ws in self._holder_items(i)[1]:
+                    by.setdefault(ws, []).append(i)
+            self._by_viewer = by
+        return self._by_viewer.get(viewer, [])
 
     def lines(self, u: Unstarted, allowed_key: int) -> dict[str, tuple[tuple[str, str], ...]]:
         out = {}
@@ -81,8 +109,9 @@ class WhyNot:
                 # Lines are computed once with every holder unnamed; only machines where the viewer's own
                 # workspace holds GPUs (among the first three holders) are redone with names.
                 viewer = run.workspace
-                patch = [(pos, prefix + self.holders(i, viewer)) for pos, i, prefix in named
-                         if viewer in self._holders[i][1]]
+                patch = []
+                if named:
+                    patch = [(i, named[i] + self.holders(i, viewer)) for i in self._named_in(viewer) if i in named]
                 if patch:
                     lst = list(lines)
                     for pos, line in patch:
@@ -94,48 +123,157 @@ class WhyNot:
             out[f"{run.name}-{w.index}"] = mine
         return out
 
-    def _compute(self, run: WaitingRun, s: Shape, u: Unstarted, head_shown: str | None) -> tuple[tuple, list]:
+    def _cap_lines(self, s: Shape) -> list[str | None]:
+        """Per machine: what its size lacks for one worker of shape s, or None."""
+        hit = self._caps.get(s)
+        if hit is not None:
+            return hit
         c = self.cluster
         g, cpu, mem = s
+        out: list[str | None] = []
+        for cg, cc, cm in zip(c.cap_g, c.cap_c, c.cap_m, strict=True):
+            if cg < g:
+                out.append(f"machine has {cg} GPUs, {g} asked")
+            elif cc < cpu:
+                out.append(f"machine has {number(cc)} CPU cores, {number(cpu)} asked")
+            elif cm < mem:
+                out.append(f"machine has {gib(cm)} of memory, {gib(mem)} asked")
+            else:
+                out.append(None)
+        self._caps[s] = out
+        return out
+
+    def _free_lines(self, s: Shape) -> tuple[list[str | None], dict[int, str], frozenset[int]]:
+        """Per machine: what its free room lacks for shape s (holders unnamed), or None; the machines short of
+        GPUs with the line less its holders; the held machines whose room less the hold is short."""
+        hit = self._frees.get(s)
+        if hit is not None:
+            return hit
+        c = self.cluster
+        g, cpu, mem = s
+        out: list[str | None] = []
+        short: dict[int, str] = {}
+        sched = c.schedulable
+        for i, (fg, fc, fm) in enumerate(zip(self.free_gpus, c.free_c, c.free_m, strict=True)):
+            if not sched[i]:
+                out.append(None)  # never asked: its line says it is not schedulable
+            elif fg < g:
+                prefix = short[i] = f"not enough free GPUs: {fg} free, {g} asked"
+                out.append(prefix + self.holders(i, ""))
+            elif fc < cpu:
+                out.append(f"not enough free CPU cores: {number(max(fc, 0))} free, {number(cpu)} asked")
+            elif fm < mem:
+                out.append(f"not enough free memory: {gib(max(fm, 0))} free, {gib(mem)} asked")
+            else:
+                out.append(None)
+        held_short = []
+        for i in c.held:
+            bg, bc, bm = c.room(i, True)
+            if bg < g or bc < cpu or bm < mem:
+                held_short.append(i)
+        hit = self._frees[s] = (out, short, frozenset(held_short))
+        return hit
+
+    def _template(self, s: Shape, free: bool) -> tuple[list, list[int], dict[int, str]]:
+        """For a run that may use every machine, with no other worker placed: per machine (name, line) as far as
+        the machine's state and size (free=False) or also its free room (free=True) decide it, None where they
+        do not; the machines where it is None; the machines short of GPUs (line without holders)."""
+        k = (s, free)
+        hit = self._templates.get(k)
+        if hit is not None:
+            return hit
+        if not free:
+            caps = self._cap_lines(s)
+            t: list = []
+            open_: list[int] = []
+            for i, (name, line) in enumerate(zip(self.cluster.names, self._unschedulable, strict=True)):
+                if line is None:
+                    line = caps[i]
+                    if line is None:
+                        open_.append(i)
+                        t.append(None)  # filled in by the caller
+                        continue
+                t.append((name, line))
+            hit = (t, open_, {})
+        else:
+            t1, open1, _ = self._template(s, False)
+            frees, short, _ = self._free_lines(s)
+            names = self.cluster.names
+            t = list(t1)
+            open_ = []
+            named: dict[int, str] = {}
+            for i in open1:
+                line = frees[i]
+                if line is None:
+                    open_.append(i)
+                else:
+                    t[i] = (names[i], line)
+                    prefix = short.get(i)
+                    if prefix is not None:
+                        named[i] = prefix
+            hit = (t, open_, named)
+        self._templates[k] = hit
+        return hit
+
+    def _compute(self, run: WaitingRun, s: Shape, u: Unstarted, head_shown: str | None) -> tuple[tuple, dict]:
+        c = self.cluster
         excluded = dict(run.excluded_machines)
         selection = run.node_selection
         any_machine = selection.mode == "Any"
-        named: list[tuple[int, int, str]] = []  # (position, machine, line without holders) of GPU shortage lines
-        fits = self._fits_line(u)
-        cap_g, cap_c, cap_m = c.cap_g, c.cap_c, c.cap_m
-        free_g, free_c, free_m = self.free_gpus, c.free_c, c.free_m
-        held = c.held
+        avoid = u.avoid
+        quota = None if u.quota is None else f"namespace quota: {u.quota}"
+        if any_machine and not excluded and (quota is not None or not avoid):
+            names = c.names
+            if quota is not None:
+                t, open_, named = self._template(s, False)
+                out = list(t)
+                for i in open_:
+                    out[i] = (names[i], quota)
+                return tuple(out), named
+            t, open_, named = self._template(s, True)
+            out = list(t)
+            fits = self._fits_line(u)
+            if head_shown is None:
+                for i in open_:
+                    out[i] = (names[i], fits)
+            else:
+                held_short = self._free_lines(s)[2]
+                held_line = f"held for the head ({head_shown})"
+                for i in open_:
+                    out[i] = (names[i], held_line if i in held_short else fits)
+            return tuple(out), named
+        named = {}  # machine (= position) -> GPU shortage line without holders
+        caps = self._cap_lines(s)
+        unschedulable = self._unschedulable
+        frees = None
         out = []
         for i, name in enumerate(c.names):
-            if not c.schedulable[i]:
-                line = f"machine is not schedulable ({c.machines[i].unschedulable_reason})"
+            line = unschedulable[i]
+            if line is not None:
+                pass
             elif excluded and name in excluded:
                 line = excluded[name]
             elif not any_machine and not c.selected(selection, i):
                 line = "not selected by node_selection"
-            elif cap_g[i] < g:
-                line = f"machine has {cap_g[i]} GPUs, {g} asked"
-            elif cap_c[i] < cpu:
-                line = f"machine has {number(cap_c[i])} CPU cores, {number(cpu)} asked"
-            elif cap_m[i] < mem:
-                line = f"machine has {gib(cap_m[i])} of memory, {gib(mem)} asked"
-            elif u.quota is not None:
-                line = f"namespace quota: {u.quota}"
-            elif i in u.avoid:
+            elif (line := caps[i]) is not None:
+                pass
+            elif quota is not None:
+                line = quota
+            elif i in avoid:
                 line = "another worker of this run is on this machine"
-            elif free_g[i] < g:
-                prefix = f"not enough free GPUs: {free_g[i]} free, {g} asked"
-                line = prefix + self.holders(i, "")
-                named.append((i, i, prefix))
-            elif free_c[i] < cpu:
-                line = f"not enough free CPU cores: {number(max(free_c[i], 0))} free, {number(cpu)} asked"
-            elif free_m[i] < mem:
-                line = f"not enough free memory: {gib(max(free_m[i], 0))} free, {gib(mem)} asked"
-            elif head_shown is not None and i in held:
-                bg, bc, bm = c.room(i, True)
-                line = f"held for the head ({head_shown})" if bg < g or bc < cpu or bm < mem else fits
             else:
-                line = fits
+                if frees is None:
+                    frees, short, held_short = self._free_lines(s)
+                    fits = self._fits_line(u)
+                line = frees[i]
+                if line is not None:
+                    prefix = short.get(i)
+                    if prefix is not None:
+                        named[i] = prefix
+                elif head_shown is not None and i in held_short:
+                    line = f"held for the head ({head_shown})"
+                else:
+                    line = fits
             out.append((name, line))
         return tuple(out), named
 

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TRACE_DIR = Path("/work/shared/traces/alibaba-gpu-v2023")
+
+
+@pytest.fixture
+def write_csv(tmp_path: Path):
+    """write_csv("tasks.csv", "header", "row", ...) -> path."""
+
+    def write(name: str, *lines: str) -> Path:
+        p = tmp_path / name
+        p.write_text("\n".join(lines) + "\n")
+        return p
+
+    return write
+
+
+@pytest.fixture
+def trace_dir() -> Path:
+    if not (TRACE_DIR / "openb_pod_list_default.csv").exists():
+        pytest.skip("the Alibaba trace is not at /work/shared/traces")
+    return TRACE_DIR

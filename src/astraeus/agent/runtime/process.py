@@ -270,8 +270,17 @@ class ProcessRuntime(Runtime):
                 message="the worker ended while its supervisor was gone; exit status unknown"))
         if shim_alive:
             return WorkerStatus(worker, attempt, STARTING, environment=env_name)
-        created = spec.get("created_at") or 0
+        created = spec.get("created_at")
+        if created is None:  # the folder is being made (start() writes spec.json next): not a failure yet
+            try:
+                created = os.stat(d).st_mtime
+            except OSError:
+                created = 0
         if shim or time.time() - created > self.start_timeout + 5:
+            if os.path.exists(os.path.join(d, "started.json")) or os.path.exists(os.path.join(d, "exit.json")):
+                # A fast worker: the shim started it, saw it exit and left between our reads above. Its
+                # files are final now that the shim is gone: read them again.
+                return self.status(worker, attempt)
             failed = _read_json(os.path.join(d, "failed.json"))
             msg = failed.get("message") if failed else "the worker's supervisor exited before starting it: " + self._shim_log_tail(d)
             return self._finalize(WorkerStatus(worker, attempt, START_FAILED, message=msg, environment=env_name))

@@ -63,6 +63,18 @@ def write_env(home: Path, base: str, boot: dict) -> str:
     return "\n".join(lines)
 
 
+def redacted(text: str, home: Path) -> str:
+    """The env text as printed: token values cut to their kind prefix, so no secret lands in a console log
+    (the secrets are only in <home>/env, mode 0600)."""
+    out = []
+    for line in text.splitlines():
+        k, _, v = line.partition("=")
+        if k.endswith("TOKEN") and v:
+            line = f"{k}={v[:6]}…  # secret: source {home / 'env'}"
+        out.append(line)
+    return "\n".join(out)
+
+
 def _serve(settings, cp, on_ready=None, on_signal=None) -> None:
     """Serve the API until SIGINT/SIGTERM. uvicorn runs in a thread so that this thread handles the signal:
     `on_signal` runs first (a local cluster stops its agents while the API still answers them), then the
@@ -120,7 +132,7 @@ def server(
         raise typer.Exit(1) from None
     boot = bootstrap(cp, org, workspace, cluster, host_path or ["/data/astraeus"])
     text = write_env(home, settings.console_base(), boot)
-    typer.echo(text)
+    typer.echo(redacted(text, home))
     typer.echo(f"astraeus server: listening on {settings.console_base()} (docs at /docs)")
     _serve(settings, cp)
 
@@ -194,7 +206,7 @@ def up(
                 break
             time.sleep(0.05)
         text = write_env(home, base, boot)
-        print(text, flush=True)
+        print(redacted(text, home), flush=True)
         print(f"astraeus up: {machines} machine(s) × {gpus} GPUs ready; console {base}/o/{org}/w/{workspace}",
               flush=True)
 

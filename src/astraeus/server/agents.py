@@ -143,7 +143,8 @@ def store_logs(session: Session, m: Machine, lines: list[dict]) -> int:
         Worker.name.in_(names), Run.cluster_id == m.cluster_id, Run.live_key == "")).all())
     rows = [{"worker_id": ids[ln["worker"]], "attempt": int(ln.get("attempt") or 0), "seq": int(ln["seq"]),
              "time": float(ln.get("time") or 0), "stream": (ln.get("stream") or "stdout")[:8],
-             "text": str(ln.get("text", ""))} for ln in lines if ln.get("worker") in ids]
+             "text": str(ln.get("text", "")).replace("\x00", "\ufffd")}  # PostgreSQL text holds no NUL
+            for ln in lines if ln.get("worker") in ids]
     if not rows:
         return 0
     dialect = session.get_bind().dialect.name

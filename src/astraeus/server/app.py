@@ -2,14 +2,13 @@
 
 
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated
 
 import anyio.to_thread
-from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -18,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from astraeus import spec as S
 from astraeus.server import agents, lifecycle, services
+from astraeus.server import bodies as B
 from astraeus.server.core import ControlPlane, Settings
 from astraeus.server.db import Access, Cluster, Machine, Org, Token, Worker, Workspace
 from astraeus.server.loop import SchedulingLoop
@@ -126,7 +126,7 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     # ------------------------------------------------------------------------------------ workspace
-    w = APIRouter(prefix="/api/v1/o/{org}/w/{ws}", tags=["workspace"])
+    w = APIRouter(prefix="/api/v1/o/{org}/w/{ws}", tags=["workspace"], responses=B.ERRORS)
 
     def cluster_of(s: Session, run) -> Cluster:
         return s.get(Cluster, run.cluster_id)
@@ -177,8 +177,9 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     def get_worker(name: str, c: WsCaller, s: Sess):
         return services.worker_view(services.get_worker(s, c, name), machine_names(s))
 
-    @w.get("/workers/{name}/logs", response_class=PlainTextResponse)
-    def worker_logs(name: str, c: WsCaller, s: Sess, tail: Annotated[int | None, Query(ge=0)] = None,
+    @w.get("/workers/{name}/logs", responses={200: {"description": "one line per output line",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}})
+    def worker_logs(name: str, c: WsCaller, s: Sess, tail: Annotated[int | None, Query(ge=0, le=B.INT32)] = None,
                     follow: bool = False, timestamps: bool = False):
         worker = services.get_worker(s, c, name)
         wid = worker.id
@@ -255,7 +256,7 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     app.include_router(w)
 
     # --------------------------------------------------------------------------------- organisation
-    o = APIRouter(prefix="/api/v1/o/{org}", tags=["organisation"])
+    o = APIRouter(prefix="/api/v1/o/{org}", tags=["organisation"], responses=B.ERRORS)
 
     def ws_out(s: Session, ws: Workspace) -> dict:
         rows = s.execute(select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id)
@@ -282,7 +283,8 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
         return {"items": [ws_out(s, ws) for ws in s.scalars(select(Workspace).where(Workspace.org_id == c.org.id))]}
 
     @o.post("/workspaces", status_code=201)
-    def create_workspace(c: AdminCaller, s: Sess, body: Annotated[dict, Body()]):
+    def create_workspace(c: AdminCaller, s: Sess, body: B.WorkspaceCreate):
+        body = body.model_dump(exclude_unset=True)
         with tx(s):
             try:
                 S.check_dns_label(body.get("name", ""), "workspace name")
@@ -303,7 +305,8 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
         return ws_out(s, ws)
 
     @o.patch("/workspaces/{name}")
-    def patch_workspace(name: str, c: AdminCaller, s: Sess, body: Annotated[dict, Body()]):
+    def patch_workspace(name: str, c: AdminCaller, s: Sess, body: B.WorkspacePatch):
+        body = body.model_dump(exclude_unset=True)
         with tx(s):
             ws = s.scalar(select(Workspace).where(Workspace.org_id == c.org.id, Workspace.name == name))
             if ws is None:
@@ -321,7 +324,8 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
         return {"items": [cluster_out(cl) for cl in s.scalars(select(Cluster).where(Cluster.org_id == c.org.id))]}
 
     @o.post("/clusters", status_code=201)
-    def create_cluster(c: AdminCaller, s: Sess, body: Annotated[dict, Body()]):
+    def create_cluster(c: AdminCaller, s: Sess, body: B.ClusterCreate):
+        body = body.model_dump(exclude_unset=True)
         with tx(s):
             try:
                 S.check_dns_label(body.get("name", ""), "cluster name")
@@ -342,7 +346,8 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
         return cluster_out(cl)
 
     @o.patch("/clusters/{name}")
-    def patch_cluster(name: str, c: AdminCaller, s: Sess, body: Annotated[dict, Body()]):
+    def patch_cluster(name: str, c: AdminCaller, s: Sess, body: B.ClusterPatch):
+        body = body.model_dump(exclude_none=True)
         with tx(s):
             cl = s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == name))
             if cl is None:
@@ -363,7 +368,8 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
         return {"items": services.machines_view(s, [cl.id])}
 
     @o.post("/tokens", status_code=201)
-    def create_token(c: AdminCaller, s: Sess, body: Annotated[dict, Body()]):
+    def create_token(c: AdminCaller, s: Sess, body: B.TokenCreate):
+        body = body.model_dump(exclude_unset=True)
         kind = body.get("kind")
         with tx(s):
             ws = cl = None
@@ -394,7 +400,7 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
                           for t in s.scalars(select(Token).where(Token.org_id == c.org.id))]}
 
     @o.delete("/tokens/{token_id}")
-    def revoke_token(token_id: int, c: AdminCaller, s: Sess):
+    def revoke_token(token_id: Annotated[int, Path(ge=1, le=B.INT32)], c: AdminCaller, s: Sess):
         with tx(s):
             t = s.get(Token, token_id)
             if t is None or t.org_id != c.org.id:
@@ -405,10 +411,11 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     app.include_router(o)
 
     # ---------------------------------------------------------------------------------------- agent
-    a = APIRouter(prefix="/api/v1/agent", tags=["agent"])
+    a = APIRouter(prefix="/api/v1/agent", tags=["agent"], responses=B.ERRORS)
 
     @a.post("/register")
-    def agent_register(tok: AgentTok, s: Sess, body: Annotated[dict, Body()]):
+    def agent_register(tok: AgentTok, s: Sess, body: B.Register):
+        body = body.model_dump(exclude_unset=True)
         with tx(s):
             m, cl, changed = agents.register(s, tok, body, time.time(), settings.heartbeat_seconds)
             out = {"machine": m.name, "cluster": cl.name, "heartbeat_seconds": settings.heartbeat_seconds,
@@ -430,7 +437,8 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
             return {"version": version, "assignments": agents.assignments(s2, m2)}
 
     @a.post("/report")
-    def agent_report(tok: AgentTok, s: Sess, body: Annotated[dict, Body()]):
+    def agent_report(tok: AgentTok, s: Sess, body: B.Report):
+        body = body.model_dump(exclude_unset=True)
         with tx(s):
             m = agents.machine_for(s, tok, body.get("machine", ""))
             changed = agents.report(s, m, body, time.time())
@@ -442,7 +450,8 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
         return {"ok": True}
 
     @a.post("/logs")
-    def agent_logs(tok: AgentTok, s: Sess, body: Annotated[dict, Body()]):
+    def agent_logs(tok: AgentTok, s: Sess, body: B.Logs):
+        body = body.model_dump(exclude_unset=True)
         with tx(s):
             m = agents.machine_for(s, tok, body.get("machine", ""))
             n = agents.store_logs(s, m, body.get("lines") or [])

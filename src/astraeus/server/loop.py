@@ -240,8 +240,9 @@ class SchedulingLoop:
     def _run(self) -> None:
         n = self.cp.notifier
         s = self.cp.settings
-        # The loop also checks lost machines and time limits: sleep no longer than a second for those.
-        tick = min(s.schedule_interval, 1.0)
+        # The loop also checks lost machines and time limits: sleep no longer than a quarter second for those,
+        # so a machine is lost within its timeout + 10 % even with a timeout of a few seconds.
+        tick = min(s.schedule_interval, 0.25)
         last_full = 0.0
         while not self._stop.is_set():
             woke = n.wait_scheduler(tick)

@@ -277,6 +277,9 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -
     session.add(run)
     session.flush()
     gpus, cpu, mem = S.worker_resources(body.spec.task_template)
+    if mem > 2**63 - 1:  # what the database holds (and far beyond any machine)
+        raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
+                                       "ask for at most 2^63-1 bytes per worker")
     for i in range(S.worker_count(body.spec.task_template)):
         session.add(Worker(run_id=run.id, name=f"{name}-{i}", index=i, state="Pending", reason="Waiting to be placed",
                            gpus=gpus, cpu_cores=cpu, memory_bytes=mem, gpu_indices=[], why_not=[]))

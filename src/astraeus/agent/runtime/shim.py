@@ -39,6 +39,8 @@ import traceback
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_CAPBSET_DROP = 24
+CAP_SYS_ADMIN = 21
 PARTIAL_FLUSH_SECONDS = 1.0
 MAX_LINE = 64 * 1024
 
@@ -100,12 +102,18 @@ class Shim:
 
     def open_log(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
-        if self.log_f is not None:
-            try:
-                self.log_f.close()
-            except OSError:
-                pass
+        old = self.log_f
         self.log_f = open(self.path("log.jsonl"), "a", buffering=1)
+        if old is not None:
+            try:
+                if os.fstat(old.fileno()).st_nlink == 0 and os.fstat(self.log_f.fileno()).st_size == 0:
+                    # the folder was wiped: carry the deleted file's lines over (lines the agent had not shipped
+                    # yet would be lost otherwise; the server keeps one copy per seq of those it had)
+                    with open(f"/proc/self/fd/{old.fileno()}", "rb") as f:
+                        self.log_f.write(f.read().decode("utf-8", errors="replace"))
+                old.close()
+            except OSError as e:
+                log(f"cannot carry the old log over: {e}")
 
     def ensure_files(self) -> None:
         """Rewrite our files if the worker folder was wiped (a restarted agent adopts us from them)."""
@@ -215,6 +223,7 @@ class Shim:
         res_r, res_w = os.pipe2(os.O_CLOEXEC)
         argv = [spec["command"], *[str(a) for a in spec.get("args") or []]]
         env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         pid = os.fork()
         if pid == 0:  # the worker
             try:
@@ -236,6 +245,9 @@ class Shim:
                           signal.SIGCHLD, signal.SIGHUP):
                     signal.signal(s, signal.SIG_DFL)
                 signal.pthread_sigmask(signal.SIG_SETMASK, [])
+                # No CAP_SYS_ADMIN after exec, even as root: the worker cannot remount a ReadOnly drive
+                # read-write nor mount over its drives (the bounding set also bounds setuid binaries).
+                libc.prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0)
                 os.chdir(cwd)
                 os.execvpe(argv[0], argv, env)
             except BaseException as e:  # noqa: BLE001

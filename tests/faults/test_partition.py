@@ -1,0 +1,84 @@
+"""Item 5: a partition between one agent and the control plane, through a TCP proxy the test cuts and heals.
+Shorter than the lost-machine timeout: no state changes. Longer: the machine is lost within the timeout + 10 %,
+its work is queued again and lands on the other machine; when the partition heals the stale copy is stopped and
+no run ever keeps two live copies."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .conftest import Proxy, pid_alive, sleeper_run, wait_for, worker_procs
+
+LOST_AFTER = 5.0
+
+
+def _machine(c, name: str) -> dict:
+    return next((m for m in c.get("/machines").json()["items"] if m["name"] == name), {"state": None})
+
+
+@pytest.mark.faults
+def test_partition_short_and_long(fleet):
+    srv = fleet.server()
+    with srv.admin() as adm:
+        assert adm.patch("/clusters/main", json={"lost_after_seconds": LOST_AFTER}).status_code == 200
+    proxy = Proxy(srv.port)
+    try:
+        a1 = fleet.agent(srv, "gpu-01", gpus=2, url=proxy.url)
+        with srv.client() as c:
+            wait_for(lambda: _machine(c, "gpu-01")["state"] == "Ready", what="gpu-01 joined")
+            for r in ("p0", "p1"):
+                assert c.post("/runs", json=sleeper_run(r)).status_code == 201
+            wait_for(lambda: all(c.get(f"/workers/{r}-0").json()["state"] == "Running" for r in ("p0", "p1")),
+                     timeout=60, what="both running on gpu-01")
+            a2 = fleet.agent(srv, "gpu-02", gpus=2)
+            wait_for(lambda: _machine(c, "gpu-02")["state"] == "Ready", what="gpu-02 joined")
+            before = {r: c.get(f"/workers/{r}-0").json() for r in ("p0", "p1")}
+            assert {w["machine"] for w in before.values()} == {"gpu-01"}
+
+            # a short partition: nothing changes
+            proxy.cut()
+            t0 = time.time()
+            while time.time() - t0 < 2.0:
+                assert _machine(c, "gpu-01")["state"] == "Ready"
+                time.sleep(0.1)
+            proxy.heal()
+            end = time.time() + LOST_AFTER + 3
+            while time.time() < end:
+                assert _machine(c, "gpu-01")["state"] == "Ready"
+                for r, w in before.items():
+                    now = c.get(f"/workers/{r}-0").json()
+                    assert (now["state"], now["attempt"], now["pid"], now["restarts"]) == (
+                        "Running", w["attempt"], w["pid"], 0), now
+                time.sleep(0.2)
+
+            # a long partition: lost within the timeout + 10 %, work requeued onto gpu-02
+            proxy.cut()
+            t0 = time.time()
+            wait_for(lambda: _machine(c, "gpu-01")["state"] == "Lost", timeout=LOST_AFTER * 3, interval=0.05,
+                     what="gpu-01 lost")
+            took = time.time() - t0
+            assert LOST_AFTER - 1.5 <= took <= LOST_AFTER * 1.1, took
+            moved = wait_for(lambda: all((w := c.get(f"/workers/{r}-0").json())["state"] == "Running"
+                                         and w["machine"] == "gpu-02" for r in ("p0", "p1"))
+                             and {r: c.get(f"/workers/{r}-0").json() for r in ("p0", "p1")},
+                             timeout=30, what="work requeued on gpu-02")
+            for r, w in moved.items():
+                assert w["attempt"] == before[r]["attempt"] + 1
+            stale = [before[r]["pid"] for r in before]
+            assert all(pid_alive(p) for p in stale)  # cut off, gpu-01 cannot know yet
+            time.sleep(2)
+            proxy.heal()
+            # healed: gpu-01 returns, its stale copies are stopped (SIGTERM, 2 s grace, SIGKILL)
+            wait_for(lambda: _machine(c, "gpu-01")["state"] == "Ready", timeout=30, what="gpu-01 back")
+            wait_for(lambda: not any(pid_alive(p) for p in stale), timeout=30, what="stale copies stopped")
+            assert not worker_procs(a1.state_dir)
+            for r in ("p0", "p1"):
+                w = c.get(f"/workers/{r}-0").json()
+                assert w["machine"] == "gpu-02" and w["state"] == "Running" and w["pid"] == moved[r]["pid"]
+                assert pid_alive(w["pid"])
+            live = list(worker_procs(a1.state_dir).values()) + list(worker_procs(a2.state_dir).values())
+            assert sorted(v.rsplit(".", 1)[0] for v in live) == ["p0-0", "p1-0"]  # one live copy each
+    finally:
+        proxy.close()

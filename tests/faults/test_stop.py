@@ -1,0 +1,122 @@
+"""Item 6, stop timing, through a real `astraeus up` (stop grace 2 s): a preemption sends SIGTERM, then SIGKILL to
+the whole tree at SIGTERM + grace (± 1 s), double-forked children included; a worker that exits on SIGTERM is
+never SIGKILLed; each preemption adds exactly one to the run's preemption count and none to its restarts.
+(tests/agent/test_runtime.py checks the same at the runtime level: test_stop_kills_whole_tree_including_double_forked,
+test_early_exit_never_gets_sigkill.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .conftest import pid_alive, sleeper_run, wait_for
+
+GRACE = 2.0
+
+STUBBORN = r"""
+import os, signal, sys, time
+out = os.environ["OUT"]
+def on_term(s, f):
+    with open(os.path.join(out, "sigterm-%d" % os.getpid()), "w") as fh:
+        fh.write(repr(time.time()))
+signal.signal(signal.SIGTERM, on_term)   # noted, then ignored
+if os.fork() == 0:
+    os.setsid()                          # leaves the process group...
+    if os.fork() == 0:                   # ...and is orphaned: a double fork
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open(os.path.join(out, "grandchild"), "w").write(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+    os._exit(0)
+child = os.fork()
+if child == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(0.1)
+open(os.path.join(out, "child"), "w").write(str(child))
+print("up", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+POLITE = r"""
+import os, signal, sys, time
+def on_term(s, f):
+    print("SIGTERM: saved", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print("up", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _urgent(name: str) -> dict:
+    return sleeper_run(name, gpus=8, restart="Never")
+
+
+def _preempt_once(c, cl, victim: str, urgent: str) -> None:
+    assert c.post("/runs", json=_urgent(urgent)).status_code == 201
+    cl.wait_for(lambda: cl.worker(victim + "-0")["state"] == "Pending" and cl.worker(victim + "-0")["attempt"] > 0,
+                timeout=30, what=f"{victim} preempted and queued again")
+
+
+@pytest.mark.faults
+def test_stop_timing_tree_kill_and_preemption_counts(cluster, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with cluster.client() as c:
+        assert c.post("/runs", json=sleeper_run("stubborn", gpus=4, priority=-10, code=STUBBORN,
+                                                env={"OUT": str(out)})).status_code == 201
+        assert c.post("/runs", json=sleeper_run("polite", gpus=4, priority=-10, code=POLITE)).status_code == 201
+        for r in ("stubborn", "polite"):
+            cluster.wait_for(lambda r=r: cluster.worker(r + "-0")["state"] == "Running", timeout=30, what=r)
+        cluster.wait_for(lambda: (out / "grandchild").exists() and (out / "child").exists(), what="children")
+        main = cluster.worker("stubborn-0")["pid"]
+        gc, child = int((out / "grandchild").read_text()), int((out / "child").read_text())
+        polite_pid = cluster.worker("polite-0")["pid"]
+        assert all(pid_alive(p) for p in (main, gc, child, polite_pid))
+
+        # one urgent run needing all 8 GPUs preempts both
+        assert c.post("/runs", json=_urgent("urgent-1")).status_code == 201
+        deaths: dict[int, float] = {}
+        end = time.time() + GRACE + 15
+        while time.time() < end and len(deaths) < 4:
+            for p in (main, gc, child, polite_pid):
+                if p not in deaths and not pid_alive(p):
+                    deaths[p] = time.time()
+            time.sleep(0.01)
+        assert len(deaths) == 4, "the whole tree is gone, double-forked grandchild included"
+        term = float(wait_for(lambda: next((f.read_text() for f in out.glob("sigterm-*")), None), what="SIGTERM"))
+        for p in (main, gc, child):
+            assert abs(deaths[p] - (term + GRACE)) <= 1.0, (p, deaths[p] - term)
+        assert deaths[polite_pid] - term < GRACE - 0.5  # it exited on SIGTERM, well before any SIGKILL
+
+        for r in ("stubborn", "polite"):
+            cluster.wait_for(lambda r=r: cluster.worker(r + "-0")["state"] == "Pending", timeout=20, what=r)
+        s, p = cluster.worker("stubborn-0"), cluster.worker("polite-0")
+        assert s["exit_code"] == 137  # SIGKILL at the grace
+        assert p["exit_code"] == 0  # exited on its own: never SIGKILLed
+        assert "SIGTERM: saved" in cluster.logs("polite-0")
+        for r, w in (("stubborn", s), ("polite", p)):
+            run = cluster.run(r)
+            assert run["status"]["preemptions"] == 1 and run["status"]["restarts"] == 0, run["status"]
+            assert w["preemptions"] == 1 and w["restarts"] == 0
+
+        # twice more: each preemption adds exactly one, restarts stay 0
+        for k in (2, 3):
+            assert c.delete(f"/runs/urgent-{k - 1}").status_code == 200
+            cluster.wait_for(lambda: cluster.worker("polite-0")["state"] == "Running", timeout=30, what="polite back")
+            cluster.wait_for(lambda: cluster.worker("stubborn-0")["state"] == "Running", timeout=30, what="back")
+            assert c.post("/runs", json=_urgent(f"urgent-{k}")).status_code == 201
+            cluster.wait_for(lambda k=k: cluster.run("polite")["status"]["preemptions"] == k
+                             and cluster.worker("polite-0")["state"] == "Pending", timeout=30, what=f"preemption {k}")
+            run = cluster.run("polite")
+            assert run["status"]["restarts"] == 0 and run["status"]["workers"][0]["preemptions"] == k
+            assert cluster.worker("polite-0")["exit_code"] == 0
+        cluster.wait_for(lambda: cluster.run("stubborn")["status"]["preemptions"] == 3
+                         and cluster.worker("stubborn-0")["state"] == "Pending", timeout=30, what="stubborn x3")
+        assert cluster.run("stubborn")["status"]["restarts"] == 0
+    # nothing of the stubborn tree survived any of it
+    assert not any(pid_alive(p) for p in (main, gc, child))

@@ -183,7 +183,8 @@ def test_sbatch_squeue_scancel(c, tmp_path):
 
         assert ok(astra(c, "slurm", "scancel", "finetune", "second")) == ""
         # CG while the workers stop (the stop grace), then gone.
-        assert re.search(r" finetune +(CG|CA) ", ok(astra(c, "slurm", "squeue"))) or _gone(c, "finetune")
+        sq = ok(astra(c, "slurm", "squeue"))
+        assert re.search(r" finetune +vision +(CG|CA) ", sq) or _gone(c, "finetune"), sq
         c.wait_for(lambda: "finetune" not in ok(astra(c, "slurm", "squeue")), what="finetune gone")
         err = one_line_error(astra(c, "slurm", "scancel", "finetune"))
         assert err == "scancel: error: Kill job error on job id finetune: Invalid job id specified"

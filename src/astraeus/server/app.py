@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from astraeus import spec as S
 from astraeus.server import agents, lifecycle, services
 from astraeus.server import bodies as B
-from astraeus.server.core import ControlPlane, Settings
+from astraeus.server.core import STATE_LOCK, ControlPlane, Settings
 from astraeus.server.db import Access, Cluster, Machine, Org, Token, Worker, Workspace
 from astraeus.server.loop import SchedulingLoop
 from astraeus.server.services import ApiError, Caller
@@ -30,13 +30,14 @@ LONG_POLL_MAX = 30.0
 
 @contextmanager
 def tx(s: Session):
-    """Commit what the block did, or nothing at all."""
-    try:
-        yield
-        s.commit()
-    except BaseException:
-        s.rollback()
-        raise
+    """Commit what the block did, or nothing at all; one state change at a time (see STATE_LOCK)."""
+    with STATE_LOCK:
+        try:
+            yield
+            s.commit()
+        except BaseException:
+            s.rollback()
+            raise
 
 
 def _error_json(status: int, code: str, message: str, **extra) -> JSONResponse:

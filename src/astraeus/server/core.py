@@ -36,6 +36,12 @@ class Settings:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
 
+# Every transaction that changes state takes this lock: API writes, agent reports and the scheduling loop's
+# apply. One control-plane process then never applies a decision made on state that another write has since
+# changed (a delete racing a scheduling cycle, say). Reads never take it.
+STATE_LOCK = threading.RLock()
+
+
 class Notifier:
     """Version counters that threads wait on: per machine (desired workers) and for logs."""
 

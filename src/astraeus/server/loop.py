@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from astraeus import scheduler as sched
 from astraeus.server import lifecycle
-from astraeus.server.core import ControlPlane
+from astraeus.server.core import STATE_LOCK, ControlPlane
 from astraeus.server.db import Access, Cluster, Drive, Machine, Run, Worker, Workspace
 
 log = logging.getLogger("astraeus.loop")
@@ -203,7 +203,7 @@ def cycle(cp: ControlPlane, at: float | None = None) -> set[int]:
     """One pass: timers, then a plan per cluster. Returns the machines to notify."""
     at = time.time() if at is None else at
     t0 = time.perf_counter()
-    with cp.sessions() as session, session.begin():
+    with STATE_LOCK, cp.sessions() as session, session.begin():
         touched = detect_lost_machines(session, at)
         touched |= enforce_time_limits(session, at)
         session.flush()
@@ -268,7 +268,7 @@ class SchedulingLoop:
         if full:
             return cycle(self.cp)
         at = time.time()
-        with self.cp.sessions() as session, session.begin():
+        with STATE_LOCK, self.cp.sessions() as session, session.begin():
             touched = detect_lost_machines(session, at) | enforce_time_limits(session, at)
         if touched:
             self.cp.notifier.wake_scheduler()

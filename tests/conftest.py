@@ -15,6 +15,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import settings
+
+# CI runs the property tests on a fixed set of examples, so that a red run is reproducible; on a developer's
+# machine they explore new examples each time.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -34,6 +41,18 @@ def read_env(path: Path) -> dict[str, str]:
             k, _, v = line[len("export "):].partition("=")
             out[k] = v
     return out
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    """Poll `predicate` until it returns something true, and return that; fail the test after `timeout`."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 @dataclass
@@ -77,14 +96,7 @@ class Cluster:
                             headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=30)
 
     def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
-        deadline = time.time() + timeout
-        last = None
-        while time.time() < deadline:
-            last = predicate()
-            if last:
-                return last
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+        return wait_for(predicate, timeout, interval, what)
 
     def run(self, name: str) -> dict:
         with self.client() as c:

@@ -17,36 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import free_port, read_env, wait_for  # noqa: F401 (used by the fault tests)
+
 VENV_BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def read_env(path: Path) -> dict[str, str]:
-    out = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("export "):
-            k, _, v = line[len("export "):].partition("=")
-            out[k] = v
-    return out
-
-
 CGROUP_ROOTS = ("/sys/fs/cgroup/unified/astraeus", "/sys/fs/cgroup/astraeus")
-
-
-def wait_for(pred, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
-    end = time.time() + timeout
-    last = None
-    while time.time() < end:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def pid_alive(pid: int | None) -> bool:

@@ -188,11 +188,13 @@ def up(
     def start_agents(server) -> None:
         for i in range(machines):
             name = f"gpu-{i + 1:02d}"
-            cmd = [sys.executable, "-m", "astraeus.main", "agent", "--server", base, "--token", boot["machine_token"],
+            cmd = [sys.executable, "-m", "astraeus.main", "agent", "--server", base,
                    "--name", name, "--gpus", str(gpus), "--cpus", str(cpus), "--memory-gib", str(memory_gib),
                    "--state-dir", str(home / "agents" / name), "--stop-workers-on-exit"]
             log = open(home / f"agent-{name}.log", "ab")
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+            # The machine token goes in the environment, not the command line, where `ps` would show it.
+            env = dict(os.environ, ASTRAEUS_MACHINE_TOKEN=boot["machine_token"])
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
         # Ready when every machine has joined.
         from sqlalchemy import func, select
 

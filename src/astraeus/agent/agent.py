@@ -195,6 +195,18 @@ class Agent:
             except Exception:  # noqa: BLE001
                 log.exception("reconcile failed")
 
+    def event_loop(self) -> None:
+        """A worker started or ended: reconcile (and so report, and ship its last lines) now, not at the next
+        poll. The poll stays as the fallback."""
+        while not self.stopping.is_set():
+            try:
+                if self.runtime.wait_event(1.0):
+                    self.wake_reconcile.set()
+                    self.wake_logs.set()
+            except OSError:
+                log.exception("waiting for worker events failed; relying on the poll")
+                self._sleep(5)
+
     def statuses(self) -> dict[tuple[str, int], WorkerStatus]:
         out = {st.key: st for st in self.runtime.list()}
         with self.lock:
@@ -374,7 +386,7 @@ class Agent:
         if adopted:
             log.info("adopted %d worker attempt(s), %d still running", len(adopted), len(live))
         for target, name in ((self.poll_loop, "poll"), (self.reconcile_loop, "reconcile"),
-                             (self.report_loop, "report"), (self.log_loop, "logs")):
+                             (self.report_loop, "report"), (self.log_loop, "logs"), (self.event_loop, "events")):
             t = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
             t.start()
             self.threads.append(t)

@@ -78,6 +78,14 @@ class Runtime(abc.ABC):
     def status(self, worker: str, attempt: int) -> WorkerStatus | None:
         """The attempt's current state, or None when this runtime does not know it."""
 
+    def wait_event(self, timeout: float) -> bool:
+        """Block until a worker starts or ends (True) or `timeout` passes (False). A runtime that cannot tell
+        just sleeps, and the agent finds changes at its next poll."""
+        import time
+
+        time.sleep(timeout)
+        return False
+
     @abc.abstractmethod
     def list(self) -> list[WorkerStatus]:
         """Every attempt this runtime knows (live and ended, until forgotten)."""

@@ -30,8 +30,10 @@ import hashlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -142,6 +144,7 @@ class ProcessRuntime(Runtime):
         self.start_timeout = start_timeout
         self._final: dict[tuple[str, int], WorkerStatus] = {}
         self._lock = threading.RLock()
+        self._events_fd: int | None = None
 
     # ------------------------------------------------------------ helpers
     def dir(self, worker: str, attempt: int) -> str:
@@ -298,6 +301,27 @@ class ProcessRuntime(Runtime):
             return lines[-1] if lines else "no diagnostics"
         except OSError:
             return "no diagnostics"
+
+    def wait_event(self, timeout: float) -> bool:
+        """Wait for a shim to write a byte to `events.fifo` (it does on start, exit and failed start)."""
+        if self._events_fd is None:
+            path = os.path.join(self.state_dir, "events.fifo")
+            try:
+                if not stat.S_ISFIFO(os.stat(path).st_mode):
+                    os.unlink(path)
+                    raise FileNotFoundError
+            except FileNotFoundError:
+                os.mkfifo(path, 0o600)
+            # O_RDWR: this end also counts as a writer, so the FIFO never reads as closed between shims.
+            self._events_fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        ready, _, _ = select.select([self._events_fd], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            os.read(self._events_fd, 4096)
+        except BlockingIOError:
+            return False
+        return True
 
     def list(self) -> list[WorkerStatus]:
         out = []

@@ -45,6 +45,9 @@ PARTIAL_FLUSH_SECONDS = 1.0
 MAX_LINE = 64 * 1024
 
 
+NOTIFY = ("started.json", "exit.json", "failed.json")  # a worker started, ended or failed to start
+
+
 def write_json(path: str, obj: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -53,6 +56,25 @@ def write_json(path: str, obj: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    if os.path.basename(path) in NOTIFY:
+        notify_agent(os.path.dirname(os.path.dirname(os.path.dirname(path))))
+
+
+def notify_agent(state_dir: str) -> None:
+    """Wake the agent at once (it reconciles and reports) instead of at its next status poll.
+
+    The agent holds `state_dir/events.fifo` open; without an agent the open fails and nothing waits.
+    """
+    try:
+        fd = os.open(os.path.join(state_dir, "events.fifo"), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.write(fd, b"!")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_json(path: str) -> dict | None:

@@ -5,18 +5,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench system-deps clean
+.PHONY: install demo test test-fast lint system-deps demo-deps clean
 
-# System packages the tests use: util-linux (unshare, for the worker's mount namespace),
-# jq and curl (the pages' shell lines), chromium (console tests), iproute2 (partition tests).
-system-deps:
-	@missing=""; for c in unshare jq curl chromium ip; do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+# System packages: util-linux (unshare, for the worker's mount namespace), jq and curl (the pages' shell
+# lines) for the demo; the tests also use chromium (console tests) and iproute2.
+DEMO_DEPS := unshare:util-linux jq:jq curl:curl
+TEST_DEPS := $(DEMO_DEPS) chromium:chromium ip:iproute2
+
+define apt_for
+	@missing=""; for pair in $(1); do c=$${pair%%:*}; p=$${pair#*:}; \
+	  command -v $$c >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing system packages for:$$missing"; \
+	  echo "installing system packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux jq curl chromium iproute2 >/dev/null; \
-	  else echo "run as root or install: util-linux jq curl chromium iproute2" >&2; exit 1; fi; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "run as root, or install:$$missing" >&2; exit 1; fi; \
 	fi
+endef
+
+system-deps:
+	$(call apt_for,$(TEST_DEPS))
+
+demo-deps:
+	$(call apt_for,$(DEMO_DEPS))
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -26,7 +37,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: install
+demo: install demo-deps
 	$(BIN)/python -m astraeus.demo
 
 # Starts PostgreSQL if it is not up (dev machines and CI have it installed), then the whole suite.

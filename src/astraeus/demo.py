@@ -95,6 +95,9 @@ def main() -> int:
     up = None
 
     def cleanup(*_):
+        # A second Ctrl-C while the cluster stops must not leave it half-stopped.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if up and up.poll() is None:
             up.send_signal(signal.SIGTERM)
             try:
@@ -102,7 +105,11 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 up.kill()
 
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)  # also when started in the background, where SIGINT is ignored
     try:
         step(0, "Start a local cluster: one machine gpu-01 with 8 simulated GPUs, /data/astraeus granted")
         say(f"$ astraeus up --home {home} --port {port}")
@@ -164,7 +171,7 @@ def main() -> int:
                    URGENT_SECONDS + 180, "the fine-tune to resume")
         wait_until(lambda: sh("astra astraeus logs finetune-r50-0", show=False, check=False)
                    .split("resuming at", 1)[1].count("global_step") >= 1, 240, "a checkpoint line after resuming")
-        out = sh("astra astraeus logs finetune-r50-0 | tail -n 2")
+        out = sh("astra astraeus logs finetune-r50-0 | grep -A1 'resuming at'")
         resumed = re.search(r"\(global step (\d+)\)", out)
         worker = json.loads(sh('curl -fsS "$API/workers/finetune-r50-0" -H "Authorization: Bearer $ASTRAEUS_TOKEN"',
                                show=False))

@@ -51,8 +51,28 @@ def check_absolute_path(value: str, what: str) -> str:
     return value
 
 
+def _nul_free(value, where: str = "") -> None:
+    """Refuse NUL characters anywhere in a body: no field means anything with one, and PostgreSQL cannot store them."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{where or 'a value'} contains a NUL character: remove it")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _nul_free(k, where)
+            _nul_free(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _nul_free(v, f"{where}[{i}]")
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data):
+        _nul_free(data)
+        return data
 
 
 class Metadata(Strict):

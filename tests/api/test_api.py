@@ -237,3 +237,12 @@ def test_bootstrap_twice_keeps_one_workspace(app):
     boot = bootstrap(app.cp, "acme", "vision", "main", ["/data/astraeus"])
     assert boot["ns"] == app.boot["ns"]
     assert json.dumps(boot)
+
+
+def test_nul_characters_are_refused_anywhere(app):
+    body = run_body("nul")
+    body["metadata"]["labels"] = {"team": "a\x00b"}
+    refused(app, body, 422, "metadata.labels.team contains a NUL character")
+    body = run_body("nul")
+    body["spec"]["task_template"]["image"] = "python\x00:3.11"
+    refused(app, body, 422, "NUL")

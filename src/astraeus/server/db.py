@@ -161,10 +161,13 @@ class Worker(Base):
     placed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     stop_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # When the time limit stops this attempt (from its start); None without a limit.
+    deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
     why_not: Mapped[list] = mapped_column(JSON, default=list)
     run: Mapped[Run] = relationship(back_populates="workers")
     machine: Mapped[Machine | None] = relationship()
-    __table_args__ = (Index("ix_workers_machine", "machine_id"), Index("ix_workers_run", "run_id"))
+    __table_args__ = (Index("ix_workers_machine", "machine_id"), Index("ix_workers_run", "run_id"),
+                      Index("ix_workers_deadline", "deadline"))
 
 
 class History(Base):

@@ -116,6 +116,8 @@ def place(session: Session, run: Run, worker: Worker, machine_id: int, gpu_indic
     worker.finished_at = None
     worker.stop_requested_at = None
     worker.why_not = []
+    limit = _spec(run).get("time_limit_seconds")
+    worker.deadline = at + limit if limit else None
     run.preempted_by = None
     run.quota_noted = False
 
@@ -125,6 +127,8 @@ def running(session: Session, run: Run, worker: Worker, pid: int | None, environ
         worker.state = "Running"
         worker.reason = "Running"
         worker.started_at = at
+        limit = _spec(run).get("time_limit_seconds")
+        worker.deadline = at + limit if limit else None  # the limit counts from the start
     if pid:
         worker.pid = pid
     if environment:

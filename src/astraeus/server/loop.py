@@ -167,17 +167,16 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
 
 
 def enforce_time_limits(session: Session, at: float) -> set[int]:
+    """Stop every worker past its deadline (placed or started + time_limit_seconds): it fails, not restarted."""
     touched = set()
-    rows = session.scalars(select(Worker).where(Worker.state.in_(("Starting", "Running")))
+    rows = session.scalars(select(Worker).where(Worker.state.in_(("Starting", "Running")), Worker.deadline <= at)
                            .options(selectinload(Worker.run)))
     for w in rows:
-        limit = w.run.spec["task_template"].get("time_limit_seconds")
-        begun = w.started_at or w.placed_at
-        if limit and begun and at >= begun + limit:
-            reason = f"Stopping: time limit of {lifecycle.fmt_duration(limit)} reached"
-            lifecycle.request_stop(session, w.run, w, "timelimit", reason, at)
-            lifecycle.refresh_run(session, w.run, at)
-            touched.add(w.machine_id)
+        limit = w.run.spec["task_template"].get("time_limit_seconds") or 0
+        reason = f"Stopping: time limit of {lifecycle.fmt_duration(limit)} reached"
+        lifecycle.request_stop(session, w.run, w, "timelimit", reason, at)
+        lifecycle.refresh_run(session, w.run, at)
+        touched.add(w.machine_id)
     return touched
 
 

@@ -63,9 +63,13 @@ def write_env(home: Path, base: str, boot: dict) -> str:
     return "\n".join(lines)
 
 
+def shown(text: str, home: Path) -> str:
+    """The env lines as printed: whole on a terminal (a person copies them), with token values cut to their
+    kind prefix anywhere else, so that no secret lands in a captured log (they are in <home>/env, mode 0600)."""
+    return text if sys.stdout.isatty() else redacted(text, home)
+
+
 def redacted(text: str, home: Path) -> str:
-    """The env text as printed: token values cut to their kind prefix, so no secret lands in a console log
-    (the secrets are only in <home>/env, mode 0600)."""
     out = []
     for line in text.splitlines():
         k, _, v = line.partition("=")
@@ -132,7 +136,7 @@ def server(
         raise typer.Exit(1) from None
     boot = bootstrap(cp, org, workspace, cluster, host_path or ["/data/astraeus"])
     text = write_env(home, settings.console_base(), boot)
-    typer.echo(redacted(text, home))
+    typer.echo(shown(text, home))
     typer.echo(f"astraeus server: listening on {settings.console_base()} (docs at /docs)")
     _serve(settings, cp)
 
@@ -208,7 +212,7 @@ def up(
                 break
             time.sleep(0.05)
         text = write_env(home, base, boot)
-        print(redacted(text, home), flush=True)
+        print(shown(text, home), flush=True)
         print(f"astraeus up: {machines} machine(s) × {gpus} GPUs ready; console {base}/o/{org}/w/{workspace}",
               flush=True)
 

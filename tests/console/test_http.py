@@ -110,3 +110,11 @@ def test_a_viewer_cannot_submit_or_delete(console_cluster, two_workspaces):
     with c.client() as api:
         assert api.get("/runs/by-viewer").status_code == 404
         assert api.get("/runs/vision-run").status_code == 200
+
+
+def test_the_run_page_shows_the_environment_its_image_maps_to(console_cluster, two_workspaces):
+    c = console_cluster
+    env = c.wait_for(lambda: c.worker("vision-run-0")["environment"], 60, what="the worker's environment")
+    with httpx.Client(base_url=c.server, headers=bearer(c.token), timeout=30) as h:
+        page = h.get("/o/acme/w/vision/jobs/main/vision-run").text
+    assert "python:3.11" in page and f"runs in <code>{env}</code>" in page

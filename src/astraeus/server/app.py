@@ -16,10 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
-from astraeus.server import agents, lifecycle, services
+from astraeus.server import admin, agents, lifecycle, services
 from astraeus.server import bodies as B
 from astraeus.server.core import STATE_LOCK, ControlPlane, Settings
-from astraeus.server.db import Access, Cluster, Machine, Org, Token, Worker, Workspace
+from astraeus.server.db import Access, Cluster, Machine, Token, Worker
 from astraeus.server.loop import SchedulingLoop
 from astraeus.server.services import ApiError, Caller
 
@@ -259,154 +259,63 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     # --------------------------------------------------------------------------------- organisation
     o = APIRouter(prefix="/api/v1/o/{org}", tags=["organisation"], responses=B.ERRORS)
 
-    def ws_out(s: Session, ws: Workspace) -> dict:
-        rows = s.execute(select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id)
-                         .where(Access.workspace_id == ws.id)).all()
-        return {"name": ws.name, "id": ws.ns, "clusters": {c.name: services.access_view(c, a) for c, a in rows}}
-
-    def apply_clusters(s: Session, c: Caller, ws: Workspace, clusters: dict) -> None:
-        for cname, conf in (clusters or {}).items():
-            cl = s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == cname))
-            if cl is None:
-                raise ApiError(404, "CLUSTER_NOT_FOUND", f"cluster {cname} not found: create it first")
-            conf = dict(conf or {})
-            mp = conf.get("max_priority")
-            if mp is not None and not (S.PRIORITY_MIN <= int(mp) <= S.PRIORITY_MAX):
-                raise ApiError(422, "INVALID", f"clusters.{cname}.max_priority: must be between -1000 and 1000")
-            try:
-                services.set_access(s, ws, cl, max_priority=mp, weight=conf.get("weight"),
-                                    host_paths=conf.get("host_paths"), quota=conf.get("quota"))
-            except ValueError as e:
-                raise ApiError(422, "INVALID", f"clusters.{cname}: {e}") from None
-
     @o.get("/workspaces")
     def list_workspaces(c: AdminCaller, s: Sess):
-        return {"items": [ws_out(s, ws) for ws in s.scalars(select(Workspace).where(Workspace.org_id == c.org.id))]}
+        return {"items": admin.list_workspaces(s, c)}
 
     @o.post("/workspaces", status_code=201)
     def create_workspace(c: AdminCaller, s: Sess, body: B.WorkspaceCreate):
-        body = body.model_dump(exclude_unset=True)
         with tx(s):
-            try:
-                S.check_dns_label(body.get("name", ""), "workspace name")
-            except ValueError as e:
-                raise ApiError(422, "INVALID", f"name: {e}") from None
-            if s.scalar(select(Workspace).where(Workspace.org_id == c.org.id, Workspace.name == body["name"])):
-                raise ApiError(409, "ALREADY_EXISTS", f"a workspace named {body['name']} already exists")
-            ws = services.ensure_workspace(s, c.org, body["name"])
-            apply_clusters(s, c, ws, body.get("clusters") or {})
-            out = ws_out(s, ws)
-        return out
+            return admin.create_workspace(s, c, body.model_dump(exclude_unset=True))
 
     @o.get("/workspaces/{name}")
     def get_workspace_admin(name: str, c: AdminCaller, s: Sess):
-        ws = s.scalar(select(Workspace).where(Workspace.org_id == c.org.id, Workspace.name == name))
-        if ws is None:
-            raise ApiError(404, "NOT_FOUND", f"workspace {name} not found")
-        return ws_out(s, ws)
+        return admin.workspace_out(s, admin.workspace_named(s, c, name))
 
     @o.patch("/workspaces/{name}")
     def patch_workspace(name: str, c: AdminCaller, s: Sess, body: B.WorkspacePatch):
-        body = body.model_dump(exclude_unset=True)
         with tx(s):
-            ws = s.scalar(select(Workspace).where(Workspace.org_id == c.org.id, Workspace.name == name))
-            if ws is None:
-                raise ApiError(404, "NOT_FOUND", f"workspace {name} not found")
-            apply_clusters(s, c, ws, body.get("clusters") or {})
-            out = ws_out(s, ws)
+            out = admin.update_workspace(s, c, name, body.model_dump(exclude_unset=True))
         cp.notifier.wake_scheduler()
         return out
 
-    def cluster_out(cl: Cluster) -> dict:
-        return {"name": cl.name, "preemption": cl.preemption, "lost_after_seconds": cl.lost_after_seconds}
-
     @o.get("/clusters")
     def list_clusters(c: AdminCaller, s: Sess):
-        return {"items": [cluster_out(cl) for cl in s.scalars(select(Cluster).where(Cluster.org_id == c.org.id))]}
+        return {"items": admin.list_clusters(s, c)}
 
     @o.post("/clusters", status_code=201)
     def create_cluster(c: AdminCaller, s: Sess, body: B.ClusterCreate):
-        body = body.model_dump(exclude_unset=True)
         with tx(s):
-            try:
-                S.check_dns_label(body.get("name", ""), "cluster name")
-            except ValueError as e:
-                raise ApiError(422, "INVALID", f"name: {e}") from None
-            if s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == body["name"])):
-                raise ApiError(409, "ALREADY_EXISTS", f"a cluster named {body['name']} already exists")
-            cl = services.ensure_cluster(s, c.org, body["name"], bool(body.get("preemption", True)),
-                                         body.get("lost_after_seconds"))
-            out = cluster_out(cl)
-        return out
+            return admin.create_cluster(s, c, body.model_dump(exclude_unset=True))
 
     @o.get("/clusters/{name}")
     def get_cluster(name: str, c: AdminCaller, s: Sess):
-        cl = s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == name))
-        if cl is None:
-            raise ApiError(404, "NOT_FOUND", f"cluster {name} not found")
-        return cluster_out(cl)
+        return admin.cluster_out(admin.cluster_named(s, c, name))
 
     @o.patch("/clusters/{name}")
     def patch_cluster(name: str, c: AdminCaller, s: Sess, body: B.ClusterPatch):
-        body = body.model_dump(exclude_none=True)
         with tx(s):
-            cl = s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == name))
-            if cl is None:
-                raise ApiError(404, "NOT_FOUND", f"cluster {name} not found")
-            if "preemption" in body:
-                cl.preemption = bool(body["preemption"])
-            if body.get("lost_after_seconds") is not None:
-                cl.lost_after_seconds = float(body["lost_after_seconds"])
-            out = cluster_out(cl)
+            out = admin.update_cluster(s, c, name, body.model_dump(exclude_none=True))
         cp.notifier.wake_scheduler()
         return out
 
     @o.get("/clusters/{name}/machines")
     def cluster_machines(name: str, c: AdminCaller, s: Sess):
-        cl = s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == name))
-        if cl is None:
-            raise ApiError(404, "NOT_FOUND", f"cluster {name} not found")
-        return {"items": services.machines_view(s, [cl.id])}
+        return {"items": services.machines_view(s, [admin.cluster_named(s, c, name).id])}
 
     @o.post("/tokens", status_code=201)
     def create_token(c: AdminCaller, s: Sess, body: B.TokenCreate):
-        body = body.model_dump(exclude_unset=True)
-        kind = body.get("kind")
         with tx(s):
-            ws = cl = None
-            role = None
-            if kind == "user":
-                ws = s.scalar(select(Workspace).where(Workspace.org_id == c.org.id,
-                                                      Workspace.name == body.get("workspace")))
-                if ws is None:
-                    raise ApiError(404, "NOT_FOUND", f"workspace {body.get('workspace')} not found")
-                role = body.get("role", "viewer")
-                if role not in services.ROLES:
-                    raise ApiError(422, "INVALID", "role: must be viewer, editor or admin")
-            elif kind == "machine":
-                cl = s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == body.get("cluster")))
-                if cl is None:
-                    raise ApiError(404, "NOT_FOUND", f"cluster {body.get('cluster')} not found")
-            elif kind != "org_admin":
-                raise ApiError(422, "INVALID", "kind: must be user, org_admin or machine")
-            org = s.get(Org, c.org.id)
-            tok, secret = services.create_token(s, org, kind, ws, role, cl, body.get("expires_in_seconds"))
-            out = {"id": tok.id, "kind": kind, "role": role, "token": secret}
-        return out
+            return admin.issue_token(s, c, body.model_dump(exclude_unset=True))
 
     @o.get("/tokens")
     def list_tokens(c: AdminCaller, s: Sess):
-        return {"items": [{"id": t.id, "kind": t.kind, "role": t.role, "revoked": t.revoked,
-                           "expires_at": services.iso(t.expires_at)}
-                          for t in s.scalars(select(Token).where(Token.org_id == c.org.id))]}
+        return {"items": admin.list_tokens(s, c)}
 
     @o.delete("/tokens/{token_id}")
     def revoke_token(token_id: Annotated[int, Path(ge=1, le=B.INT32)], c: AdminCaller, s: Sess):
         with tx(s):
-            t = s.get(Token, token_id)
-            if t is None or t.org_id != c.org.id:
-                raise ApiError(404, "NOT_FOUND", f"token {token_id} not found")
-            t.revoked = True
+            admin.revoke_token(s, c, token_id)
         return {"id": token_id, "revoked": True}
 
     app.include_router(o)

@@ -103,7 +103,8 @@ def assignments(session: Session, m: Machine) -> list[dict]:
 
 
 def report(session: Session, m: Machine, body: dict, at: float) -> bool:
-    """Heartbeat and worker states. Returns True when something changed that the scheduler should see."""
+    """Heartbeat and worker states. Returns True when room was freed or a machine returned: what the
+    scheduler, the machines' assignments and log followers must see."""
     changed = False
     if m.state != "Ready":
         m.state = "Ready"
@@ -118,7 +119,7 @@ def report(session: Session, m: Machine, body: dict, at: float) -> bool:
         state = r.get("state")
         if state in ("Starting", "Running"):
             if state == "Running":
-                changed = changed or w.state == "Starting"
+                # Starting → Running frees no room and changes no assignment: nothing to wake.
                 lifecycle.running(session, w.run, w, r.get("pid"), r.get("environment"), at)
             elif r.get("pid") or r.get("environment"):
                 w.pid = r.get("pid") or w.pid

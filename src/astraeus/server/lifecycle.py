@@ -80,7 +80,10 @@ def refresh_run(session: Session, run: Run, at: float) -> None:
     if state in ("Completed", "Failed", "Cancelled") and run.finished_at is None:
         run.finished_at = at
     if state != run.state or reason != run.reason:
-        if state != run.state or state in ("Pending", "Stopping"):
+        # History keeps what happened to the run: every change of state, and each new reason while it stops
+        # or waits after a preemption. The queue's own reasons ("Queued behind …") change with every cycle
+        # and stay out of it: status.reason and the per-machine lines show them.
+        if state != run.state or state == "Stopping" or (state == "Pending" and run.preempted_by):
             history(session, run, state, reason, at)
         if state != run.state and state in ("Completed", "Failed"):
             event(session, run.workspace_id, f"Run{state}", run.name, reason, at)

@@ -8,8 +8,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import delete as sql_delete
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
@@ -423,12 +422,3 @@ def access_view(c: Cluster, a: Access) -> dict:
             "preemption": c.preemption,
             "quota": {"gpus": a.quota_gpus, "cpu_cores": a.quota_cpu_cores, "memory_bytes": a.quota_memory_bytes,
                       "workers": a.quota_workers}}
-
-
-def count_runs(session: Session) -> int:
-    return session.scalar(select(func.count(Run.id))) or 0
-
-
-def purge_logs(session: Session, worker_ids: list[int]) -> None:
-    if worker_ids:
-        session.execute(sql_delete(LogLine).where(LogLine.worker_id.in_(worker_ids)))

@@ -104,20 +104,35 @@ def build_snapshot(session: Session, cluster: Cluster) -> tuple[sched.Snapshot, 
         workspaces.append(sched.Workspace(id=ws.ns, name=ws.name, quota=quota, weight=a.weight or 1.0))
     snap = sched.Snapshot(cluster=cluster.name, machines=snap_machines, running=tuple(running),
                           waiting=tuple(waiting), workspaces=tuple(workspaces), preemption=cluster.preemption)
-    lookups = {"runs": {key(r): r for r in runs}, "machines": {m.name: m for m in machines},
-               "renames": {key(r): r.name for r in runs if key(r) != r.name}}
+    # What the apply step needs to find the rows again (under the state lock, in its own session) and to write
+    # only what changed: ids, and the reasons and per-machine lines the snapshot saw.
+    lookups = {"runs": {key(r): r.id for r in runs}, "machines": {m.name: m.id for m in machines},
+               "renames": {key(r): r.name for r in runs if key(r) != r.name},
+               "queue_reasons": {key(r): r.queue_reason for r in runs},
+               "why_not": {w.name: w.why_not for r in runs for w in r.workers if w.state == "Pending"}}
     return snap, lookups
 
 
-def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> set[int]:
-    """Write the plan: placements, stops, reasons. Returns the machines whose desired workers changed."""
+def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> tuple[set[int], bool]:
+    """Write the plan: placements, stops, reasons. Runs under the state lock, in a session of its own, on rows
+    read again: the plan was made on a snapshot read without the lock, so each step checks that what it acts on
+    is still as the snapshot saw it (a run deleted meanwhile is not started, a victim that ended is not stopped).
+    Room cannot have been taken meanwhile: only this loop places workers. Returns the machines whose desired
+    workers changed, and whether a step was skipped (so the loop plans again at once)."""
     touched: set[int] = set()
-    runs = lookups["runs"]
-    machines = lookups["machines"]
+    skipped = False
+    ids = lookups["runs"]
+    machine_ids = lookups["machines"]
     renames = lookups["renames"]
+    loaded: dict[int, Run | None] = {}
 
     def run_named(key: str) -> Run | None:
-        return runs.get(key)
+        rid = ids.get(key)
+        if rid is None:
+            return None
+        if rid not in loaded:
+            loaded[rid] = session.get(Run, rid)
+        return loaded[rid]
 
     def text(s: str) -> str:  # "name@ns" keys back to names (only ever shown inside their own workspace)
         for k, v in renames.items():
@@ -126,12 +141,16 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
 
     for start in plan.starts:
         run = run_named(start.run)
-        if run is None:
+        if run is None or run.deleting or run.state in ("Completed", "Failed", "Cancelled"):
+            skipped = True
             continue
         workers = {w.index: w for w in run.workers}
-        for p in start.placements:
-            w = workers[p.worker_index]
-            m = machines[p.machine]
+        steps = [(p, workers.get(p.worker_index), session.get(Machine, machine_ids.get(p.machine)))
+                 for p in start.placements]
+        if any(w is None or w.state != "Pending" or m is None or m.state != "Ready" for _, w, m in steps):
+            skipped = True  # changed since the snapshot: plan again
+            continue
+        for p, w, m in steps:
             lifecycle.place(session, run, w, m.id, list(p.gpu_indices), p.cpu_cores, p.memory_bytes, at, m.name)
             touched.add(m.id)
             STARTS.inc()
@@ -140,30 +159,42 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
         run = run_named(stop.run)
         if run is None:
             continue
-        ws = [w for w in run.workers if w.name in stop.workers]
+        ws = [w for w in run.workers if w.name in stop.workers and w.state in lifecycle.ACTIVE
+              and w.desired != "Stopped"]
+        if not ws:
+            skipped = True
+            continue
         touched.update(w.machine_id for w in ws if w.machine_id)
         lifecycle.preempt(session, run, ws, text(stop.preempted_by), text(stop.reason), at)
         lifecycle.refresh_run(session, run, at)
         PREEMPTIONS.inc()
+    seen_reasons = lookups["queue_reasons"]
     for name, reason in plan.reasons.items():
+        reason = text(reason)
+        if seen_reasons.get(name) == reason:
+            continue  # unchanged: no need to read or write the run
         run = run_named(name)
-        if run is not None:
-            lifecycle.set_queue_reason(session, run, text(reason), at)
+        if run is not None and not run.deleting:
+            lifecycle.set_queue_reason(session, run, reason, at)
+    seen_why_not = lookups["why_not"]
     for wname, lines in plan.why_not.items():
-        rname, _, idx = wname.rpartition("-")
+        new = [[m, text(r)] for m, r in lines]
+        if seen_why_not.get(wname) == new:
+            continue
+        rname = wname.rpartition("-")[0]
         run = run_named(rname)
         if run is None:
             continue
         for w in run.workers:
-            if w.name == wname:
-                w.why_not = [[m, text(r)] for m, r in lines]
+            if w.name == wname and w.state == "Pending":
+                w.why_not = new
     for q in plan.quota_reached:
         run = run_named(q.run)
         if run is not None and not run.quota_noted:
             run.quota_noted = True
             lifecycle.history(session, run, run.state, text(q.message), at)
             lifecycle.event(session, run.workspace_id, "QuotaReached", run.name, text(q.message), at)
-    return touched
+    return touched, skipped
 
 
 def enforce_time_limits(session: Session, at: float) -> set[int]:
@@ -199,21 +230,32 @@ def detect_lost_machines(session: Session, at: float) -> set[int]:
 
 
 def cycle(cp: ControlPlane, at: float | None = None) -> set[int]:
-    """One pass: timers, then a plan per cluster. Returns the machines to notify."""
+    """One pass: timers, then a plan per cluster. Returns the machines to notify.
+
+    The snapshot is read and planned without the state lock, so API writes and agent reports are not held up
+    by a large queue; only the timers and the apply take it (see apply_plan)."""
     at = time.time() if at is None else at
     t0 = time.perf_counter()
     with STATE_LOCK, cp.sessions() as session, session.begin():
         touched = detect_lost_machines(session, at)
         touched |= enforce_time_limits(session, at)
-        session.flush()
-        for cluster in list(session.scalars(select(Cluster))):
+    replan = False
+    with cp.sessions() as session:
+        clusters = list(session.scalars(select(Cluster)))
+    for cluster in clusters:
+        with cp.sessions() as session:
             snap, lookups = build_snapshot(session, cluster)
-            if not snap.waiting and not any(u.stopping for u in snap.running):
-                continue
-            p0 = time.perf_counter()
-            plan = sched.plan(snap, at)
-            PLAN_SECONDS.observe(time.perf_counter() - p0)
-            touched |= apply_plan(session, plan, lookups, at)
+        if not snap.waiting and not any(u.stopping for u in snap.running):
+            continue
+        p0 = time.perf_counter()
+        plan = sched.plan(snap, at)
+        PLAN_SECONDS.observe(time.perf_counter() - p0)
+        with STATE_LOCK, cp.sessions() as session, session.begin():
+            applied, skipped = apply_plan(session, plan, lookups, at)
+        touched |= applied
+        replan = replan or skipped
+    if replan:
+        cp.notifier.wake_scheduler()
     CYCLE_SECONDS.observe(time.perf_counter() - t0)
     return touched
 

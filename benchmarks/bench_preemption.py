@@ -6,7 +6,7 @@ command writes a timestamp). p50/p99 over the trials.
 
 - Astraeus: `astraeus up --gpus 8 --machines 1` with ASTRAEUS_STOP_GRACE=2; victim priority -100, urgent
   priority 0 (above the victim, and within the workspace's default maximum of 0); POST $API/runs.
-- Slurm: /work/shared/peers/slurm (partition `low` REQUEUE-preemptible, `high` above it).
+- Slurm: shared/peers/slurm beside the checkout (partition `low` REQUEUE-preemptible, `high` above it).
 
     python benchmarks/bench_preemption.py --trials 20            # both, side by side
     python benchmarks/bench_preemption.py --trials 20 --no-slurm # Astraeus only

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from astraeus.sim import simulate_main
 
-TRACE = Path(os.environ.get("ASTRAEUS_TRACE_DIR", "/work/shared/traces/alibaba-gpu-v2023"))
+TRACE = Path(os.environ.get("ASTRAEUS_TRACE_DIR",
+                            Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gpu-v2023"))
 
 VARIANTS = {
     "all rules": {},

@@ -1,6 +1,6 @@
 """Slurm as a peer: the same preemption and throughput work as Astraeus's benchmarks, on Debian's slurm-wlm.
 
-Slurm is started by /work/shared/peers/slurm/start.sh (root; installs slurm-wlm and munge with apt-get if
+Slurm is started by shared/peers/slurm/start.sh (beside the checkout) (root; installs slurm-wlm and munge with apt-get if
 they are missing): one machine with 8 fake GPUs, partitions `low` (preemptible, REQUEUE, GraceTime=0,
 KillWait=30: SIGTERM at once, SIGKILL 30 s later) and `high`.
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-START_SH = Path("/work/shared/peers/slurm/start.sh")
+START_SH = Path(__file__).resolve().parents[2] / "shared" / "peers" / "slurm" / "start.sh"  # shared/ beside the checkout
 GPUS = 8  # the peer's fake GPUs, /dev/fakegpu0..7
 
 # The victim: saves nothing, but records when SIGTERM arrives and exits at once (a checkpoint-friendly run

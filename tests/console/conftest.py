@@ -25,7 +25,7 @@ def console_cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+        pytest.fail(f"{CHROMIUM} is not installed: `make test` installs it (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-TRACE_DIR = Path("/work/shared/traces/alibaba-gpu-v2023")
+# shared/ lies beside the checkout (on developers' machines and in CI alike).
+TRACE_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba-gpu-v2023"
 
 
 @pytest.fixture
@@ -22,5 +23,5 @@ def write_csv(tmp_path: Path):
 @pytest.fixture
 def trace_dir() -> Path:
     if not (TRACE_DIR / "openb_pod_list_default.csv").exists():
-        pytest.skip("the Alibaba trace is not at /work/shared/traces")
+        pytest.fail(f"the Alibaba trace is not at {TRACE_DIR}: shared/ must lie beside the checkout")
     return TRACE_DIR

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, selectinload
 from astraeus.server import lifecycle
 from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
+from astraeus.spec import path_within
 
 
 def machine_token(tok: Token) -> Token:
@@ -59,11 +60,17 @@ def assignments(session: Session, m: Machine) -> list[dict]:
     if m.state != "Ready":
         return []  # a lost machine's workers have been handled elsewhere: the agent stops what it still runs
     workers = list(session.scalars(select(Worker).where(Worker.machine_id == m.id, Worker.state.in_(lifecycle.ACTIVE))
-                                   .options(selectinload(Worker.run))))
+                                   .options(selectinload(Worker.run).selectinload(Run.workers))))
+    # Every long-poll answer reads these: load each kind once, not once per worker.
+    ws_ids = {w.run.workspace_id for w in workers}
+    spaces = {x.id: x for x in session.scalars(select(Workspace).where(Workspace.id.in_(ws_ids)))}
+    grants = {a.workspace_id: a for a in session.scalars(select(Access).where(
+        Access.workspace_id.in_(ws_ids), Access.cluster_id == m.cluster_id))}
+    drives = {(d.workspace_id, d.name): d for d in session.scalars(select(Drive).where(Drive.workspace_id.in_(ws_ids)))}
     out = []
     for w in workers:
         run = w.run
-        ws = session.get(Workspace, run.workspace_id)
+        ws = spaces[run.workspace_id]
         tt = run.spec["task_template"]
         env = dict(tt.get("env") or {})
         env.update({
@@ -77,16 +84,14 @@ def assignments(session: Session, m: Machine) -> list[dict]:
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in (w.gpu_indices or [])),
             "SLURM_JOB_NAME": run.name,
         })
-        access = session.scalar(select(Access).where(Access.workspace_id == run.workspace_id,
-                                                     Access.cluster_id == run.cluster_id))
+        access = grants.get(run.workspace_id)
         mounts = []
         for ref in tt.get("datavolume_refs") or []:
-            d = session.scalar(select(Drive).where(Drive.workspace_id == run.workspace_id, Drive.name == ref["name"]))
-            if d is None:
+            d = drives.get((run.workspace_id, ref["name"]))
+            if d is None or access is None:
                 continue
             src = d.spec["sources"][0]
-            granted = next((r for r in (access.host_paths or []) if src["path"] == r or
-                            src["path"].startswith(r.rstrip("/") + "/")), None)
+            granted = next((r for r in (access.host_paths or []) if path_within(src["path"], r)), None)
             mounts.append({"drive": d.name, "host_path": src["path"], "mount_path": ref["mount_path"],
                            "read_only": ref.get("mode") == "ReadOnly" or src.get("mode") == "ReadOnly",
                            "create": bool((d.spec.get("permissions") or {}).get("create")),
@@ -111,9 +116,10 @@ def report(session: Session, m: Machine, body: dict, at: float) -> bool:
         lifecycle.event(session, None, "MachineReturned", m.name, f"machine {m.name} heartbeats again", at)
         changed = True
     m.last_heartbeat = at
+    here = {w.name: w for w in session.scalars(select(Worker).where(Worker.machine_id == m.id)
+                                               .options(selectinload(Worker.run).selectinload(Run.workers)))}
     for r in body.get("workers") or []:
-        w = session.scalar(select(Worker).where(Worker.name == r.get("worker"), Worker.machine_id == m.id)
-                           .join(Run).where(Run.cluster_id == m.cluster_id).options(selectinload(Worker.run)))
+        w = here.get(r.get("worker"))
         if w is None or w.attempt != r.get("attempt") or w.state not in lifecycle.ACTIVE:
             continue  # a stale attempt: the agent stops it because it is no longer assigned
         state = r.get("state")

@@ -142,8 +142,9 @@ def running(session: Session, run: Run, worker: Worker, pid: int | None, environ
 def request_stop(session: Session, run: Run, worker: Worker, kind: str, reason: str, at: float,
                  preempted_for: str | None = None) -> None:
     """Tell the worker's machine to stop it: SIGTERM, the machine's stop grace, then SIGKILL."""
-    if worker.state == "Pending":
-        worker.state = "Cancelled" if kind in ("delete",) else worker.state
+    if worker.state == "Pending":  # nothing runs: a delete cancels it, other stops leave it waiting
+        if kind == "delete":
+            worker.state = "Cancelled"
         worker.reason = reason
         return
     if worker.state not in ACTIVE or worker.desired == "Stopped":

@@ -143,7 +143,7 @@ while True:
 def test_stop_kills_whole_tree_including_double_forked(tmp_path, assignment, cgroups):
     rt = ProcessRuntime(str(tmp_path / "state"), stop_grace=1, use_cgroups=cgroups)
     if cgroups and rt.cgroup_root is None:
-        pytest.skip("no writable cgroup v2 here")
+        pytest.skip("this machine has no writable cgroup v2 (the no-cgroup variant checks the fallback here)")
     a = assignment(DOUBLE_FORK, args=[str(tmp_path)])
     st = rt.start(a)
     gc = int(wait_for(lambda: (tmp_path / "grandchild").exists() and (tmp_path / "grandchild").read_text()))

@@ -164,6 +164,10 @@ class Worker(Base):
     # When the time limit stops this attempt (from its start); None without a limit.
     deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
     why_not: Mapped[list] = mapped_column(JSON, default=list)
+    # Crash-loop backoff: a failed worker that restarts waits until `restart_at` (epoch seconds) before the
+    # scheduler places it again; `crash_streak` counts failures in a row that came soon after a start.
+    restart_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    crash_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     run: Mapped[Run] = relationship(back_populates="workers")
     machine: Mapped[Machine | None] = relationship()
     __table_args__ = (Index("ix_workers_machine", "machine_id"), Index("ix_workers_run", "run_id"),

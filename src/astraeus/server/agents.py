@@ -7,6 +7,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, selectinload
 
+from astraeus import protocol as P
 from astraeus.server import lifecycle
 from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
@@ -19,9 +20,9 @@ def machine_token(tok: Token) -> Token:
     return tok
 
 
-def register(session: Session, tok: Token, body: dict, at: float, heartbeat: float) -> tuple[Machine, Cluster, bool]:
+def register(session: Session, tok: Token, body: P.Register, at: float, heartbeat: float) -> tuple[Machine, Cluster, bool]:
     cluster = session.get(Cluster, tok.cluster_id)
-    name = body.get("name") or ""
+    name = body.name
     from astraeus.spec import check_dns_label
 
     try:
@@ -36,12 +37,12 @@ def register(session: Session, tok: Token, body: dict, at: float, heartbeat: flo
         lifecycle.event(session, None, "MachineJoined", name, f"machine {name} joined cluster {cluster.name}", at)
     elif m.state != "Ready":
         lifecycle.event(session, None, "MachineReturned", name, f"machine {name} is back in cluster {cluster.name}", at)
-    m.gpus = int(body.get("gpus") or 0)
-    m.gpu_models = list(body.get("gpu_models") or [])
-    m.cpu_cores = float(body.get("cpu_cores") or 1)
-    m.memory_bytes = int(body.get("memory_bytes") or 0)
-    m.stop_grace_seconds = float(body.get("stop_grace_seconds") or 30)
-    m.labels = dict(body.get("labels") or {})
+    m.gpus = body.gpus
+    m.gpu_models = list(body.gpu_models)
+    m.cpu_cores = body.cpu_cores
+    m.memory_bytes = body.memory_bytes
+    m.stop_grace_seconds = body.stop_grace_seconds  # 0 s is a real answer: stop at once
+    m.labels = dict(body.labels)
     m.state = "Ready"
     m.last_heartbeat = at
     session.flush()
@@ -55,7 +56,7 @@ def machine_for(session: Session, tok: Token, name: str) -> Machine:
     return m
 
 
-def assignments(session: Session, m: Machine) -> list[dict]:
+def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     """The workers that should be on this machine now, each with all the agent needs to run or stop it."""
     if m.state != "Ready":
         return []  # a lost machine's workers have been handled elsewhere: the agent stops what it still runs
@@ -92,22 +93,22 @@ def assignments(session: Session, m: Machine) -> list[dict]:
                 continue
             src = d.spec["sources"][0]
             granted = next((r for r in (access.host_paths or []) if path_within(src["path"], r)), None)
-            mounts.append({"drive": d.name, "host_path": src["path"], "mount_path": ref["mount_path"],
-                           "read_only": ref.get("mode") == "ReadOnly" or src.get("mode") == "ReadOnly",
-                           "create": bool((d.spec.get("permissions") or {}).get("create")),
-                           "granted_root": granted})
-        configs = [{"mount_path": mp, "value": c["value"]} for c in tt.get("configs") or [] for mp in c["mounts"]]
-        out.append({
-            "worker": w.name, "attempt": w.attempt, "run": run.name, "workspace": ws.ns,
-            "desired": w.desired or "Running", "stop_reason": w.stop_reason,
-            "image": tt["image"], "command": tt["command"], "args": list(tt.get("args") or []), "env": env,
-            "gpu_indices": list(w.gpu_indices or []), "cpu_cores": w.cpu_cores, "memory_bytes": w.memory_bytes,
-            "mounts": mounts, "configs": configs, "time_limit_seconds": tt.get("time_limit_seconds"),
-        })
+            mounts.append(P.Mount(drive=d.name, host_path=src["path"], mount_path=ref["mount_path"],
+                                  read_only=ref.get("mode") == "ReadOnly" or src.get("mode") == "ReadOnly",
+                                  create=bool((d.spec.get("permissions") or {}).get("create")),
+                                  granted_root=granted))
+        configs = [P.ConfigFile(mount_path=mp, value=c["value"]) for c in tt.get("configs") or [] for mp in c["mounts"]]
+        out.append(P.Assignment(
+            worker=w.name, attempt=w.attempt, run=run.name, workspace=ws.ns,
+            desired=w.desired or "Running", stop_reason=w.stop_reason,
+            image=tt["image"], command=tt["command"], args=list(tt.get("args") or []), env=env,
+            gpu_indices=list(w.gpu_indices or []), cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
+            mounts=mounts, configs=configs, time_limit_seconds=tt.get("time_limit_seconds"),
+        ))
     return out
 
 
-def report(session: Session, m: Machine, body: dict, at: float) -> bool:
+def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
     """Heartbeat and worker states. Returns True when room was freed or a machine returned: what the
     scheduler, the machines' assignments and log followers must see."""
     changed = False
@@ -118,40 +119,39 @@ def report(session: Session, m: Machine, body: dict, at: float) -> bool:
     m.last_heartbeat = at
     here = {w.name: w for w in session.scalars(select(Worker).where(Worker.machine_id == m.id)
                                                .options(selectinload(Worker.run).selectinload(Run.workers)))}
-    for r in body.get("workers") or []:
-        w = here.get(r.get("worker"))
-        if w is None or w.attempt != r.get("attempt") or w.state not in lifecycle.ACTIVE:
+    for r in body.workers:
+        w = here.get(r.worker)
+        if w is None or w.attempt != r.attempt or w.state not in lifecycle.ACTIVE:
             continue  # a stale attempt: the agent stops it because it is no longer assigned
-        state = r.get("state")
+        state = r.state
         if state in ("Starting", "Running"):
             if state == "Running":
                 # Starting → Running frees no room and changes no assignment: nothing to wake.
-                lifecycle.running(session, w.run, w, r.get("pid"), r.get("environment"), at)
-            elif r.get("pid") or r.get("environment"):
-                w.pid = r.get("pid") or w.pid
-                w.environment = r.get("environment") or w.environment
+                lifecycle.running(session, w.run, w, r.pid, r.environment, at)
+            elif r.pid or r.environment:
+                w.pid = r.pid or w.pid
+                w.environment = r.environment or w.environment
         elif state == "Exited":
-            if w.state == "Starting" and r.get("pid"):  # it ran, and ended before a report said so
-                lifecycle.running(session, w.run, w, r.get("pid"), r.get("environment"), r.get("started_at") or at)
-            lifecycle.ended(session, w.run, w, r.get("exit_code"), r.get("signal"), None, at)
+            if w.state == "Starting" and r.pid:  # it ran, and ended before a report said so
+                lifecycle.running(session, w.run, w, r.pid, r.environment, r.started_at or at)
+            lifecycle.ended(session, w.run, w, r.exit_code, r.signal, None, at)
             changed = True
         elif state == "StartFailed":
             w.stop_kind = None
-            lifecycle.ended(session, w.run, w, None, None, f"failed to start: {r.get('message') or 'unknown'}", at)
+            lifecycle.ended(session, w.run, w, None, None, f"failed to start: {r.message or 'unknown'}", at)
             changed = True
     return changed
 
 
-def store_logs(session: Session, m: Machine, lines: list[dict]) -> int:
+def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine]) -> int:
     if not lines:
         return 0
-    names = {ln.get("worker") for ln in lines}
+    names = {ln.worker for ln in lines}
     ids = dict(session.execute(select(Worker.name, Worker.id).join(Run).where(
         Worker.name.in_(names), Run.cluster_id == m.cluster_id, Run.live_key == "")).all())
-    rows = [{"worker_id": ids[ln["worker"]], "attempt": int(ln.get("attempt") or 0), "seq": int(ln["seq"]),
-             "time": float(ln.get("time") or 0), "stream": (ln.get("stream") or "stdout")[:8],
-             "text": str(ln.get("text", "")).replace("\x00", "\ufffd")}  # PostgreSQL text holds no NUL
-            for ln in lines if ln.get("worker") in ids]
+    rows = [{"worker_id": ids[ln.worker], "attempt": ln.attempt, "seq": ln.seq, "time": ln.time,
+             "stream": ln.stream, "text": ln.text.replace("\x00", "\ufffd")}  # PostgreSQL text holds no NUL
+            for ln in lines if ln.worker in ids]
     if not rows:
         return 0
     dialect = session.get_bind().dialect.name

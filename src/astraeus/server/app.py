@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from astraeus import protocol as P
 from astraeus import spec as S
 from astraeus.server import admin, agents, lifecycle, services
 from astraeus.server import bodies as B
@@ -324,12 +325,11 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     a = APIRouter(prefix="/api/v1/agent", tags=["agent"], responses=B.ERRORS)
 
     @a.post("/register")
-    def agent_register(tok: AgentTok, s: Sess, body: B.Register):
-        body = body.model_dump(exclude_unset=True)
+    def agent_register(tok: AgentTok, s: Sess, body: P.Register) -> P.Registered:
         with tx(s):
             m, cl, changed = agents.register(s, tok, body, time.time(), settings.heartbeat_seconds)
-            out = {"machine": m.name, "cluster": cl.name, "heartbeat_seconds": settings.heartbeat_seconds,
-                   "lost_after_seconds": cl.lost_after_seconds}
+            out = P.Registered(machine=m.name, cluster=cl.name, heartbeat_seconds=settings.heartbeat_seconds,
+                               lost_after_seconds=cl.lost_after_seconds)
             mid = m.id
         cp.notifier.bump_machines([mid])
         cp.notifier.wake_scheduler()
@@ -337,37 +337,35 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
 
     @a.get("/assignments")
     def agent_assignments(tok: AgentTok, s: Sess, machine: str, after: int = 0,
-                          wait: Annotated[float, Query(ge=0, le=LONG_POLL_MAX)] = 0):
+                          wait: Annotated[float, Query(ge=0, le=LONG_POLL_MAX)] = 0) -> P.Assignments:
         m = agents.machine_for(s, tok, machine)
         mid = m.id
         s.rollback()
         version = cp.notifier.wait_machine(mid, after, wait) if wait else cp.notifier.machine_version(mid)
         with cp.sessions() as s2:
             m2 = s2.get(Machine, mid)
-            return {"version": version, "assignments": agents.assignments(s2, m2)}
+            return P.Assignments(version=version, assignments=agents.assignments(s2, m2))
 
     @a.post("/report")
-    def agent_report(tok: AgentTok, s: Sess, body: B.Report):
-        body = body.model_dump(exclude_unset=True)
+    def agent_report(tok: AgentTok, s: Sess, body: P.Report) -> P.Ack:
         with tx(s):
-            m = agents.machine_for(s, tok, body.get("machine", ""))
+            m = agents.machine_for(s, tok, body.machine)
             changed = agents.report(s, m, body, time.time())
             mid = m.id
         if changed:
             cp.notifier.bump_machines([mid])
             cp.notifier.bump_logs()
             cp.notifier.wake_scheduler()
-        return {"ok": True}
+        return P.Ack()
 
     @a.post("/logs")
-    def agent_logs(tok: AgentTok, s: Sess, body: B.Logs):
-        body = body.model_dump(exclude_unset=True)
+    def agent_logs(tok: AgentTok, s: Sess, body: P.Logs) -> P.LogsStored:
         with tx(s):
-            m = agents.machine_for(s, tok, body.get("machine", ""))
-            n = agents.store_logs(s, m, body.get("lines") or [])
+            m = agents.machine_for(s, tok, body.machine)
+            n = agents.store_logs(s, m, body.lines)
         if n:
             cp.notifier.bump_logs()
-        return {"ok": True, "stored": n}
+        return P.LogsStored(stored=n)
 
     app.include_router(a)
 

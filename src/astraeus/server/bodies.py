@@ -1,6 +1,6 @@
-"""Typed request bodies of the organisation and agent APIs, so /openapi.json says what they accept and a body
-of the wrong shape is a 422, never a 500. The JSON shapes are those of docs/api.md; unknown fields are ignored
-as before. Integers are bounded by what the database columns hold."""
+"""Typed request bodies of the organisation API (the agent's are in astraeus.protocol), so /openapi.json says
+what they accept and a body of the wrong shape is a 422, never a 500. The JSON shapes are those of docs/api.md;
+unknown fields are ignored as before. Integers are bounded by what the database columns hold."""
 
 from __future__ import annotations
 
@@ -64,46 +64,6 @@ class TokenCreate(Loose):
     role: Literal["viewer", "editor", "admin"] | None = None
     cluster: str | None = None
     expires_in_seconds: Annotated[float, Field(gt=0, le=10 * 366 * 86400)] | None = None
-
-
-class Register(Loose):
-    name: str
-    gpus: Annotated[int, Field(ge=0, le=4096)] = 0
-    gpu_models: list[str] = Field(default_factory=list)
-    cpu_cores: Annotated[float, Field(ge=0, le=1e6)] | None = None
-    memory_bytes: Annotated[int, Field(ge=0, le=INT64)] | None = None
-    stop_grace_seconds: Annotated[float, Field(ge=0, le=86400)] | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-
-
-class WorkerReport(Loose):
-    worker: str
-    attempt: Annotated[int, Field(ge=0, le=INT32)]
-    state: str
-    pid: Annotated[int, Field(ge=0, le=INT32)] | None = None
-    exit_code: Annotated[int, Field(ge=-INT32, le=INT32)] | None = None
-    signal: Annotated[int, Field(ge=0, le=255)] | None = None
-    message: str | None = None
-    environment: str | None = None
-
-
-class Report(Loose):
-    machine: str
-    workers: list[WorkerReport] = Field(default_factory=list)
-
-
-class LogLineIn(Loose):
-    worker: str
-    attempt: Annotated[int, Field(ge=0, le=INT32)] = 0
-    seq: Annotated[int, Field(ge=0, le=INT32)]
-    time: float = 0.0
-    stream: str = "stdout"
-    text: str = ""
-
-
-class Logs(Loose):
-    machine: str
-    lines: list[LogLineIn] = Field(default_factory=list)
 
 
 ERRORS: dict = {status: {"model": Error, "description": what} for status, what in (

@@ -30,21 +30,13 @@ def register(session: Session, tok: Token, body: P.Register, at: float, heartbea
     except ValueError as e:
         raise ApiError(422, "INVALID", str(e)) from None
     m = session.scalar(select(Machine).where(Machine.cluster_id == cluster.id, Machine.name == name))
-    changed = m is None or m.state != "Ready"
-    if m is None:
-        m = Machine(cluster_id=cluster.id, name=name)
-        session.add(m)
-        lifecycle.event(session, None, "MachineJoined", name, f"machine {name} joined cluster {cluster.name}", at)
-    elif m.state != "Ready":
-        lifecycle.event(session, None, "MachineReturned", name, f"machine {name} is back in cluster {cluster.name}", at)
+    m, changed = lifecycle.machine_registered(session, m, cluster, name, at)
     m.gpus = body.gpus
     m.gpu_models = list(body.gpu_models)
     m.cpu_cores = body.cpu_cores
     m.memory_bytes = body.memory_bytes
     m.stop_grace_seconds = body.stop_grace_seconds  # 0 s is a real answer: stop at once
     m.labels = dict(body.labels)
-    m.state = "Ready"
-    m.last_heartbeat = at
     session.flush()
     return m, cluster, changed
 
@@ -58,7 +50,7 @@ def machine_for(session: Session, tok: Token, name: str) -> Machine:
 
 def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     """The workers that should be on this machine now, each with all the agent needs to run or stop it."""
-    if m.state != "Ready":
+    if m.state != lifecycle.MachineState.READY:
         return []  # a lost machine's workers have been handled elsewhere: the agent stops what it still runs
     workers = list(session.scalars(select(Worker).where(Worker.machine_id == m.id, Worker.state.in_(lifecycle.ACTIVE))
                                    .options(selectinload(Worker.run).selectinload(Run.workers))))
@@ -111,12 +103,7 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
 def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
     """Heartbeat and worker states. Returns True when room was freed or a machine returned: what the
     scheduler, the machines' assignments and log followers must see."""
-    changed = False
-    if m.state != "Ready":
-        m.state = "Ready"
-        lifecycle.event(session, None, "MachineReturned", m.name, f"machine {m.name} heartbeats again", at)
-        changed = True
-    m.last_heartbeat = at
+    changed = lifecycle.machine_heartbeat(session, m, at)
     here = {w.name: w for w in session.scalars(select(Worker).where(Worker.machine_id == m.id)
                                                .options(selectinload(Worker.run).selectinload(Run.workers)))}
     for r in body.workers:
@@ -128,17 +115,15 @@ def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
             if state == "Running":
                 # Starting → Running frees no room and changes no assignment: nothing to wake.
                 lifecycle.running(session, w.run, w, r.pid, r.environment, at)
-            elif r.pid or r.environment:
-                w.pid = r.pid or w.pid
-                w.environment = r.environment or w.environment
+            else:
+                lifecycle.process_seen(w, r.pid, r.environment)
         elif state == "Exited":
             if w.state == "Starting" and r.pid:  # it ran, and ended before a report said so
                 lifecycle.running(session, w.run, w, r.pid, r.environment, r.started_at or at)
             lifecycle.ended(session, w.run, w, r.exit_code, r.signal, None, at)
             changed = True
         elif state == "StartFailed":
-            w.stop_kind = None
-            lifecycle.ended(session, w.run, w, None, None, f"failed to start: {r.message or 'unknown'}", at)
+            lifecycle.start_failed(session, w.run, w, r.message or "unknown", at)
             changed = True
     return changed
 

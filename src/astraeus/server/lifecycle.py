@@ -1,21 +1,182 @@
-"""The one place where a run's or a worker's state changes.
+"""The one place where a run's, a worker's or a machine's state changes.
 
-Every transition goes through a function here, which also writes the run's History and the workspace's
-Events. Callers (the API services, the scheduling loop, agent reports) decide *that* something happened;
-this module decides what it means for the states.
+Every state, stop kind, reason, restart or preemption count, and crash-loop backoff is written here and
+nowhere else (tests/lifecycle/test_transitions.py greps the code for writes elsewhere). Callers (the API
+services, the scheduling loop, agent reports) decide *that* something happened; this module decides what
+it means for the states, and writes the run's History and the workspace's Events.
 
-Worker states: Pending → Starting → Running → Stopping → Succeeded | Failed | Cancelled.
-Run states: Pending, Starting, Running, Stopping, Completed, Failed, Cancelled.
+The transitions are a table, `RULES`: each rule has a name, the states it may start from and the state it
+leads to. A function moves a row only through `_move(row, rule)`, which refuses a move the table does not
+allow by raising `IllegalTransition` (a bug in the caller, never a user's doing). Events that can arrive
+late or twice (an agent's report of a worker that has already ended, a stop asked of a worker that is
+already stopping) are checked against the table first with `allows` and ignored when it says no.
+
+Worker: Pending → Starting → Running → Stopping → Succeeded | Failed | Cancelled, and back to Pending when it
+restarts (after its crash-loop backoff) or is queued again after a preemption or with its gang.
+Run (derived from its workers by `refresh_run`): Pending, Starting, Running, Stopping, then Completed,
+Failed or Cancelled; an ended run changes only when it is deleted (→ Cancelled).
+Machine: (new) → Ready ⇄ Lost.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
 from sqlalchemy.orm import Session
 
-from astraeus.server.db import Event, History, Run, Worker
+from astraeus.server.db import Cluster, Event, History, Machine, Run, Worker
 
-ACTIVE = ("Starting", "Running", "Stopping")  # states that hold room on a machine
-ENDED = ("Succeeded", "Failed", "Cancelled")
+
+class WorkerState(StrEnum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    STOPPING = "Stopping"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+class RunState(StrEnum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    STOPPING = "Stopping"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+class MachineState(StrEnum):
+    READY = "Ready"
+    LOST = "Lost"
+
+
+class StopKind(StrEnum):
+    """Why the control plane asked a worker to stop; decides what its end means."""
+
+    PREEMPT = "preempt"  # room for higher-priority work: queued again, no restart counted
+    DELETE = "delete"  # its run was deleted
+    TIMELIMIT = "timelimit"  # past its time limit: fails, not restarted
+    TIMELIMIT_GANG = "timelimit_gang"  # a gang mate of a worker past its time limit
+    GANG = "gang"  # a gang mate failed: the gang restarts (or fails) together
+
+
+W, R = WorkerState, RunState
+# Plain strings (the stored values), for membership tests and SQL `IN (...)`.
+ACTIVE: tuple[str, ...] = (W.STARTING.value, W.RUNNING.value, W.STOPPING.value)  # states that hold room
+ENDED: tuple[str, ...] = (W.SUCCEEDED.value, W.FAILED.value, W.CANCELLED.value)
+RUN_ENDED: tuple[str, ...] = (R.COMPLETED.value, R.FAILED.value, R.CANCELLED.value)
+RUN_LIVE: tuple[str, ...] = (R.PENDING.value, R.STARTING.value, R.RUNNING.value, R.STOPPING.value)
+NEW = None  # the "state" of a row not yet created
+
+# Crash-loop backoff, as Kubernetes does it: a failed worker that restarts waits base × 2^streak seconds (10 s,
+# 20 s, 40 s, … at most 5 minutes); the streak starts again once an attempt has run for 10 minutes.
+RESTART_BACKOFF_CAP = 300.0
+RESTART_BACKOFF_RESET = 600.0
+BACKOFF_ENV = "ASTRAEUS_RESTART_BACKOFF_BASE"
+
+
+def backoff_base() -> float:
+    """The first restart's delay in seconds: ASTRAEUS_RESTART_BACKOFF_BASE, default 10 (tests make it short)."""
+    raw = os.environ.get(BACKOFF_ENV, "10")
+    try:
+        base = float(raw)
+    except ValueError:
+        raise ValueError(f"{BACKOFF_ENV}={raw!r}: give a number of seconds, e.g. 10") from None
+    if not 0 <= base <= RESTART_BACKOFF_CAP:
+        raise ValueError(f"{BACKOFF_ENV}={raw!r}: give seconds between 0 and {RESTART_BACKOFF_CAP:g}")
+    return base
+
+
+def backoff_delay(streak: int, base: float) -> float:
+    """Seconds before the next restart of a worker that has failed `streak` times in a row before this one."""
+    return min(base * 2 ** min(streak, 32), RESTART_BACKOFF_CAP)
+
+
+class IllegalTransition(RuntimeError):
+    """A move the transition table does not allow: a bug in the caller."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: str  # "worker" | "run" | "machine"
+    before: frozenset
+    after: str
+    doc: str
+
+
+def _rule(name: str, kind: str, before, after: str, doc: str) -> Rule:
+    return Rule(name, kind, frozenset(before), after, doc)
+
+
+_ACTIVE = (W.STARTING, W.RUNNING, W.STOPPING)
+RULES: dict[str, Rule] = {r.name: r for r in (
+    # ------------------------------------------------------------------------------------------- workers
+    _rule("create_worker", "worker", {NEW}, W.PENDING, "submitted: waits to be placed"),
+    _rule("place", "worker", {W.PENDING}, W.STARTING, "the scheduler placed it on a machine"),
+    _rule("start", "worker", {W.STARTING}, W.RUNNING, "its machine reports the process running"),
+    _rule("stop", "worker", {W.STARTING, W.RUNNING}, W.STOPPING,
+          "preempted, past its time limit, deleted, or its gang stops: SIGTERM, the stop grace, SIGKILL"),
+    _rule("cancel_waiting", "worker", {W.PENDING}, W.CANCELLED, "its run was deleted before it was placed"),
+    _rule("succeed", "worker", {W.STARTING, W.RUNNING}, W.SUCCEEDED, "it exited with code 0, unasked"),
+    _rule("preempted", "worker", _ACTIVE, W.CANCELLED,
+          "it ended after a preemption: queued again once no worker of its gang still stops"),
+    _rule("deleted", "worker", _ACTIVE, W.CANCELLED, "it ended after its run was deleted"),
+    _rule("time_limit", "worker", _ACTIVE, W.FAILED, "it ended at its time limit: failed, not restarted"),
+    _rule("time_limit_gang", "worker", _ACTIVE, W.CANCELLED, "it ended with its gang at a mate's time limit"),
+    _rule("gang_stopped", "worker", _ACTIVE, W.CANCELLED, "it ended because a mate of its gang failed"),
+    _rule("restart", "worker", _ACTIVE, W.PENDING,
+          "it failed (or was lost) with restarts left: waits out its backoff, then is placed again"),
+    _rule("restart_gang", "worker", _ACTIVE, W.CANCELLED,
+          "it failed with restarts left in a gang: the gang is queued again once all its workers ended"),
+    _rule("fail", "worker", _ACTIVE, W.FAILED, "it failed with no restart left, or its policy is Never"),
+    _rule("requeue", "worker", {W.PENDING, W.CANCELLED, W.SUCCEEDED}, W.PENDING,
+          "queued again: after a preemption, or with its gang's restart"),
+    # ---------------------------------------------------------------------------------------------- runs
+    _rule("create_run", "run", {NEW}, R.PENDING, "submitted"),
+    _rule("run_waits", "run", RUN_LIVE, R.PENDING, "no worker holds room: queued, backing off or preempted"),
+    _rule("run_starts", "run", RUN_LIVE, R.STARTING, "workers placed, none running yet"),
+    _rule("run_runs", "run", RUN_LIVE, R.RUNNING, "a worker runs"),
+    _rule("run_stops", "run", RUN_LIVE, R.STOPPING, "workers stop: deleted, preempted, time limit, gang failure"),
+    _rule("run_completes", "run", RUN_LIVE, R.COMPLETED, "every worker succeeded"),
+    _rule("run_fails", "run", RUN_LIVE, R.FAILED, "a worker failed for good"),
+    _rule("run_cancelled", "run", (*RUN_LIVE, *RUN_ENDED), R.CANCELLED, "deleted, and no worker runs any more"),
+    # ------------------------------------------------------------------------------------------ machines
+    _rule("machine_joins", "machine", {NEW}, MachineState.READY, "an agent registered a new machine"),
+    _rule("machine_heartbeats", "machine", {MachineState.READY}, MachineState.READY, "its agent reports"),
+    _rule("machine_returns", "machine", {MachineState.LOST}, MachineState.READY,
+          "a lost machine's agent registers or reports again"),
+    _rule("machine_lost", "machine", {MachineState.READY}, MachineState.LOST,
+          "no heartbeat for the cluster's lost_after_seconds: its workers are handled by their restart policy"),
+)}
+# refresh_run derives a run's next state; this is the rule that leads there.
+RUN_RULE_FOR = {r.after: r for r in RULES.values() if r.kind == "run" and r.name != "create_run"}
+
+
+def allows(name: str, state: str | None) -> bool:
+    return state in RULES[name].before
+
+
+def _move(row: Worker | Run | Machine, name: str, reason: str | None = None) -> None:
+    rule = RULES[name]
+    kind = {Worker: "worker", Run: "run", Machine: "machine"}[type(row)]
+    if kind != rule.kind:
+        raise IllegalTransition(f"rule {name} moves a {rule.kind}, not a {kind}")
+    if row.state not in rule.before:
+        allowed = ", ".join(sorted(str(s) for s in rule.before))
+        raise IllegalTransition(f"{name}: {kind} {row.name} is {row.state}; the rule starts from {allowed}")
+    row.state = rule.after.value
+    if reason is not None:
+        row.reason = reason
+
+
+# ------------------------------------------------------------------------------------------- helpers
 
 
 def fmt_duration(seconds: float) -> str:
@@ -28,7 +189,7 @@ def fmt_duration(seconds: float) -> str:
 
 
 def history(session: Session, run: Run, state: str, reason: str, at: float) -> None:
-    session.add(History(run_id=run.id, time=at, state=state, reason=reason))
+    session.add(History(run_id=run.id, time=at, state=str(state), reason=reason))
 
 
 def event(session: Session, workspace_id: int | None, kind: str, obj: str, message: str, at: float) -> None:
@@ -39,63 +200,130 @@ def _spec(run: Run) -> dict:
     return run.spec["task_template"]
 
 
+_COUNTDOWN = re.compile(r"^Restarting in \d+s ")
+
+
+def shown_reason(reason: str, restart_at: float | None, now: float) -> str:
+    """A stored "Restarting in 20s (…)" says how long was left when the worker failed; shown later, it says how
+    long is left now ("Restarting (…)" once the backoff is over and the worker waits to be placed)."""
+    if restart_at is None or not _COUNTDOWN.match(reason or ""):
+        return reason
+    left = math.ceil(restart_at - now)
+    return _COUNTDOWN.sub(f"Restarting in {left}s " if left > 0 else "Restarting ", reason, count=1)
+
+
+def worker_reason(w: Worker, now: float) -> str:
+    """The worker's reason as the API and the console show it at `now`."""
+    return shown_reason(w.reason, w.restart_at if w.state == W.PENDING else None, now)
+
+
+def run_reason(run: Run, now: float) -> str:
+    """The run's reason as the API and the console show it at `now` (see shown_reason)."""
+    if run.state != R.PENDING:
+        return run.reason
+    return shown_reason(run.reason, restart_due(run.workers), now)
+
+
+def restart_due(workers: list[Worker]) -> float | None:
+    """When the waiting workers given may be placed again: the latest backoff among them (a gang waits for all
+    of its workers), or None when none backs off."""
+    return max((w.restart_at for w in workers if w.state == W.PENDING and w.restart_at), default=None)
+
+
+# --------------------------------------------------------------------------------------- creation
+
+
+def new_run(**fields) -> Run:
+    """A new run row, Pending (add it to the session; its workers come from new_worker)."""
+    run = Run(state=None, **fields)
+    _move(run, "create_run", "Waiting for the scheduler")
+    return run
+
+
+def new_worker(**fields) -> Worker:
+    w = Worker(state=None, **fields)
+    _move(w, "create_worker", "Waiting to be placed")
+    w.restarts = w.preemptions = w.crash_streak = 0
+    return w
+
+
 # ------------------------------------------------------------------------------------------ run state
 
 
-def refresh_run(session: Session, run: Run, at: float) -> None:
-    """Derive the run's state and reason from its workers; record a History entry when either changes."""
+def _derive(run: Run, at: float) -> tuple[str, str]:
     ws = run.workers
     n = len(ws)
     active = [w for w in ws if w.state in ACTIVE]
     if run.deleting:
         if active:
-            state, reason = "Stopping", f"Deleting: stopping {len(active)} worker(s)"
-        else:
-            state, reason = "Cancelled", "Deleted"
-    elif ws and all(w.state == "Succeeded" for w in ws):
-        state, reason = "Completed", f"{n} of {n} workers succeeded"
-    elif any(w.state == "Failed" for w in ws) and (run.spec.get("start") != "Independent" or not active
-                                                      and not any(w.state == "Pending" for w in ws)):
-        failed = next(w for w in ws if w.state == "Failed")
-        state, reason = ("Stopping", failed.reason) if active else ("Failed", failed.reason)
-    elif any(w.state == "Stopping" for w in ws):
-        stopping = [w for w in ws if w.state == "Stopping"]
-        state, reason = "Stopping", stopping[0].reason
-    elif ws and all(w.state == "Running" for w in ws if w.state not in ENDED) and any(
-            w.state == "Running" for w in ws):
-        running = sum(1 for w in ws if w.state == "Running")
-        state, reason = "Running", f"{running} of {n} workers running"
-    elif any(w.state in ("Starting", "Running") for w in ws):
-        running = sum(1 for w in ws if w.state == "Running")
-        state = "Running" if running else "Starting"
-        reason = f"{running} of {n} workers running" if running else f"Starting {len(active)} of {n} workers"
-    else:
-        state = "Pending"
-        if run.preempted_by:
-            reason = f"Preempted by higher-priority work ({run.preempted_by}); waiting to run again"
-        else:
-            reason = run.queue_reason or "Waiting for the scheduler"
-    if state in ("Running",) and run.started_at is None:
+            return R.STOPPING, f"Deleting: stopping {len(active)} worker(s)"
+        return R.CANCELLED, "Deleted"
+    if ws and all(w.state == W.SUCCEEDED for w in ws):
+        return R.COMPLETED, f"{n} of {n} workers succeeded"
+    if any(w.state == W.FAILED for w in ws) and (run.spec.get("start") != "Independent" or not active
+                                                  and not any(w.state == W.PENDING for w in ws)):
+        failed = next(w for w in ws if w.state == W.FAILED)
+        return (R.STOPPING, failed.reason) if active else (R.FAILED, failed.reason)
+    if any(w.state == W.STOPPING for w in ws):
+        return R.STOPPING, next(w for w in ws if w.state == W.STOPPING).reason
+    running = sum(1 for w in ws if w.state == W.RUNNING)
+    if ws and running and all(w.state == W.RUNNING for w in ws if w.state not in ENDED):
+        return R.RUNNING, f"{running} of {n} workers running"
+    if any(w.state in (W.STARTING, W.RUNNING) for w in ws):
+        if running:
+            return R.RUNNING, f"{running} of {n} workers running"
+        return R.STARTING, f"Starting {len(active)} of {n} workers"
+    if run.preempted_by:
+        return R.PENDING, f"Preempted by higher-priority work ({run.preempted_by}); waiting to run again"
+    due = restart_due(ws)
+    if due is not None and due > at:
+        return R.PENDING, next(w for w in ws if w.state == W.PENDING and w.restart_at == due).reason
+    return R.PENDING, run.queue_reason or "Waiting for the scheduler"
+
+
+def refresh_run(session: Session, run: Run, at: float) -> None:
+    """Derive the run's state and reason from its workers; record a History entry when either changes."""
+    state, reason = _derive(run, at)
+    if state in (R.RUNNING,) and run.started_at is None:
         run.started_at = at
-    if state in ("Completed", "Failed", "Cancelled") and run.finished_at is None:
+    if state in RUN_ENDED and run.finished_at is None:
         run.finished_at = at
     if state != run.state or reason != run.reason:
         # History keeps what happened to the run: every change of state, and each new reason while it stops
         # or waits after a preemption. The queue's own reasons ("Queued behind …") change with every cycle
         # and stay out of it: status.reason and the per-machine lines show them.
-        if state != run.state or state == "Stopping" or (state == "Pending" and run.preempted_by):
+        if state != run.state or state == R.STOPPING or (state == R.PENDING and run.preempted_by):
             history(session, run, state, reason, at)
-        if state != run.state and state in ("Completed", "Failed"):
+        if state != run.state and state in (R.COMPLETED, R.FAILED):
             event(session, run.workspace_id, f"Run{state}", run.name, reason, at)
-        run.state, run.reason = state, reason
-    if run.deleting and state == "Cancelled":
+        if state == run.state:
+            run.reason = reason
+        else:
+            _move(run, RUN_RULE_FOR[state].name, reason)
+    if run.deleting and state == R.CANCELLED:
         run.live_key = run.uid  # frees the name for a new run
 
 
 def set_queue_reason(session: Session, run: Run, reason: str, at: float) -> None:
+    """The scheduler's word on why a waiting run waits ("Queued behind …")."""
     if run.queue_reason != reason:
         run.queue_reason = reason
         refresh_run(session, run, at)
+
+
+def set_why_not(worker: Worker, lines: list) -> None:
+    """The scheduler's per-machine reasons why a waiting worker is not placed."""
+    if worker.state == W.PENDING:
+        worker.why_not = lines
+
+
+def note_quota(session: Session, run: Run, message: str, at: float) -> None:
+    """The run waits at its workspace's quota: said once in its History and the workspace's Events."""
+    if run.quota_noted:
+        return
+    run.quota_noted = True
+    history(session, run, run.state, message, at)
+    event(session, run.workspace_id, "QuotaReached", run.name, message, at)
 
 
 # --------------------------------------------------------------------------------------- worker moves
@@ -103,8 +331,7 @@ def set_queue_reason(session: Session, run: Run, reason: str, at: float) -> None
 
 def place(session: Session, run: Run, worker: Worker, machine_id: int, gpu_indices: list[int], cpu: float,
           mem: int, at: float, machine_name: str) -> None:
-    worker.state = "Starting"
-    worker.reason = f"Starting on {machine_name}"
+    _move(worker, "place", f"Starting on {machine_name}")
     worker.machine_id = machine_id
     worker.gpu_indices = list(gpu_indices)
     worker.cpu_cores = cpu
@@ -118,6 +345,7 @@ def place(session: Session, run: Run, worker: Worker, machine_id: int, gpu_indic
     worker.started_at = None
     worker.finished_at = None
     worker.stop_requested_at = None
+    worker.restart_at = None
     worker.why_not = []
     limit = _spec(run).get("time_limit_seconds")
     worker.deadline = at + limit if limit else None
@@ -126,147 +354,236 @@ def place(session: Session, run: Run, worker: Worker, machine_id: int, gpu_indic
 
 
 def running(session: Session, run: Run, worker: Worker, pid: int | None, environment: str | None, at: float) -> None:
-    if worker.state == "Starting":
-        worker.state = "Running"
-        worker.reason = "Running"
+    """The machine reports the worker's process running (or, for one already running, its pid again)."""
+    if allows("start", worker.state):
+        _move(worker, "start", "Running")
         worker.started_at = at
         limit = _spec(run).get("time_limit_seconds")
         worker.deadline = at + limit if limit else None  # the limit counts from the start
+    process_seen(worker, pid, environment)
+    refresh_run(session, run, at)
+
+
+def process_seen(worker: Worker, pid: int | None, environment: str | None) -> None:
+    """The machine names the worker's process (pid) and where it runs; no state changes."""
+    if worker.state not in ACTIVE:
+        return
     if pid:
         worker.pid = pid
     if environment:
         worker.environment = environment
-    refresh_run(session, run, at)
 
 
-def request_stop(session: Session, run: Run, worker: Worker, kind: str, reason: str, at: float,
+def request_stop(session: Session, run: Run, worker: Worker, kind: StopKind | str, reason: str, at: float,
                  preempted_for: str | None = None) -> None:
-    """Tell the worker's machine to stop it: SIGTERM, the machine's stop grace, then SIGKILL."""
-    if worker.state == "Pending":  # nothing runs: a delete cancels it, other stops leave it waiting
-        if kind == "delete":
-            worker.state = "Cancelled"
-        worker.reason = reason
+    """Tell the worker's machine to stop it: SIGTERM, the machine's stop grace, then SIGKILL.
+
+    A waiting worker has nothing to stop: a delete cancels it, other stops leave it waiting. A worker already
+    stopping or ended is left as it is (the first stop decides what its end means)."""
+    kind = StopKind(kind)
+    if worker.state == W.PENDING:
+        if kind == StopKind.DELETE:
+            _move(worker, "cancel_waiting", "Deleted")
+            worker.restart_at = None
         return
-    if worker.state not in ACTIVE or worker.desired == "Stopped":
+    if not allows("stop", worker.state) or worker.desired == "Stopped":
         return
-    worker.state = "Stopping"
+    _move(worker, "stop", reason)
     worker.desired = "Stopped"
-    worker.stop_kind = kind
+    worker.stop_kind = kind.value
     worker.stop_reason = reason
-    worker.reason = reason
     worker.preempted_for = preempted_for
     worker.stop_requested_at = at
 
 
 def preempt(session: Session, run: Run, workers: list[Worker], head: str, reason: str, at: float) -> None:
+    """Stop these workers of `run` to make room for `head`: one preemption for the run, one for each worker."""
+    stopped = False
     for w in workers:
-        request_stop(session, run, w, "preempt", reason, at, preempted_for=head)
-        w.preemptions += 1
-    run.preemptions += 1
-    event(session, run.workspace_id, "Preempted", run.name, reason, at)
+        if allows("stop", w.state) and w.desired != "Stopped":
+            request_stop(session, run, w, StopKind.PREEMPT, reason, at, preempted_for=head)
+            w.preemptions += 1
+            stopped = True
+    if stopped:
+        run.preemptions += 1
+        event(session, run.workspace_id, "Preempted", run.name, reason, at)
 
 
-def _requeue(worker: Worker, reason: str) -> None:
-    worker.state = "Pending"
-    worker.reason = reason
+def _release(worker: Worker) -> None:
+    """The worker no longer holds room on a machine."""
     worker.desired = None
     worker.machine_id = None
     worker.gpu_indices = []
     worker.pid = None
 
 
+def _requeue(worker: Worker, reason: str) -> None:
+    _move(worker, "requeue", reason)
+    _release(worker)
+
+
+def _gang(run: Run) -> bool:
+    return run.spec.get("start", "Gang") != "Independent" and len(run.workers) > 1
+
+
 def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, signal: int | None,
           message: str | None, at: float) -> None:
-    """The worker's process is gone (agent report) or its machine is lost (message given, code None)."""
+    """The worker's process is gone (agent report), it failed to start, or its machine is lost (message given,
+    no code). What that means follows the stop asked of it, if any, else its exit and its restart policy. A
+    report for a worker not holding room (already ended, or a stale attempt) is ignored."""
     if worker.state not in ACTIVE:
         return
-    kind = worker.stop_kind
+    kind = StopKind(worker.stop_kind) if worker.stop_kind else None
     tt = _spec(run)
     worker.exit_code = exit_code if exit_code is not None else (128 + signal if signal else None)
     worker.finished_at = at
     worker.desired = None
     how = (f"exit code {exit_code}" if exit_code is not None else f"signal {signal}" if signal else message
            or "lost")
-    gang = run.spec.get("start", "Gang") != "Independent" and len(run.workers) > 1
-    if kind == "preempt":
+    gang = _gang(run)
+    if kind == StopKind.PREEMPT:
         # Another workspace's run is never named: the stop reason already says so when it is one.
         hidden = "a job in another namespace"
         by = hidden if hidden in (worker.stop_reason or "") else (worker.preempted_for or "higher-priority work")
-        worker.state, worker.reason = "Cancelled", f"Preempted by {by}"
+        _move(worker, "preempted", f"Preempted by {by}")
         # A gang is queued again only once none of its workers is still stopping.
-        mates = [w for w in run.workers if w.stop_kind == "preempt"] if gang else [worker]
+        mates = [w for w in run.workers if w.stop_kind == StopKind.PREEMPT] if gang else [worker]
         if all(w.state not in ACTIVE for w in mates):
             for w in mates:
                 _requeue(w, f"Preempted by {by}; queued again")
+                w.restart_at = None  # a preemption never waits on backoff
             run.preempted_by = by
-            history(session, run, "Pending", f"Preempted by {by}; queued again", at)
-    elif kind == "delete":
-        worker.state, worker.reason = "Cancelled", "Deleted"
-    elif kind == "timelimit":
+            history(session, run, R.PENDING, f"Preempted by {by}; queued again", at)
+    elif kind == StopKind.DELETE:
+        _move(worker, "deleted", "Deleted")
+    elif kind == StopKind.TIMELIMIT:
         limit = fmt_duration(tt.get("time_limit_seconds") or 0)
-        worker.state, worker.reason = "Failed", f"Stopped at its time limit ({limit}); not restarted"
+        _move(worker, "time_limit", f"Stopped at its time limit ({limit}); not restarted")
         if gang:
             for w in run.workers:
                 if w is not worker:
-                    request_stop(session, run, w, "timelimit_gang", worker.reason, at)
-    elif kind == "timelimit_gang":
-        worker.state, worker.reason = "Cancelled", "Stopped with its gang at the time limit"
-    elif kind == "gang":
-        worker.state, worker.reason = "Cancelled", "Stopped to restart its gang"
-        if all(w.state not in ACTIVE for w in run.workers):
-            for w in run.workers:
-                _requeue(w, w.reason if w.state == "Pending" else "Restarting with its gang")
+                    request_stop(session, run, w, StopKind.TIMELIMIT_GANG, worker.reason, at)
+    elif kind == StopKind.TIMELIMIT_GANG:
+        _move(worker, "time_limit_gang", "Stopped with its gang at the time limit")
+    elif kind == StopKind.GANG:
+        _move(worker, "gang_stopped", "Stopped to restart its gang")
+        _requeue_gang(run)
     elif exit_code == 0 and kind is None:
-        worker.state, worker.reason = "Succeeded", "Exited with code 0"
+        _move(worker, "succeed", "Exited with code 0")
     else:
         _failed(session, run, worker, how, at, gang)
     refresh_run(session, run, at)
+
+
+def _requeue_gang(run: Run) -> None:
+    """Once no worker of a restarting gang holds room, queue them all again (none if one failed for good)."""
+    if any(w.state in ACTIVE or w.state == W.FAILED for w in run.workers):
+        return
+    for w in run.workers:
+        # The worker that failed keeps its "Restarting in …" (its restart_at is set); the others follow it.
+        _requeue(w, w.reason if w.state == W.PENDING or w.restart_at else "Restarting with its gang")
 
 
 def _failed(session: Session, run: Run, worker: Worker, how: str, at: float, gang: bool) -> None:
     tt = _spec(run)
     budget = tt.get("max_restarts", 10)
     if tt.get("restart_policy", "OnFailure") == "OnFailure" and worker.restarts < budget:
+        ran = at - worker.started_at if worker.started_at else 0.0
+        if ran >= RESTART_BACKOFF_RESET:
+            worker.crash_streak = 0
+        delay = backoff_delay(worker.crash_streak, backoff_base())
+        worker.crash_streak += 1
+        worker.restart_at = at + delay
         worker.restarts += 1
-        reason = f"Failed ({how}); restarting ({worker.restarts} of {budget} restarts)"
-        history(session, run, "Pending", reason, at)
-        event(session, run.workspace_id, "WorkerRestarted", worker.name, reason, at)
+        secs = math.ceil(delay)
+        reason = f"Restarting in {secs}s ({how}; restart {worker.restarts} of {budget})"
+        line = f"Failed ({how}); restart {worker.restarts} of {budget} in {secs}s"
+        history(session, run, R.PENDING, line, at)
+        event(session, run.workspace_id, "WorkerRestarted", worker.name, line, at)
+        run.queue_reason = ""  # the scheduler's word from before the failure no longer holds
         if gang:
-            worker.state, worker.reason = "Cancelled", reason
+            _move(worker, "restart_gang", reason)
             for w in run.workers:
                 if w is not worker:
-                    request_stop(session, run, w, "gang", "Stopping: a worker of the gang failed", at)
-            if all(w.state not in ACTIVE for w in run.workers):
-                for w in run.workers:
-                    _requeue(w, reason if w is worker else "Restarting with its gang")
+                    request_stop(session, run, w, StopKind.GANG, "Stopping: a worker of the gang failed", at)
+            _requeue_gang(run)
         else:
-            _requeue(worker, reason)
+            _move(worker, "restart", reason)
+            _release(worker)
     else:
-        worker.state = "Failed"
-        worker.reason = f"Failed ({how})" + ("; restart budget spent" if tt.get("restart_policy") != "Never" else "")
+        spent = "; restart budget spent" if tt.get("restart_policy") != "Never" else ""
+        _move(worker, "fail", f"Failed ({how}){spent}")
         if gang:
             for w in run.workers:
                 if w is not worker:
-                    request_stop(session, run, w, "gang", "Stopping: a worker of the gang failed", at)
+                    request_stop(session, run, w, StopKind.GANG, "Stopping: a worker of the gang failed", at)
+
+
+def start_failed(session: Session, run: Run, worker: Worker, message: str, at: float) -> None:
+    """The machine could not start the worker's process: a failure, handled by its restart policy (unless it
+    was being stopped anyway, when the stop decides)."""
+    ended(session, run, worker, None, None, f"failed to start: {message or 'unknown'}", at)
 
 
 def lost(session: Session, run: Run, worker: Worker, machine: str, at: float) -> None:
-    """The worker's machine stopped heartbeating: the worker is lost and handled by its restart policy."""
-    if worker.state not in ACTIVE:
-        return
-    if worker.stop_kind == "preempt" or worker.stop_kind == "delete":
-        ended(session, run, worker, None, None, f"lost with machine {machine}", at)
-        return
-    worker.stop_kind = None
+    """The worker's machine stopped heartbeating: the worker is lost. One that was being stopped ends as that
+    stop says (a preempted one is queued again, a deleted one cancelled, one at its time limit fails); any
+    other is a failure handled by its restart policy."""
     ended(session, run, worker, None, None, f"lost with machine {machine}", at)
 
 
 def delete(session: Session, run: Run, at: float) -> None:
     run.deleting = True
     for w in run.workers:
-        if w.state == "Pending":
-            w.state, w.reason = "Cancelled", "Deleted"
-        else:
-            request_stop(session, run, w, "delete", "Stopping: the run was deleted", at)
-    history(session, run, "Stopping", "Deleted by request", at)
+        request_stop(session, run, w, StopKind.DELETE, "Stopping: the run was deleted", at)
+    history(session, run, R.STOPPING, "Deleted by request", at)
     refresh_run(session, run, at)
+
+
+# --------------------------------------------------------------------------------------------- machines
+
+
+def machine_registered(session: Session, machine: Machine | None, cluster: Cluster, name: str,
+                       at: float) -> tuple[Machine, bool]:
+    """An agent registers `name` (its row, or None for a new machine): it is Ready. Returns the row, and
+    whether it joined or came back (what the scheduler must see)."""
+    if machine is None:
+        machine = Machine(cluster_id=cluster.id, name=name, state=None)
+        session.add(machine)
+        _move(machine, "machine_joins")
+        event(session, None, "MachineJoined", name, f"machine {name} joined cluster {cluster.name}", at)
+        changed = True
+    elif allows("machine_returns", machine.state):
+        _move(machine, "machine_returns")
+        event(session, None, "MachineReturned", name, f"machine {name} is back in cluster {cluster.name}", at)
+        changed = True
+    else:
+        _move(machine, "machine_heartbeats")
+        changed = False
+    machine.last_heartbeat = at
+    return machine, changed
+
+
+def machine_heartbeat(session: Session, machine: Machine, at: float) -> bool:
+    """The machine's agent reports. Returns True when a lost machine came back."""
+    returned = allows("machine_returns", machine.state)
+    if returned:
+        _move(machine, "machine_returns")
+        event(session, None, "MachineReturned", machine.name, f"machine {machine.name} heartbeats again", at)
+    else:
+        _move(machine, "machine_heartbeats")
+    machine.last_heartbeat = at
+    return returned
+
+
+def machine_lost(session: Session, machine: Machine, workers: list[Worker], at: float) -> None:
+    """No heartbeat for too long: the machine is Lost, and each of its workers (those holding room on it) is
+    handled as lost (see `lost`)."""
+    _move(machine, "machine_lost")
+    wsids = {w.run.workspace_id for w in workers} or {None}
+    for wsid in sorted(wsids, key=lambda x: (x is None, x)):
+        event(session, wsid, "MachineLost", machine.name,
+              f"machine {machine.name} lost: no heartbeat for {int(at - machine.last_heartbeat)} s; "
+              f"its workers are handled by their restart policy", at)
+    for w in workers:
+        lost(session, w.run, w, machine.name, at)

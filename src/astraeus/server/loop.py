@@ -2,7 +2,8 @@
 
 It also does the control plane's other timed duties: a worker past its time limit is stopped, a machine
 that stopped heartbeating is lost. It wakes at least every `schedule_interval` seconds (15 s, the pages'
-promise) and within a few milliseconds of any change (a submit, a delete, a worker's exit, a machine joining).
+promise), within a few milliseconds of any change (a submit, a delete, a worker's exit, a machine joining), and
+when a failed worker's crash-loop backoff ends. State changes themselves are lifecycle's (server/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 import time
 
 from prometheus_client import Counter, Histogram
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from astraeus import scheduler as sched
@@ -28,12 +29,16 @@ STARTS = Counter("astraeus_workers_placed_total", "Workers placed on machines")
 PREEMPTIONS = Counter("astraeus_preemptions_total", "Units stopped to make room for higher-priority work")
 
 
-def build_snapshot(session: Session, cluster: Cluster) -> tuple[sched.Snapshot, dict]:
-    """The snapshot for one cluster, plus lookups the apply step needs (runs and machines by name)."""
+def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) -> tuple[sched.Snapshot, dict]:
+    """The snapshot for one cluster, plus lookups the apply step needs (runs and machines by name).
+
+    A worker that waits out its crash-loop backoff (restart_at after `at`) is not offered to the scheduler; a
+    gang waits for the latest restart_at of its workers."""
+    at = time.time() if at is None else at
     machines = list(session.scalars(select(Machine).where(Machine.cluster_id == cluster.id)))
     mby_id = {m.id: m for m in machines}
     runs = list(session.scalars(
-        select(Run).where(Run.cluster_id == cluster.id, Run.state.not_in(("Completed", "Failed", "Cancelled")))
+        select(Run).where(Run.cluster_id == cluster.id, Run.state.not_in(lifecycle.RUN_ENDED))
         .options(selectinload(Run.workers))))
     wss = {w.id: w for w in session.scalars(select(Workspace))}
     accesses = list(session.scalars(select(Access).where(Access.cluster_id == cluster.id)))
@@ -42,7 +47,7 @@ def build_snapshot(session: Session, cluster: Cluster) -> tuple[sched.Snapshot, 
     snap_machines = tuple(
         sched.Machine(name=m.name, gpus=m.gpus, cpu_cores=m.cpu_cores, memory_bytes=m.memory_bytes,
                       labels=tuple(sorted((m.labels or {}).items())), stop_grace_seconds=m.stop_grace_seconds,
-                      schedulable=m.state == "Ready")
+                      schedulable=m.state == lifecycle.MachineState.READY)
         for m in sorted(machines, key=lambda m: m.name))
     # Runs are named in the plan by name; two workspaces may use one name, so those get "name@ns" keys.
     seen: dict[str, int] = {}
@@ -73,9 +78,15 @@ def build_snapshot(session: Session, cluster: Cluster) -> tuple[sched.Snapshot, 
                 preempted_for=next((w.preempted_for for w in g if w.preempted_for), None) if stopping else None))
         if run.deleting:
             continue
-        pending = [w for w in run.workers if w.state == "Pending"]
+        pending = [w for w in run.workers if w.state == lifecycle.WorkerState.PENDING]
         if not pending or (not independent and active):
             continue  # a gang is queued again only once none of its workers is still stopping
+        if independent:
+            pending = [w for w in pending if not (w.restart_at and w.restart_at > at)]
+        elif (lifecycle.restart_due(pending) or 0) > at:
+            pending = []
+        if not pending:
+            continue  # backing off after a failure: offered again when its restart_at comes
         sel = tt.get("requested_resources", {}).get("node_selection") or {}
         excluded = []
         for ref in tt.get("datavolume_refs") or []:
@@ -109,7 +120,7 @@ def build_snapshot(session: Session, cluster: Cluster) -> tuple[sched.Snapshot, 
     lookups = {"runs": {key(r): r.id for r in runs}, "machines": {m.name: m.id for m in machines},
                "renames": {key(r): r.name for r in runs if key(r) != r.name},
                "queue_reasons": {key(r): r.queue_reason for r in runs},
-               "why_not": {w.name: w.why_not for r in runs for w in r.workers if w.state == "Pending"}}
+               "why_not": {w.name: w.why_not for r in runs for w in r.workers if w.state == lifecycle.WorkerState.PENDING}}
     return snap, lookups
 
 
@@ -141,13 +152,14 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
 
     for start in plan.starts:
         run = run_named(start.run)
-        if run is None or run.deleting or run.state in ("Completed", "Failed", "Cancelled"):
+        if run is None or run.deleting or run.state in lifecycle.RUN_ENDED:
             skipped = True
             continue
         workers = {w.index: w for w in run.workers}
         steps = [(p, workers.get(p.worker_index), session.get(Machine, machine_ids.get(p.machine)))
                  for p in start.placements]
-        if any(w is None or w.state != "Pending" or m is None or m.state != "Ready" for _, w, m in steps):
+        if any(w is None or w.state != lifecycle.WorkerState.PENDING or m is None
+               or m.state != lifecycle.MachineState.READY or (w.restart_at or 0) > at for _, w, m in steps):
             skipped = True  # changed since the snapshot: plan again
             continue
         for p, w, m in steps:
@@ -186,14 +198,12 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
         if run is None:
             continue
         for w in run.workers:
-            if w.name == wname and w.state == "Pending":
-                w.why_not = new
+            if w.name == wname:
+                lifecycle.set_why_not(w, new)
     for q in plan.quota_reached:
         run = run_named(q.run)
-        if run is not None and not run.quota_noted:
-            run.quota_noted = True
-            lifecycle.history(session, run, run.state, text(q.message), at)
-            lifecycle.event(session, run.workspace_id, "QuotaReached", run.name, text(q.message), at)
+        if run is not None:
+            lifecycle.note_quota(session, run, text(q.message), at)
     return touched, skipped
 
 
@@ -213,20 +223,20 @@ def enforce_time_limits(session: Session, at: float) -> set[int]:
 
 def detect_lost_machines(session: Session, at: float) -> set[int]:
     touched = set()
-    for m, c in session.execute(select(Machine, Cluster).join(Cluster).where(Machine.state == "Ready")):
+    ready = lifecycle.MachineState.READY.value
+    for m, c in session.execute(select(Machine, Cluster).join(Cluster).where(Machine.state == ready)):
         if at - m.last_heartbeat > c.lost_after_seconds:
-            m.state = "Lost"
             touched.add(m.id)
             workers = list(session.scalars(select(Worker).where(Worker.machine_id == m.id,
                                                                 Worker.state.in_(lifecycle.ACTIVE))))
-            wsids = {w.run.workspace_id for w in workers} or {None}
-            for wsid in wsids:
-                lifecycle.event(session, wsid, "MachineLost", m.name,
-                                f"machine {m.name} lost: no heartbeat for {int(at - m.last_heartbeat)} s; "
-                                f"its workers are handled by their restart policy", at)
-            for w in workers:
-                lifecycle.lost(session, w.run, w, m.name, at)
+            lifecycle.machine_lost(session, m, workers, at)
     return touched
+
+
+def next_restart_at(session: Session, at: float) -> float | None:
+    """The earliest time after `at` when a worker's crash-loop backoff ends (the loop wakes then), or None."""
+    return session.scalar(select(func.min(Worker.restart_at)).where(
+        Worker.state == lifecycle.WorkerState.PENDING.value, Worker.restart_at > at))
 
 
 def cycle(cp: ControlPlane, at: float | None = None) -> set[int]:
@@ -244,7 +254,7 @@ def cycle(cp: ControlPlane, at: float | None = None) -> set[int]:
         clusters = list(session.scalars(select(Cluster)))
     for cluster in clusters:
         with cp.sessions() as session:
-            snap, lookups = build_snapshot(session, cluster)
+            snap, lookups = build_snapshot(session, cluster, at)
         if not snap.waiting and not any(u.stopping for u in snap.running):
             continue
         p0 = time.perf_counter()
@@ -266,6 +276,7 @@ class SchedulingLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_cycle_seconds = 0.0
+        self.next_restart: float | None = None  # when the earliest crash-loop backoff ends: a full cycle then
 
     def start(self) -> None:
         self._stop.clear()
@@ -295,9 +306,12 @@ class SchedulingLoop:
                 time.sleep(max(s.schedule_debounce, self.last_cycle_seconds))
             try:
                 c0 = time.perf_counter()
-                touched = self.cycle_once(full=woke or time.time() - last_full >= s.schedule_interval)
+                now = time.time()
+                full = (woke or now - last_full >= s.schedule_interval
+                        or (self.next_restart is not None and now >= self.next_restart))
+                touched = self.cycle_once(full=full)
                 self.last_cycle_seconds = min(time.perf_counter() - c0, 1.0)
-                if woke or time.time() - last_full >= s.schedule_interval:
+                if full:
                     last_full = time.time()
                 if touched:
                     n.bump_machines(touched)
@@ -307,7 +321,10 @@ class SchedulingLoop:
 
     def cycle_once(self, full: bool = True) -> set[int]:
         if full:
-            return cycle(self.cp)
+            touched = cycle(self.cp)
+            with self.cp.sessions() as session:
+                self.next_restart = next_restart_at(session, time.time())
+            return touched
         at = time.time()
         with STATE_LOCK, self.cp.sessions() as session, session.begin():
             touched = detect_lost_machines(session, at) | enforce_time_limits(session, at)

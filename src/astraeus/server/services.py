@@ -191,7 +191,8 @@ def worker_view(w: Worker, machine_names: dict[int, str] | None = None) -> dict:
     if w.machine_id is not None:
         mname = (machine_names or {}).get(w.machine_id) or (w.machine.name if w.machine else None)
     return {
-        "name": w.name, "run": w.run.name, "index": w.index, "state": w.state, "reason": w.reason,
+        "name": w.name, "run": w.run.name, "index": w.index, "state": w.state,
+        "reason": lifecycle.worker_reason(w, time.time()),
         "restarts": w.restarts, "preemptions": w.preemptions, "exit_code": w.exit_code, "machine": mname,
         "gpu_indices": list(w.gpu_indices or []), "cpu_cores": w.cpu_cores, "memory_bytes": w.memory_bytes,
         "attempt": w.attempt, "pid": w.pid, "image": tt["image"], "environment": w.environment,
@@ -203,7 +204,7 @@ def worker_view(w: Worker, machine_names: dict[int, str] | None = None) -> dict:
 def run_view(run: Run, org: Org, ws: Workspace, cluster: Cluster, base: str, history: list[History] | None = None,
              machine_names: dict[int, str] | None = None) -> dict:
     status = {
-        "state": run.state, "reason": run.reason, "queue_reason": run.queue_reason,
+        "state": run.state, "reason": lifecycle.run_reason(run, time.time()), "queue_reason": run.queue_reason,
         "workers": [worker_view(w, machine_names) for w in run.workers],
         "preemptions": run.preemptions,
         "restarts": sum(w.restarts for w in run.workers),
@@ -270,9 +271,9 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -
                        f"choose another metadata.name, or delete it first")
     spec = body.spec.model_dump(mode="json")
     spec["cluster"] = cluster.name
-    run = Run(uid=uuid.uuid4().hex, workspace_id=caller.workspace.id, cluster_id=cluster.id, name=name,
-              labels=body.metadata.labels, spec=spec, priority=body.spec.priority, state="Pending",
-              reason="Waiting for the scheduler", created_at=at)
+    run = lifecycle.new_run(uid=uuid.uuid4().hex, workspace_id=caller.workspace.id, cluster_id=cluster.id,
+                            name=name, labels=body.metadata.labels, spec=spec, priority=body.spec.priority,
+                            created_at=at)
     session.add(run)
     session.flush()
     gpus, cpu, mem = S.worker_resources(body.spec.task_template)
@@ -280,8 +281,8 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -
         raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
                                        "ask for at most 2^63-1 bytes per worker")
     for i in range(S.worker_count(body.spec.task_template)):
-        session.add(Worker(run_id=run.id, name=f"{name}-{i}", index=i, state="Pending", reason="Waiting to be placed",
-                           gpus=gpus, cpu_cores=cpu, memory_bytes=mem, gpu_indices=[], why_not=[]))
+        session.add(lifecycle.new_worker(run_id=run.id, name=f"{name}-{i}", index=i, gpus=gpus, cpu_cores=cpu,
+                                         memory_bytes=mem, gpu_indices=[], why_not=[]))
     lifecycle.history(session, run, "Pending", "Submitted", at)
     lifecycle.event(session, caller.workspace.id, "RunSubmitted", name,
                     f"{name} submitted at priority {body.spec.priority}", at)

@@ -1,8 +1,10 @@
 """The console's forms → the API's JSON bodies. Pure functions: no database, no HTTP.
 
-The bodies are validated afterwards by the API's own models (`spec.RunCreate`, `spec.DriveCreate`), so a bad
-value gets the API's message. Only what the API has no field for (sizes such as 16G, durations such as 20m,
-the drives shorthand) is parsed here, with the CLI's parsers.
+The bodies are validated afterwards by the API's own models (`spec.RunCreate`, `spec.DriveCreate`,
+`bodies.WorkspacePatch`), so a bad value gets the API's message and the form refuses exactly what the API
+refuses. A value is passed on as typed, never checked or clamped here; only what the API has no field for
+(sizes such as 16G, durations such as 20m, the drives shorthand, memory quotas in GiB) is converted, with the
+parsers of `astraeus.units` that the CLI uses too.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from astraeus.cli.spec import SpecError, format_cpus, parse_duration, parse_memory
+from astraeus.units import GIB, UnitError, format_cpus, parse_duration, parse_memory
 
 RUN_FIELDS = ("name", "image", "command", "args", "gpus", "machines", "cpus", "memory", "drives", "time_limit",
               "restart_policy", "priority", "start")
 RUN_DEFAULTS = {"restart_policy": "OnFailure", "priority": "0", "start": "Independent", "gpus": "0",
                 "machines": "1"}
 DRIVE_FIELDS = ("name", "kind", "machine", "path", "mount_path", "mode", "transport", "create")
+ACCESS_FIELDS = ("host_paths", "max_priority", "weight", "quota_gpus", "quota_cpu_cores", "quota_memory_gib",
+                 "quota_workers")
 
 
 class FormError(ValueError):
@@ -65,7 +69,7 @@ def run_body(form: dict[str, str]) -> dict[str, Any]:
     if f["memory"]:
         try:
             resources["memory_bytes"] = parse_memory(f["memory"], "Memory") * per
-        except SpecError as e:
+        except UnitError as e:
             raise FormError(str(e)) from None
     resources["gpu_requests"] = {"count": gpus}
     if f["machines"]:
@@ -77,7 +81,7 @@ def run_body(form: dict[str, str]) -> dict[str, Any]:
         try:
             template["time_limit_seconds"] = (int(f["time_limit"]) if f["time_limit"].isdigit()
                                               else parse_duration(f["time_limit"], "Time limit"))
-        except SpecError as e:
+        except UnitError as e:
             raise FormError(str(e)) from None
     template["requested_resources"] = resources
     template["datavolume_refs"] = parse_drives(f["drives"])
@@ -100,3 +104,32 @@ def drive_body(form: dict[str, str]) -> dict[str, Any]:
             "permissions": {"create": bool(f["create"])},
         },
     }
+
+
+def _gib(text: str) -> Any:
+    """Memory quota in GiB (or a size with a unit, 512G) → bytes; anything else as typed, for the API to refuse."""
+    try:
+        return int(float(text) * GIB)
+    except (ValueError, OverflowError):
+        pass
+    try:
+        return parse_memory(text, "Memory quota")
+    except UnitError:
+        return text
+
+
+def access_body(form: dict[str, str], cluster: str) -> dict[str, Any]:
+    """Settings → Clusters → Change → the body of PATCH $ORG_API/workspaces/{name} for this one cluster.
+
+    An empty Max priority or Weight leaves it as it is; an empty quota field means no limit (null)."""
+    f = {k: (form.get(k) or "").strip() for k in ACCESS_FIELDS}
+    conf: dict[str, Any] = {}
+    if f["max_priority"]:
+        conf["max_priority"] = f["max_priority"]
+    if f["weight"]:
+        conf["weight"] = f["weight"]
+    conf["host_paths"] = [x.strip() for x in f["host_paths"].replace(",", "\n").splitlines() if x.strip()]
+    conf["quota"] = {"gpus": f["quota_gpus"] or None, "cpu_cores": f["quota_cpu_cores"] or None,
+                     "memory_bytes": _gib(f["quota_memory_gib"]) if f["quota_memory_gib"] else None,
+                     "workers": f["quota_workers"] or None}
+    return {"clusters": {cluster: conf}}

@@ -6,6 +6,7 @@ import hashlib
 import secrets
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -13,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from astraeus import spec as S
 from astraeus.server import lifecycle
+from astraeus.server.core import STATE_LOCK
 from astraeus.server.db import (
     Access,
     Cluster,
@@ -35,6 +37,18 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+
+
+@contextmanager
+def tx(s: Session):
+    """Commit what the block did, or nothing at all; one state change at a time (see core.STATE_LOCK)."""
+    with STATE_LOCK:
+        try:
+            yield
+            s.commit()
+        except BaseException:
+            s.rollback()
+            raise
 
 
 def digest(secret: str) -> str:
@@ -368,6 +382,15 @@ def create_drive(session: Session, caller: Caller, body: S.DriveCreate, at: floa
     return d
 
 
+def list_drives(session: Session, caller: Caller) -> list[Drive]:
+    return list(session.scalars(select(Drive).where(Drive.workspace_id == caller.workspace.id).order_by(Drive.name)))
+
+
+def drive_out(session: Session, caller: Caller, d: Drive) -> dict:
+    """drive_view for a drive of the caller's workspace."""
+    return drive_view(d, caller.workspace, session.get(Cluster, d.cluster_id))
+
+
 def get_drive(session: Session, caller: Caller, name: str) -> Drive:
     d = session.scalar(select(Drive).where(Drive.workspace_id == caller.workspace.id, Drive.name == name))
     if d is None:
@@ -389,6 +412,15 @@ def delete_drive(session: Session, caller: Caller, name: str, at: float) -> None
 def list_events(session: Session, caller: Caller, limit: int = 200) -> list[Event]:
     return list(session.scalars(select(Event).where(Event.workspace_id == caller.workspace.id)
                                 .order_by(Event.id.desc()).limit(limit)))
+
+
+def event_view(e: Event) -> dict:
+    return {"time": iso(e.time), "kind": e.kind, "object": e.object, "message": e.message}
+
+
+def granted_cluster_ids(session: Session, caller: Caller) -> list[int]:
+    """The clusters the caller's workspace has access to."""
+    return list(session.scalars(select(Access.cluster_id).where(Access.workspace_id == caller.workspace.id)))
 
 
 def machines_view(session: Session, cluster_ids: list[int]) -> list[dict]:

@@ -1,0 +1,84 @@
+"""The organisation: workspaces (and their access to clusters), clusters and tokens. Organisation admins only."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from astraeus.server import admin, services
+from astraeus.server import bodies as B
+from astraeus.server.routers.deps import CP, AdminCaller, Sess, tx
+
+router = APIRouter(prefix="/api/v1/o/{org}", tags=["organisation"], responses=B.ERRORS)
+
+
+@router.get("/workspaces")
+def list_workspaces(c: AdminCaller, s: Sess):
+    return {"items": admin.list_workspaces(s, c)}
+
+
+@router.post("/workspaces", status_code=201)
+def create_workspace(c: AdminCaller, s: Sess, body: B.WorkspaceCreate):
+    with tx(s):
+        return admin.create_workspace(s, c, body.model_dump(exclude_unset=True))
+
+
+@router.get("/workspaces/{name}")
+def get_workspace_admin(name: str, c: AdminCaller, s: Sess):
+    return admin.workspace_out(s, admin.workspace_named(s, c, name))
+
+
+@router.patch("/workspaces/{name}")
+def patch_workspace(name: str, c: AdminCaller, s: Sess, cp: CP, body: B.WorkspacePatch):
+    with tx(s):
+        out = admin.update_workspace(s, c, name, body.model_dump(exclude_unset=True))
+    cp.notifier.wake_scheduler()
+    return out
+
+
+@router.get("/clusters")
+def list_clusters(c: AdminCaller, s: Sess):
+    return {"items": admin.list_clusters(s, c)}
+
+
+@router.post("/clusters", status_code=201)
+def create_cluster(c: AdminCaller, s: Sess, body: B.ClusterCreate):
+    with tx(s):
+        return admin.create_cluster(s, c, body.model_dump(exclude_unset=True))
+
+
+@router.get("/clusters/{name}")
+def get_cluster(name: str, c: AdminCaller, s: Sess):
+    return admin.cluster_out(admin.cluster_named(s, c, name))
+
+
+@router.patch("/clusters/{name}")
+def patch_cluster(name: str, c: AdminCaller, s: Sess, cp: CP, body: B.ClusterPatch):
+    with tx(s):
+        out = admin.update_cluster(s, c, name, body.model_dump(exclude_none=True))
+    cp.notifier.wake_scheduler()
+    return out
+
+
+@router.get("/clusters/{name}/machines")
+def cluster_machines(name: str, c: AdminCaller, s: Sess):
+    return {"items": services.machines_view(s, [admin.cluster_named(s, c, name).id])}
+
+
+@router.post("/tokens", status_code=201)
+def create_token(c: AdminCaller, s: Sess, body: B.TokenCreate):
+    with tx(s):
+        return admin.issue_token(s, c, body.model_dump(exclude_unset=True))
+
+
+@router.get("/tokens")
+def list_tokens(c: AdminCaller, s: Sess):
+    return {"items": admin.list_tokens(s, c)}
+
+
+@router.delete("/tokens/{token_id}")
+def revoke_token(token_id: Annotated[int, Path(ge=1, le=B.INT32)], c: AdminCaller, s: Sess):
+    with tx(s):
+        admin.revoke_token(s, c, token_id)
+    return {"id": token_id, "revoked": True}

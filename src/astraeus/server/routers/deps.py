@@ -1,0 +1,81 @@
+"""What the routers depend on, read from the request: the control plane, a session, the token and the caller.
+
+The ControlPlane lives on `request.app.state.cp` (create_app puts it there), so a router is a plain module-level
+`APIRouter` with no closure over the app. FastAPI caches a dependency per request: a route's session, token and
+caller share one database session.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from astraeus.server import agents, services
+from astraeus.server.core import ControlPlane
+from astraeus.server.db import Machine, Token
+from astraeus.server.services import ApiError, Caller, tx
+
+__all__ = ["CP", "AdminCaller", "AgentTok", "Base", "Sess", "Tok", "WsCaller", "control_plane", "machine_names",
+           "now", "session", "tx"]
+
+
+def control_plane(request: Request) -> ControlPlane:
+    return request.app.state.cp
+
+
+CP = Annotated[ControlPlane, Depends(control_plane)]
+
+
+def session(cp: CP) -> Iterator[Session]:
+    with cp.sessions() as s:
+        yield s
+
+
+Sess = Annotated[Session, Depends(session)]
+
+
+def console_base(cp: CP) -> str:
+    """The public base URL that console links in API answers start with."""
+    return cp.settings.console_base()
+
+
+Base = Annotated[str, Depends(console_base)]
+
+
+def token(s: Sess, authorization: Annotated[str | None, Header()] = None) -> Token:
+    return services.authenticate(s, authorization)
+
+
+Tok = Annotated[Token, Depends(token)]
+
+
+def ws_caller(org: str, ws: str, s: Sess, tok: Tok) -> Caller:
+    if tok.kind == "machine":
+        raise ApiError(403, "FORBIDDEN", "a machine token cannot call user endpoints")
+    return services.workspace_caller(s, tok, org, ws)
+
+
+def admin_caller(org: str, s: Sess, tok: Tok) -> Caller:
+    return services.org_admin_caller(s, tok, org)
+
+
+def agent_token(tok: Tok) -> Token:
+    return agents.machine_token(tok)
+
+
+WsCaller = Annotated[Caller, Depends(ws_caller)]
+AdminCaller = Annotated[Caller, Depends(admin_caller)]
+AgentTok = Annotated[Token, Depends(agent_token)]
+
+
+def machine_names(s: Session) -> dict[int, str]:
+    return dict(s.execute(select(Machine.id, Machine.name)).all())
+
+
+def now() -> float:
+    return time.time()

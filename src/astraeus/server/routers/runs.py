@@ -1,0 +1,49 @@
+"""Runs: submit, list, show, delete."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from sqlalchemy import select
+
+from astraeus import spec as S
+from astraeus.server import bodies as B
+from astraeus.server import services
+from astraeus.server.db import Cluster
+from astraeus.server.routers.deps import CP, Base, Sess, WsCaller, machine_names, now, tx
+from astraeus.server.routers.workspace import PREFIX
+
+router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
+
+
+@router.post("/runs", status_code=201)
+def create_run(c: WsCaller, s: Sess, cp: CP, base: Base, body: S.RunCreate):
+    with tx(s):
+        run = services.submit_run(s, c, body, now())
+        out = services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base, [], {})
+    cp.notifier.wake_scheduler()
+    return out
+
+
+@router.get("/runs")
+def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None):
+    names = machine_names(s)
+    clusters = {cl.id: cl for cl in s.scalars(select(Cluster))}
+    runs = services.list_runs(s, c, state)
+    return {"items": [services.run_view(r, c.org, c.workspace, clusters[r.cluster_id], base, None, names)
+                      for r in runs]}
+
+
+@router.get("/runs/{name}")
+def get_run(name: str, c: WsCaller, s: Sess, base: Base):
+    run = services.get_run(s, c, name)
+    return services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base,
+                             services.run_history(s, run), machine_names(s))
+
+
+@router.delete("/runs/{name}")
+def delete_run(name: str, c: WsCaller, s: Sess, cp: CP):
+    with tx(s):
+        run, machines = services.delete_run(s, c, name, now())
+    cp.notifier.bump_machines(machines)
+    cp.notifier.wake_scheduler()
+    return {"name": name, "deleted": True, "state": run.state}

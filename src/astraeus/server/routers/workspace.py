@@ -1,0 +1,18 @@
+"""The workspace itself, as its token sees it: role, clusters granted, quotas, max priority."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from astraeus.server import bodies as B
+from astraeus.server import services
+from astraeus.server.routers.deps import Base, Sess, WsCaller
+
+PREFIX = "/api/v1/o/{org}/w/{ws}"
+
+router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
+
+
+@router.get("")
+def get_workspace(c: WsCaller, s: Sess, base: Base):
+    return services.workspace_view(s, c, base)

@@ -1,0 +1,102 @@
+"""Units in one neutral place: byte sizes (16G, 512Mi, 1.5 GiB), durations (20m, 1h30m, 2d) and CPU counts.
+
+Parsers and formatters shared by the CLI, the console, the control plane and the scheduler's messages. Pure
+functions with no imports from the rest of Astraeus, so anything may import this module.
+"""
+
+from __future__ import annotations
+
+import re
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+TIB = 1024**4
+
+
+class UnitError(ValueError):
+    """A size or a duration that cannot be read; the message says what to write instead."""
+
+
+# --- durations ----------------------------------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
+_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str, option: str = "--time") -> int:
+    """`20m`, `2h`, `1h30m`, `1d12h`, `90s`, `1.5h` → seconds. A unit is required."""
+    s = text.strip().lower()
+    pos, total, seen = 0, 0.0, False
+    for m in _DURATION_PART.finditer(s):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos, seen = m.end(), True
+    if not seen or pos != len(s):
+        raise UnitError(f"{option} {text!r}: give a duration with a unit, e.g. 20m, 2h, 1h30m, 1d12h or 90s")
+    seconds = int(round(total))
+    if seconds <= 0:
+        raise UnitError(f"{option} {text!r}: the time limit must be more than 0 seconds")
+    return seconds
+
+
+def human_duration(seconds: int | float | None) -> str:
+    """1200 → 20m, 5400 → 1h30m, 172800 → 2d; None → ""."""
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    if s <= 0:
+        return "0s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            parts.append(f"{s // size}{unit}")
+            s %= size
+    return "".join(parts)
+
+
+def fmt_duration(seconds: float) -> str:
+    """One unit, as reasons show a time limit: 172800 → 48h, 1200 → 20m, 90 → 90s."""
+    s = int(seconds)
+    if s % 3600 == 0 and s >= 3600:
+        return f"{s // 3600}h"
+    if s % 60 == 0 and s >= 60:
+        return f"{s // 60}m"
+    return f"{s}s"
+
+
+# --- byte sizes ---------------------------------------------------------------------------------------------
+
+_MEM = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt])(i?b?)$", re.IGNORECASE)
+_MEM_UNITS = {"k": KIB, "m": MIB, "g": GIB, "t": TIB}
+
+
+def parse_memory(text: str, option: str = "--mem") -> int:
+    """`16G`, `500M`, `1T`, `512Mi`, `16GiB`, `16GB` → bytes (binary units: 16G is 16 GiB). A unit is required."""
+    m = _MEM.match(text.strip())
+    if not m:
+        raise UnitError(f"{option} {text!r}: give an amount with a unit, e.g. 16G, 500M or 1T")
+    value = int(round(float(m.group(1)) * _MEM_UNITS[m.group(2).lower()]))
+    if value <= 0:
+        raise UnitError(f"{option} {text!r}: the amount must be more than 0")
+    return value
+
+
+def human_bytes(n: int | float | None) -> str:
+    """137438953472 → 128 GiB, 1610612736 → 1.5 GiB; None → ""."""
+    if n is None:
+        return ""
+    for unit, size in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if float(v).is_integer() else f"{v:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+# --- numbers ------------------------------------------------------------------------------------------------
+
+
+def format_cpus(value: float) -> int | float:
+    """Whole core counts as ints in the JSON (32, not 32.0)."""
+    return int(value) if float(value).is_integer() else value

@@ -6,7 +6,7 @@ import shlex
 from datetime import UTC, datetime
 from typing import Any
 
-GIB = 1024**3
+from astraeus.units import human_bytes, human_duration  # sizes and durations live in astraeus.units
 
 # `astra astraeus runs`: the page's columns, widths 30, 14, 12, then the reason.
 RUNS_COLUMNS = (("NAME", 30), ("CLUSTER", 14), ("STATE", 12))
@@ -41,31 +41,6 @@ def table(headers: list[str], rows: list[list[Any]], gap: int = 2) -> str:
 
 
 # --- sizes, times ---------------------------------------------------------------------------------------------
-
-
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return ""
-    for unit, size in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            v = n / size
-            return f"{v:.0f} {unit}" if float(v).is_integer() else f"{v:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def human_duration(seconds: int | float | None) -> str:
-    """1200 → 20m, 5400 → 1h30m, 172800 → 2d."""
-    if seconds is None:
-        return ""
-    s = int(seconds)
-    if s <= 0:
-        return "0s"
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if s >= size:
-            parts.append(f"{s // size}{unit}")
-            s %= size
-    return "".join(parts)
 
 
 def parse_time(value: Any) -> datetime | None:

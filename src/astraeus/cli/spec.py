@@ -8,50 +8,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-KIB = 1024
-MIB = 1024**2
-GIB = 1024**3
-TIB = 1024**4
-
-
-class SpecError(ValueError):
-    """A user-facing problem with the options: the message says what to change."""
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
-_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-
-
-def parse_duration(text: str, option: str = "--time") -> int:
-    """`20m`, `2h`, `1h30m`, `1d12h`, `90s`, `1.5h` → seconds. A unit is required."""
-    s = text.strip().lower()
-    pos, total, seen = 0, 0.0, False
-    for m in _DURATION_PART.finditer(s):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-        pos, seen = m.end(), True
-    if not seen or pos != len(s):
-        raise SpecError(f"{option} {text!r}: give a duration with a unit, e.g. 20m, 2h, 1h30m, 1d12h or 90s")
-    seconds = int(round(total))
-    if seconds <= 0:
-        raise SpecError(f"{option} {text!r}: the time limit must be more than 0 seconds")
-    return seconds
-
-
-_MEM = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt])(i?b?)$", re.IGNORECASE)
-_MEM_UNITS = {"k": KIB, "m": MIB, "g": GIB, "t": TIB}
-
-
-def parse_memory(text: str, option: str = "--mem") -> int:
-    """`16G`, `500M`, `1T`, `512Mi`, `16GiB`, `16GB` → bytes (binary units: 16G is 16 GiB). A unit is required."""
-    m = _MEM.match(text.strip())
-    if not m:
-        raise SpecError(f"{option} {text!r}: give an amount with a unit, e.g. 16G, 500M or 1T")
-    value = int(round(float(m.group(1)) * _MEM_UNITS[m.group(2).lower()]))
-    if value <= 0:
-        raise SpecError(f"{option} {text!r}: the amount must be more than 0")
-    return value
+# Sizes and durations live in astraeus.units (shared with the console and the server); SpecError is its error
+# class, so a size or duration the user must rewrite is refused like any other option.
+from astraeus.units import GIB, KIB, MIB, TIB, format_cpus, parse_duration, parse_memory  # noqa: F401
+from astraeus.units import UnitError as SpecError
 
 
 def parse_env(items: list[str]) -> dict[str, str]:
@@ -65,11 +25,6 @@ def parse_env(items: list[str]) -> dict[str, str]:
             raise SpecError(f"--env {item!r}: {key!r} is not a valid environment variable name")
         env[key] = value
     return env
-
-
-def format_cpus(value: float) -> int | float:
-    """Whole core counts as ints in the JSON (32, not 32.0)."""
-    return int(value) if float(value).is_integer() else value
 
 
 def build_run_spec(

@@ -29,6 +29,7 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from astraeus.server.db import Cluster, Event, History, Machine, Run, Worker
+from astraeus.units import fmt_duration
 
 
 class WorkerState(StrEnum):
@@ -177,15 +178,6 @@ def _move(row: Worker | Run | Machine, name: str, reason: str | None = None) -> 
 
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def fmt_duration(seconds: float) -> str:
-    s = int(seconds)
-    if s % 3600 == 0 and s >= 3600:
-        return f"{s // 3600}h"
-    if s % 60 == 0 and s >= 60:
-        return f"{s // 60}m"
-    return f"{s}s"
 
 
 def history(session: Session, run: Run, state: str, reason: str, at: float) -> None:

@@ -16,14 +16,28 @@ import typer
 app = typer.Typer(help="Astraeus: a GPU cluster workload manager.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 
-DEFAULT_HOME = Path(os.environ.get("ASTRAEUS_HOME", "~/.astraeus")).expanduser()
+HOME_HELP = "Where the SQLite database, env and agents' state live (default: $ASTRAEUS_HOME or ~/.astraeus)"
 
 
-def _settings(home: Path, host: str, port: int):
+def _environment(command: str, *models):
+    """Read and check the ASTRAEUS_* variables (astraeus.settings) that `command` uses: on a bad one, say
+    which and what it must be, in one line, and exit 2."""
+    from astraeus.settings import SettingsError
+
+    try:
+        return [m.load() for m in models]
+    except SettingsError as e:
+        for line in str(e).splitlines():
+            typer.echo(f"astraeus {command}: {line}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _settings(command: str, home: Path | None, host: str, port: int):
     from astraeus.server.core import Settings
+    from astraeus.settings import ServerSettings
 
-    s = Settings(home=home, host=host, port=port)
-    return s
+    (env,) = _environment(command, ServerSettings)
+    return Settings.from_env(env, home=home.expanduser() if home else None, host=host, port=port)
 
 
 def bootstrap(cp, org: str, workspace: str, cluster: str, host_paths: list[str], lost_after: float | None = None,
@@ -116,7 +130,7 @@ def _serve(settings, cp, on_ready=None, on_signal=None) -> None:
 
 @app.command()
 def server(
-    home: Annotated[Path, typer.Option(help="Where the SQLite database and env live")] = DEFAULT_HOME,
+    home: Annotated[Path | None, typer.Option(help=HOME_HELP, show_default=False)] = None,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 8420,
     org: Annotated[str, typer.Option()] = "acme",
@@ -124,10 +138,12 @@ def server(
     cluster: Annotated[str, typer.Option()] = "main",
     host_path: Annotated[list[str], typer.Option(help="Host path granted to the default workspace")] = None,
 ):
-    """The control plane: API, console, scheduling loop. PostgreSQL through ASTRAEUS_DATABASE_URL."""
+    """The control plane: API, console, scheduling loop. PostgreSQL through ASTRAEUS_DATABASE_URL
+    (every variable: docs/configuration.md)."""
     from astraeus.server.core import ControlPlane
 
-    settings = _settings(home, host, port)
+    settings = _settings("server", home, host, port)
+    home = settings.home
     try:
         cp = ControlPlane.open(settings)
     except Exception as e:  # an unreachable database: refuse to start, change nothing
@@ -143,26 +159,39 @@ def server(
 
 @app.command()
 def agent(
-    server: Annotated[str, typer.Option(help="The control plane's URL", envvar="ASTRAEUS_SERVER")],
-    token: Annotated[str, typer.Option(help="A machine token", envvar="ASTRAEUS_MACHINE_TOKEN")],
+    server: Annotated[str | None, typer.Option(help="The control plane's URL (default: $ASTRAEUS_SERVER)",
+                                               show_default=False)] = None,
+    token: Annotated[str | None, typer.Option(help="A machine token (default: $ASTRAEUS_MACHINE_TOKEN)",
+                                              show_default=False)] = None,
     name: Annotated[str, typer.Option(help="This machine's name")] = os.uname().nodename.split(".")[0],
     gpus: Annotated[int | None, typer.Option(help="Simulated GPU count (default: found through NVML)")] = None,
     cpus: Annotated[float | None, typer.Option(help="CPU cores to declare")] = None,
     memory_gib: Annotated[float | None, typer.Option(help="Memory to declare, GiB")] = None,
-    state_dir: Annotated[Path | None, typer.Option(help="Where the agent records its workers")] = None,
+    state_dir: Annotated[Path | None, typer.Option(
+        help="Where the agent records its workers (default: $ASTRAEUS_STATE_DIR or $ASTRAEUS_HOME/agents/NAME)",
+        show_default=False)] = None,
     stop_workers_on_exit: Annotated[bool, typer.Option(help="Stop workers when the agent stops")] = False,
 ):
-    """A machine's agent: joins the cluster, runs and stops workers."""
+    """A machine's agent: joins the cluster, runs and stops workers (every variable: docs/configuration.md)."""
     from astraeus.agent.agent import run_agent
+    from astraeus.settings import AgentSettings
 
+    (env,) = _environment("agent", AgentSettings)
+    server = server or env.server
+    token = token or env.machine_token
+    if not server or not token:
+        missing = "--server (or ASTRAEUS_SERVER)" if not server else "--token (or ASTRAEUS_MACHINE_TOKEN)"
+        typer.echo(f"astraeus agent: missing {missing}: the control plane's URL and a machine token", err=True)
+        raise typer.Exit(2)
     run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
               memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,
-              state_dir=state_dir or (DEFAULT_HOME / "agents" / name), stop_workers_on_exit=stop_workers_on_exit)
+              state_dir=str(state_dir or env.state_dir_for(name)), stop_grace=env.stop_grace,
+              stop_workers_on_exit=stop_workers_on_exit, image_map=env.images())
 
 
 @app.command()
 def up(
-    home: Annotated[Path, typer.Option(help="Where state lives; env is written here")] = DEFAULT_HOME,
+    home: Annotated[Path | None, typer.Option(help=HOME_HELP, show_default=False)] = None,
     port: Annotated[int, typer.Option()] = 8420,
     gpus: Annotated[int, typer.Option(help="Simulated GPUs per machine")] = 8,
     machines: Annotated[int, typer.Option(help="Local machines (gpu-01, gpu-02, …)")] = 1,
@@ -177,9 +206,11 @@ def up(
 ):
     """A local cluster in the foreground: a control plane and N agents with simulated GPUs. Ctrl-C stops it."""
     from astraeus.server.core import ControlPlane
+    from astraeus.settings import AgentSettings
 
-    home = home.expanduser()
-    settings = _settings(home, "127.0.0.1", port)
+    settings = _settings("up", home, "127.0.0.1", port)
+    _environment("up", AgentSettings)  # the agents it starts read these: refuse a bad one now, not in their logs
+    home = settings.home
     try:
         cp = ControlPlane.open(settings)
     except Exception as e:

@@ -9,6 +9,7 @@ import pytest
 from astraeus.agent.agent import Agent
 from astraeus.agent.runtime.base import EXITED, RUNNING
 from astraeus.agent.runtime.process import ProcessRuntime
+from astraeus.protocol import Assignment
 
 from .conftest import pid_alive, wait_for
 from .test_runtime import CHECKPOINTER
@@ -38,6 +39,11 @@ def _cleanup():
                 a.runtime.stop(st.worker, st.attempt, grace=0)
 
 
+def _assign(agent, version: int, *items: dict) -> None:
+    """What the agent does with a GET /assignments answer."""
+    agent.set_assignments(version, [Assignment.model_validate(a) for a in items])
+
+
 def _status(agent, key):
     return agent.statuses().get(key)
 
@@ -45,19 +51,19 @@ def _status(agent, key):
 def test_reconcile_starts_once_and_stops_when_desired_stopped(tmp_path, assignment):
     agent = _agent(tmp_path)
     a = assignment(CHECKPOINTER, args=[str(tmp_path)], worker="ft-0", attempt=1)
-    agent.set_assignments(1, [a])
+    _assign(agent, 1, a)
     for _ in range(3):
         agent.reconcile()
     st = wait_for(lambda: (s := _status(agent, ("ft-0", 1))) and s.state == RUNNING and s)
     agent.reconcile()
     assert len(agent.runtime.list()) == 1 and agent.runtime.status("ft-0", 1).pid == st.pid
     wait_for(lambda: (tmp_path / "ready").exists())
-    agent.set_assignments(2, [dict(a, desired="Stopped", stop_reason="Preempted")])
+    _assign(agent, 2, dict(a, desired="Stopped", stop_reason="Preempted"))
     agent.reconcile()
     end = wait_for(lambda: (s := _status(agent, ("ft-0", 1))).final and s, timeout=5)
     assert end.state == EXITED and end.exit_code == 0
     assert (tmp_path / "ckpt").read_text() == "sigterm"
-    assert end.report()["environment"]
+    assert end.report().environment
 
 
 def test_unassigned_worker_is_stopped_and_new_attempt_waits_for_it(tmp_path, assignment):
@@ -65,13 +71,13 @@ def test_unassigned_worker_is_stopped_and_new_attempt_waits_for_it(tmp_path, ass
     stubborn = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                 "open(sys.argv[1], 'w').close()\nwhile True: time.sleep(0.05)\n")
     a1 = assignment(stubborn, args=[str(tmp_path / "ignoring")], worker="w-0", attempt=1)
-    agent.set_assignments(1, [a1])
+    _assign(agent, 1, a1)
     agent.reconcile()
     p1 = wait_for(lambda: (s := _status(agent, ("w-0", 1))) and s.state == RUNNING and s).pid
     wait_for(lambda: (tmp_path / "ignoring").exists())
     # a partition heals: attempt 1 is no longer assigned here, attempt 2 is
     a2 = assignment(command="python", args=["-c", "import time; time.sleep(30)"], worker="w-0", attempt=2)
-    agent.set_assignments(2, [a2])
+    _assign(agent, 2, a2)
     t0 = time.monotonic()
     agent.reconcile()
     time.sleep(0.3)
@@ -87,7 +93,7 @@ def test_unassigned_worker_is_stopped_and_new_attempt_waits_for_it(tmp_path, ass
 
 def test_stopped_before_it_started(tmp_path, assignment):
     agent = _agent(tmp_path)
-    agent.set_assignments(1, [assignment(command="true", worker="x-0", attempt=3, desired="Stopped")])
+    _assign(agent, 1, assignment(command="true", worker="x-0", attempt=3, desired="Stopped"))
     agent.reconcile()
     st = _status(agent, ("x-0", 3))
     assert st.state == EXITED and st.message == "stopped before it started"

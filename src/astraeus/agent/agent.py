@@ -5,18 +5,19 @@ Entry point for `astraeus agent` (src/astraeus/main.py wires typer to it):
     run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_cores: float | None = None,
               memory_bytes: int | None = None, state_dir: str | None = None, stop_grace: float | None = None,
               labels: dict[str, str] | None = None, stop_workers_on_exit: bool = False,
-              poll_wait: float = 30.0) -> None
+              poll_wait: float = 30.0, image_map: ImageMap | None = None) -> None
 
 blocks until SIGTERM/SIGINT. `server` is the control plane's base URL (http://127.0.0.1:8420; a URL that already
 ends in /api/v1/agent works too); `token` a machine token. gpus=None → NVML's count (0 without NVML);
-gpus=N → N simulated GPUs. cpu_cores/memory_bytes default to the machine's. state_dir defaults to
-$ASTRAEUS_STATE_DIR or ~/.astraeus/agents/<name>. stop_grace defaults to $ASTRAEUS_STOP_GRACE or 30 s.
+gpus=N → N simulated GPUs. cpu_cores/memory_bytes default to the machine's. state_dir, stop_grace and image_map
+default to the environment's (astraeus.settings.AgentSettings: $ASTRAEUS_STATE_DIR or $ASTRAEUS_HOME/agents/<name>,
+$ASTRAEUS_STOP_GRACE or 30 s, $ASTRAEUS_IMAGE_MAP).
 
 On exit the agent leaves its workers running (their shims keep supervising them; the next agent started with
 the same state dir adopts them), unless stop_workers_on_exit (`--stop-workers-on-exit`, used by `astraeus up`
 for local clusters): then every worker is stopped (SIGTERM, grace, SIGKILL) before it returns.
 
-Protocol: docs/api.md, "Agent API". The agent registers, long-polls /assignments, reconciles, reports every
+Protocol: docs/api.md, "Agent API"; the bodies are the models of astraeus.protocol. The agent registers, long-polls /assignments, reconciles, reports every
 worker's state on each change and at least every heartbeat_seconds (POST /report), and ships log lines
 (POST /logs, batched, retried; the server dedups by (worker, attempt, seq)). While the control plane is down it
 retries with backoff and keeps its workers as they were last assigned.
@@ -36,25 +37,16 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psutil
 
+from astraeus import protocol as P
 from astraeus.agent.gpus import discover_gpus
 from astraeus.agent.runtime.base import EXITED, START_FAILED, Runtime, StartFailed, WorkerStatus
+from astraeus.agent.runtime.images import ImageMap
 from astraeus.agent.runtime.process import ProcessRuntime
+from astraeus.settings import AgentSettings
 
 log = logging.getLogger("astraeus.agent")
 
-DEFAULT_STOP_GRACE = 30.0
 LOG_BATCH = 2000
-
-
-def default_state_dir(name: str) -> str:
-    return os.environ.get("ASTRAEUS_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".astraeus", "agents", name)
-
-
-def default_stop_grace() -> float:
-    try:
-        return float(os.environ.get("ASTRAEUS_STOP_GRACE", DEFAULT_STOP_GRACE))
-    except ValueError:
-        return DEFAULT_STOP_GRACE
 
 
 class NeedsRegister(Exception):
@@ -78,15 +70,17 @@ class Agent:
     def __init__(self, server: str, token: str, name: str, *, runtime: Runtime | None = None, gpus: int | None = None,
                  cpu_cores: float | None = None, memory_bytes: int | None = None, state_dir: str | None = None,
                  stop_grace: float | None = None, labels: dict[str, str] | None = None,
-                 stop_workers_on_exit: bool = False, poll_wait: float = 30.0):
+                 stop_workers_on_exit: bool = False, poll_wait: float = 30.0, image_map: ImageMap | None = None):
         base = server.rstrip("/")
         self.base = base if base.endswith("/api/v1/agent") else base + "/api/v1/agent"
         self.token = token
         self.name = name
-        self.state_dir = os.path.abspath(state_dir or default_state_dir(name))
+        env = AgentSettings.load() if state_dir is None or stop_grace is None or runtime is None else None
+        self.state_dir = os.path.abspath(state_dir or env.state_dir_for(name))
         os.makedirs(self.state_dir, exist_ok=True)
-        self.stop_grace = default_stop_grace() if stop_grace is None else float(stop_grace)
-        self.runtime = runtime or ProcessRuntime(self.state_dir, stop_grace=self.stop_grace)
+        self.stop_grace = env.stop_grace if stop_grace is None else float(stop_grace)
+        self.runtime = runtime or ProcessRuntime(self.state_dir, stop_grace=self.stop_grace,
+                                                 image_map=image_map or env.images())
         self.gpus = discover_gpus(gpus)
         self.cpu_cores = float(cpu_cores if cpu_cores is not None else (os.cpu_count() or 1))
         self.memory_bytes = int(memory_bytes if memory_bytes is not None else psutil.virtual_memory().total)
@@ -103,7 +97,7 @@ class Agent:
         self.wake_logs = threading.Event()
         self.lock = threading.RLock()
         self.version = 0
-        self.assignments: dict[tuple[str, int], dict] | None = None  # None until the first answer
+        self.assignments: dict[tuple[str, int], P.Assignment] | None = None  # None until the first answer
         self.synthetic: dict[tuple[str, int], WorkerStatus] = {}  # states without a runtime record
         self.starting: set[tuple[str, int]] = set()
         self.reported_final: set[tuple[str, int]] = set()
@@ -119,8 +113,8 @@ class Agent:
     def _client(self, timeout: float = 15.0) -> httpx.Client:
         return httpx.Client(headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout)
 
-    def _post(self, client: httpx.Client, path: str, body: dict) -> dict:
-        r = client.post(self.base + path, json=body)
+    def _post(self, client: httpx.Client, path: str, body: P.Body) -> dict:
+        r = client.post(self.base + path, json=body.model_dump(mode="json"))
         if r.status_code in (401, 403, 404, 409):
             if path != "/register":
                 self.registered.clear()
@@ -129,12 +123,12 @@ class Agent:
         return r.json() if r.content else {}
 
     def register(self, client: httpx.Client) -> None:
-        body = {"name": self.name, "gpus": self.gpus.count, "gpu_models": self.gpus.models,
-                "cpu_cores": self.cpu_cores, "memory_bytes": self.memory_bytes,
-                "stop_grace_seconds": self.stop_grace, "labels": self.labels}
-        ans = self._post(client, "/register", body)
-        self.heartbeat_seconds = float(ans.get("heartbeat_seconds") or 5.0)
-        self.cluster = ans.get("cluster")
+        body = P.Register(name=self.name, gpus=self.gpus.count, gpu_models=self.gpus.models,
+                          cpu_cores=self.cpu_cores, memory_bytes=self.memory_bytes,
+                          stop_grace_seconds=self.stop_grace, labels=self.labels)
+        ans = P.Registered.model_validate(self._post(client, "/register", body))
+        self.heartbeat_seconds = ans.heartbeat_seconds
+        self.cluster = ans.cluster
         with self.lock:
             self.version = 0  # ask for the whole desired state at once
         self.registered.set()
@@ -161,8 +155,8 @@ class Agent:
                         self.registered.clear()
                         raise NeedsRegister(f"/assignments: {r.status_code}")
                     r.raise_for_status()
-                    data = r.json()
-                    self.set_assignments(int(data.get("version") or 0), data.get("assignments") or [])
+                    data = P.Assignments.model_validate(r.json())
+                    self.set_assignments(data.version, data.assignments)
                     backoff.reset()
                 except NeedsRegister as e:
                     log.warning("control plane does not know this machine (%s); registering again", e)
@@ -173,12 +167,8 @@ class Agent:
                     if self._sleep(backoff.next()):
                         return
 
-    def set_assignments(self, version: int, items: list[dict]) -> None:
-        new = {}
-        for a in items:
-            if a.get("worker") is None:
-                continue
-            new[(str(a["worker"]), int(a.get("attempt") or 0))] = a
+    def set_assignments(self, version: int, items: list[P.Assignment]) -> None:
+        new = {a.key: a for a in items}
         with self.lock:
             self.version = version
             self.assignments = new
@@ -224,7 +214,7 @@ class Agent:
             live_workers = {k[0] for k, st in statuses.items() if not st.final}
             for key, a in assigned.items():
                 st = statuses.get(key)
-                if a.get("desired", "Running") == "Running":
+                if a.desired == "Running":
                     if st is None and key not in self.starting:
                         if key[0] in live_workers:
                             continue  # another attempt of this worker is still stopping: one at a time
@@ -238,7 +228,7 @@ class Agent:
                                                                message="stopped before it started",
                                                                finished_at=time.time())
                     elif st is not None and not st.final and not st.stopping:
-                        log.info("stopping %s attempt %s (%s)", key[0], key[1], a.get("stop_reason") or "desired Stopped")
+                        log.info("stopping %s attempt %s (%s)", key[0], key[1], a.stop_reason or "desired Stopped")
                         self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False)
             for key, st in statuses.items():
                 if key not in assigned and not st.final and not st.stopping and key not in self.starting:
@@ -255,8 +245,8 @@ class Agent:
             self.wake_report.set()
             self.wake_logs.set()
 
-    def _start(self, a: dict) -> None:
-        key = (str(a["worker"]), int(a.get("attempt") or 0))
+    def _start(self, a: P.Assignment) -> None:
+        key = a.key
         try:
             st = self.runtime.start(a)
             log.info("started %s attempt %s: pid %s in %s", key[0], key[1], st.pid, st.environment)
@@ -315,10 +305,8 @@ class Agent:
 
     def send_report(self, client: httpx.Client) -> None:
         statuses = self.statuses()
-        workers = []
-        for st in sorted(statuses.values(), key=lambda s: s.key):
-            workers.append(st.report())
-        self._post(client, "/report", {"machine": self.name, "workers": workers})
+        workers = [st.report() for st in sorted(statuses.values(), key=lambda s: s.key)]
+        self._post(client, "/report", P.Report(machine=self.name, workers=workers))
         self.reported_final.update(k for k, st in statuses.items() if st.final)
 
     def log_loop(self) -> None:
@@ -359,7 +347,7 @@ class Agent:
 
     def ship_logs(self, client: httpx.Client) -> bool:
         """Send one batch of new lines from every attempt; True when more are waiting."""
-        lines: list[dict] = []
+        lines: list[P.WorkerLogLine] = []
         new_offsets: dict[str, int] = {}
         more = False
         for st in self.runtime.list():
@@ -367,13 +355,13 @@ class Agent:
             batch, end = self.runtime.read_logs(st.worker, st.attempt, self.log_offsets.get(lk, 0),
                                                 limit=LOG_BATCH - len(lines))
             if batch or end != self.log_offsets.get(lk, 0):
-                lines += [ln.as_dict() for ln in batch]
+                lines += [ln.shipped() for ln in batch]
                 new_offsets[lk] = end
             if len(lines) >= LOG_BATCH:
                 more = True
                 break
         if lines:
-            self._post(client, "/logs", {"machine": self.name, "lines": lines})
+            self._post(client, "/logs", P.Logs(machine=self.name, lines=lines))
         if new_offsets:
             self.log_offsets.update(new_offsets)
             self._save_offsets()
@@ -434,15 +422,15 @@ class Agent:
 def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_cores: float | None = None,
               memory_bytes: int | None = None, state_dir: str | None = None, stop_grace: float | None = None,
               labels: dict[str, str] | None = None, stop_workers_on_exit: bool = False,
-              poll_wait: float = 30.0) -> None:
+              poll_wait: float = 30.0, image_map: ImageMap | None = None) -> None:
     """Run the agent until SIGTERM/SIGINT (see the module docstring)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     agent = Agent(server, token, name, gpus=gpus, cpu_cores=cpu_cores, memory_bytes=memory_bytes,
                   state_dir=state_dir, stop_grace=stop_grace, labels=labels,
-                  stop_workers_on_exit=stop_workers_on_exit, poll_wait=poll_wait)
+                  stop_workers_on_exit=stop_workers_on_exit, poll_wait=poll_wait, image_map=image_map)
 
-    def on_signal(signum, frame):
+    def on_signal(signum, _frame):
         log.info("signal %s: exiting%s", signum, " (stopping workers)" if stop_workers_on_exit else
                  " (workers keep running and are adopted at the next start)")
         agent.request_exit()
@@ -451,28 +439,3 @@ def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_c
     signal.signal(signal.SIGINT, on_signal)
     agent.run()
 
-
-def main() -> None:
-    """`python -m astraeus.agent.agent --server URL --token T --name NAME [...]` (the CLI is `astraeus agent`)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="astraeus agent")
-    p.add_argument("--server", required=True)
-    p.add_argument("--token", default=os.environ.get("ASTRAEUS_TOKEN"))
-    p.add_argument("--name", required=True)
-    p.add_argument("--gpus", type=int)
-    p.add_argument("--cpus", type=int)
-    p.add_argument("--memory-gib", type=float)
-    p.add_argument("--state-dir")
-    p.add_argument("--stop-grace", type=float)
-    p.add_argument("--label", action="append", default=[], help="key=value")
-    p.add_argument("--stop-workers-on-exit", action="store_true")
-    a = p.parse_args()
-    labels = dict(kv.split("=", 1) for kv in a.label)
-    run_agent(a.server, a.token or "", a.name, gpus=a.gpus, cpu_cores=a.cpus,
-              memory_bytes=int(a.memory_gib * 2**30) if a.memory_gib else None, state_dir=a.state_dir,
-              stop_grace=a.stop_grace, labels=labels, stop_workers_on_exit=a.stop_workers_on_exit)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,21 +9,38 @@ from pathlib import Path
 from sqlalchemy.orm import sessionmaker
 
 from astraeus.server import db
+from astraeus.settings import ServerSettings
+
+
+def _env() -> ServerSettings:
+    return ServerSettings.load()  # raises SettingsError naming a bad ASTRAEUS_* variable
 
 
 @dataclass
 class Settings:
-    home: Path = field(default_factory=lambda: Path(os.environ.get("ASTRAEUS_HOME", "~/.astraeus")).expanduser())
-    database_url: str | None = field(default_factory=lambda: os.environ.get("ASTRAEUS_DATABASE_URL"))
+    """What one control-plane process runs with. Fields not given are read from the environment
+    (astraeus.settings.ServerSettings; docs/configuration.md); tests pass them as keywords."""
+
+    home: Path = field(default_factory=lambda: _env().home)
+    database_url: str | None = field(default_factory=lambda: _env().database_url)
     host: str = "127.0.0.1"
     port: int = 8420
-    public_url: str | None = field(default_factory=lambda: os.environ.get("ASTRAEUS_PUBLIC_URL"))
+    public_url: str | None = field(default_factory=lambda: _env().public_url)
     # The pages: "The scheduler looks at every waiting run at least every 15 seconds, and whenever something
     # changes." A change wakes the loop at once; this is the longest it sleeps.
-    schedule_interval: float = field(default_factory=lambda: float(os.environ.get("ASTRAEUS_SCHEDULE_INTERVAL", "15")))
+    schedule_interval: float = field(default_factory=lambda: _env().schedule_interval)
     # Debounce: a burst of submits within this many seconds is scheduled in one cycle.
     schedule_debounce: float = 0.005  # 5 ms
-    heartbeat_seconds: float = field(default_factory=lambda: float(os.environ.get("ASTRAEUS_HEARTBEAT", "5")))
+    heartbeat_seconds: float = field(default_factory=lambda: _env().heartbeat)
+
+    @classmethod
+    def from_env(cls, env: ServerSettings | None = None, **given) -> Settings:
+        """The environment's settings (read once), with `given` fields (home, host, port, ...) winning."""
+        env = env or _env()
+        kw = {"home": env.home, "database_url": env.database_url, "public_url": env.public_url,
+              "schedule_interval": env.schedule_interval, "heartbeat_seconds": env.heartbeat}
+        kw.update({k: v for k, v in given.items() if v is not None})
+        return cls(**kw)
 
     def url(self) -> str:
         if self.database_url:

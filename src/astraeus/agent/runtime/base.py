@@ -4,7 +4,9 @@ can implement the same interface later."""
 from __future__ import annotations
 
 import abc
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from astraeus.protocol import Assignment, WorkerLogLine, WorkerReport
 
 # States an agent reports (docs/api.md): Starting, Running, Exited, StartFailed.
 STARTING = "Starting"
@@ -37,12 +39,11 @@ class WorkerStatus:
     def final(self) -> bool:
         return self.state in FINAL_STATES
 
-    def report(self) -> dict:
+    def report(self) -> WorkerReport:
         """The entry of POST /report for this worker."""
-        d = asdict(self)
-        d.pop("extra")
-        d.pop("stopping")
-        return d
+        return WorkerReport(worker=self.worker, attempt=self.attempt, state=self.state, pid=self.pid,
+                            exit_code=self.exit_code, signal=self.signal, message=self.message,
+                            environment=self.environment, started_at=self.started_at, finished_at=self.finished_at)
 
 
 @dataclass
@@ -54,8 +55,10 @@ class LogLine:
     stream: str
     text: str
 
-    def as_dict(self) -> dict:
-        return asdict(self)
+    def shipped(self) -> WorkerLogLine:
+        """The entry of POST /logs for this line."""
+        return WorkerLogLine(worker=self.worker, attempt=self.attempt, seq=self.seq, time=self.time,
+                             stream=self.stream, text=self.text)
 
 
 class StartFailed(Exception):
@@ -66,7 +69,7 @@ class Runtime(abc.ABC):
     """Starts, stops, watches and adopts worker attempts on this machine. Keys are (worker, attempt)."""
 
     @abc.abstractmethod
-    def start(self, assignment: dict) -> WorkerStatus:
+    def start(self, assignment: Assignment) -> WorkerStatus:
         """Start one worker attempt from its assignment (docs/api.md). Raises StartFailed."""
 
     @abc.abstractmethod

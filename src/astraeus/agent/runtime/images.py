@@ -25,7 +25,6 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class LocalEnvironment:
     path: str | None  # None: the agent's PATH unchanged ("host")
-    rule: str  # the glob that matched, or "default"
 
     @property
     def name(self) -> str:
@@ -49,8 +48,13 @@ class ImageMap:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ImageMap:
         environ = os.environ if environ is None else environ
-        raw = environ.get("ASTRAEUS_IMAGE_MAP", "").strip()
-        path = environ.get("ASTRAEUS_IMAGE_MAP_FILE", "").strip()
+        return cls.load(environ.get("ASTRAEUS_IMAGE_MAP"), environ.get("ASTRAEUS_IMAGE_MAP_FILE"))
+
+    @classmethod
+    def load(cls, raw: str | None, path: str | None) -> ImageMap:
+        """From ASTRAEUS_IMAGE_MAP's value (a JSON object, or a file's path) and ASTRAEUS_IMAGE_MAP_FILE's.
+        Raises OSError (an unreadable file) or ValueError (not a JSON object of strings)."""
+        raw, path = (raw or "").strip(), (path or "").strip()
         if raw and not raw.startswith("{"):
             path, raw = raw, ""
         if path:
@@ -58,8 +62,11 @@ class ImageMap:
                 raw = f.read()
         if not raw:
             return cls()
-        data = json.loads(raw)
-        if not isinstance(data, dict):
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise ValueError("not valid JSON") from None
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
             raise ValueError("ASTRAEUS_IMAGE_MAP must be a JSON object {image glob: environment dir}")
         return cls(data)
 
@@ -67,5 +74,5 @@ class ImageMap:
         image = image or ""
         for glob, target in self.rules:
             if fnmatch.fnmatchcase(image, glob):
-                return LocalEnvironment(None if target in ("host", "") else target, glob)
-        return LocalEnvironment(self.default, "default")
+                return LocalEnvironment(None if target in ("host", "") else target)
+        return LocalEnvironment(self.default)

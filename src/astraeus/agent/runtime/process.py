@@ -40,6 +40,7 @@ import threading
 import time
 
 import psutil
+from pydantic import ValidationError
 
 from astraeus.agent.runtime.base import (
     EXITED,
@@ -52,6 +53,7 @@ from astraeus.agent.runtime.base import (
     WorkerStatus,
 )
 from astraeus.agent.runtime.images import ImageMap
+from astraeus.protocol import Assignment
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 SHIM_MODULE = "astraeus.agent.runtime.shim"
@@ -160,28 +162,32 @@ class ProcessRuntime(Runtime):
             return None
         return worker, int(attempt)
 
-    def build_env(self, assignment: dict) -> tuple[dict[str, str], str]:
+    def build_env(self, assignment: Assignment) -> tuple[dict[str, str], str]:
         env: dict[str, str] = {"PATH": os.environ.get("PATH", os.defpath), "HOME": os.environ.get("HOME", "/root")}
         for k in ("LANG", "LC_ALL", "TZ"):
             if k in os.environ:
                 env[k] = os.environ[k]
-        local = self.image_map.resolve(assignment.get("image"))
+        local = self.image_map.resolve(assignment.image)
         local.apply(env)
         env["PYTHONUNBUFFERED"] = "1"  # logs line by line; a run may set it to "" to opt out
-        for k, v in (assignment.get("env") or {}).items():
-            env[str(k)] = "" if v is None else str(v)
-        if assignment.get("gpu_indices") is not None and "CUDA_VISIBLE_DEVICES" not in env:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in assignment["gpu_indices"])
-        env["ASTRAEUS_WORKER_ID"] = self.marker(assignment["worker"], assignment["attempt"])
+        env.update(assignment.env)
+        if "CUDA_VISIBLE_DEVICES" not in env:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in assignment.gpu_indices)
+        env["ASTRAEUS_WORKER_ID"] = self.marker(assignment.worker, assignment.attempt)
         return env, local.name
 
     # ------------------------------------------------------------ start
-    def start(self, assignment: dict) -> WorkerStatus:
-        worker = str(assignment.get("worker") or "")
-        attempt = int(assignment.get("attempt") or 0)
+    def start(self, assignment: Assignment | dict) -> WorkerStatus:
+        """A dict is checked as an Assignment first (astraeus.protocol)."""
+        if not isinstance(assignment, Assignment):
+            try:
+                assignment = Assignment.model_validate(assignment)
+            except ValidationError as e:
+                raise StartFailed(f"invalid assignment: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+        worker, attempt = assignment.worker, assignment.attempt
         if not NAME_RE.match(worker):
             raise StartFailed(f"invalid worker name {worker!r}")
-        if not assignment.get("command"):
+        if not assignment.command:
             raise StartFailed("the run has no command")
         with self._lock:
             existing = self.status(worker, attempt)
@@ -193,12 +199,13 @@ class ProcessRuntime(Runtime):
             os.makedirs(d, exist_ok=True)
             env, env_name = self.build_env(assignment)
             spec = {
-                "worker": worker, "attempt": attempt, "run": assignment.get("run"),
+                "worker": worker, "attempt": attempt, "run": assignment.run,
                 "marker": self.marker(worker, attempt),
-                "image": assignment.get("image"), "environment": env_name,
-                "command": str(assignment["command"]), "args": [str(a) for a in assignment.get("args") or []],
-                "env": env, "cwd": assignment.get("working_dir") or os.path.join(d, "work"),
-                "mounts": assignment.get("mounts") or [], "configs": assignment.get("configs") or [],
+                "image": assignment.image, "environment": env_name,
+                "command": assignment.command, "args": list(assignment.args),
+                "env": env, "cwd": os.path.join(d, "work"),
+                "mounts": [m.model_dump() for m in assignment.mounts],
+                "configs": [c.model_dump() for c in assignment.configs],
                 "cgroup": os.path.join(self.cgroup_root, f"{self.owner}-{worker}.{attempt}") if self.cgroup_root else None,
                 "stop_grace": self.stop_grace, "created_at": time.time(),
             }

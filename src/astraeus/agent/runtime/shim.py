@@ -427,7 +427,7 @@ class Shim:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
 
-        def on_term(signum, frame):
+        def on_term(signum, _frame):
             self.sigterm = True
 
         signal.signal(signal.SIGTERM, on_term)

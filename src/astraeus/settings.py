@@ -1,0 +1,295 @@
+"""Every ASTRAEUS_* environment variable that configures Astraeus, in one place (pydantic-settings).
+
+Each component reads its own model once, at start, and refuses to start on a bad value with one line that
+names the variable and says what it must be:
+
+    astraeus server: ASTRAEUS_HEARTBEAT: must be a number of seconds > 0, got "abc"
+
+  ServerSettings  `astraeus server` and `astraeus up` (the control plane; server.core.Settings is built from it)
+  AgentSettings   `astraeus agent` (and the agents `astraeus up` starts)
+  CliSettings     `astra`
+  DemoSettings    `make demo`
+
+An empty variable counts as unset. docs/configuration.md is generated from these models and the lists below:
+`python -m astraeus.settings > docs/configuration.md` (a test checks that it is current).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PREFIX = "ASTRAEUS_"
+
+
+class SettingsError(ValueError):
+    """A variable has a value Astraeus cannot use; str(e) is one line per bad variable, naming it."""
+
+
+def setting(default: Any, description: str, must: str, **constraints) -> Any:
+    """A field with its meaning (`description`) and what a value must be (`must`, for the error line)."""
+    return Field(default, description=description, json_schema_extra={"must": must}, **constraints)
+
+
+def _http_url(value: str | None) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ValueError("not an http(s) URL")
+    return value.rstrip("/") if value else value
+
+
+class _Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, extra="ignore")
+
+    READ_BY: ClassVar[str] = ""
+
+    @classmethod
+    def load(cls) -> Self:
+        """Read the environment; raises SettingsError naming each bad variable."""
+        try:
+            return cls()
+        except ValidationError as e:
+            raise SettingsError("\n".join(cls._explain(err) for err in e.errors())) from None
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        return PREFIX + field.upper()
+
+    @classmethod
+    def _explain(cls, err: dict) -> str:
+        field = str(err["loc"][0]) if err.get("loc") else ""
+        info = cls.model_fields.get(field)
+        if info is None:
+            return f"{PREFIX}*: {err.get('msg', 'invalid')}"
+        name = cls.env_name(field)
+        raw = next((v for k, v in os.environ.items() if k.upper() == name), err.get("input"))
+        must = (info.json_schema_extra or {}).get("must") or err.get("msg", "invalid")
+        return f"{name}: must be {must}, got {json.dumps(str(raw))}"
+
+
+class HomeSettings(_Settings):
+    home: Path = setting(Path("~/.astraeus"), "Where the control plane keeps its SQLite database and the `env` file "
+                         "with fresh tokens, and where an agent keeps its state (`<home>/agents/<name>`) unless "
+                         "ASTRAEUS_STATE_DIR is set. `--home` overrides it.", "a directory path")
+
+    @field_validator("home")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+
+class ServerSettings(HomeSettings):
+    """The control plane."""
+
+    READ_BY: ClassVar[str] = "`astraeus server`, `astraeus up`"
+
+    database_url: str | None = setting(
+        None, "The database, as a SQLAlchemy URL (`postgresql+psycopg://user@host:5432/astraeus`). Unset: SQLite "
+        "in `<home>/astraeus.db`. The schema is migrated at start.",
+        "a database URL such as postgresql+psycopg://user@host:5432/astraeus or sqlite:///path")
+    public_url: str | None = setting(
+        None, "The control plane's URL as users reach it (`https://console.example.com`), for the links it prints "
+        "and shows. Unset: `http://<host>:<port>`.", "an http:// or https:// URL")
+    schedule_interval: float = setting(
+        15.0, "The longest the scheduler sleeps between looks at every waiting run, in seconds; any change (a "
+        "submit, an exit, a machine joining) wakes it at once.", "a number of seconds > 0", gt=0, le=86400)
+    heartbeat: float = setting(
+        5.0, "How often an agent reports, in seconds, at least (told to each agent when it registers).",
+        "a number of seconds > 0", gt=0, le=3600)
+
+    @field_validator("database_url")
+    @classmethod
+    def _db_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            make_url(v)
+        except ArgumentError:
+            raise ValueError("not a database URL") from None
+        return v
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, v: str | None) -> str | None:
+        return _http_url(v)
+
+
+class AgentSettings(HomeSettings):
+    """A machine's agent."""
+
+    READ_BY: ClassVar[str] = "`astraeus agent`"
+
+    server: str | None = setting(
+        None, "The control plane's URL (`http://cp-host:8420`); `--server` overrides it. `astraeus up` and "
+        "`astraeus server` write it to `<home>/env`.", "an http:// or https:// URL")
+    machine_token: str | None = setting(
+        None, "A machine token (`astra`'s admins issue them; `astraeus up` and `astraeus server` write a fresh one "
+        "to `<home>/env`); `--token` overrides it. Prefer this variable: a command line is visible in `ps`.",
+        "a machine token", repr=False)
+    state_dir: Path | None = setting(
+        None, "Where the agent records its workers (adopted again after a restart). Unset: "
+        "`<home>/agents/<name>`; `--state-dir` overrides it.", "a directory path")
+    stop_grace: float = setting(
+        30.0, "Seconds between SIGTERM and SIGKILL when this machine stops a worker (0: at once). Declared to the "
+        "control plane, which counts it when it promises when a run starts.",
+        "a number of seconds >= 0", ge=0, le=86400)
+    image_map: str | None = setting(
+        None, "Image → local environment for the process runtime, first match wins: a JSON object "
+        "`{\"pytorch/*\": \"/opt/envs/torch\", \"*\": \"host\"}` or the path of a file holding one. `host` is the "
+        "agent's own PATH. Unset, or no match: the agent's own Python environment.",
+        "a JSON object {\"image glob\": \"environment dir\"} or the path of a file holding one")
+    image_map_file: Path | None = setting(
+        None, "The path of a JSON file holding the image map (as ASTRAEUS_IMAGE_MAP).",
+        "the path of a readable JSON file holding an object {\"image glob\": \"environment dir\"}")
+
+    @field_validator("server")
+    @classmethod
+    def _server_url(cls, v: str | None) -> str | None:
+        return _http_url(v)
+
+    @field_validator("image_map", "image_map_file")
+    @classmethod
+    def _image_map(cls, v, info):
+        if v is None:
+            return v
+        from astraeus.agent.runtime.images import ImageMap
+
+        raw = str(v).strip()
+        try:
+            if info.field_name == "image_map":
+                ImageMap.load(raw, None)
+            else:
+                ImageMap.load(None, raw)
+        except (OSError, ValueError) as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    def state_dir_for(self, name: str) -> Path:
+        return (self.state_dir or self.home / "agents" / name).expanduser()
+
+    def images(self):
+        """The image map (an astraeus.agent.runtime.images.ImageMap)."""
+        from astraeus.agent.runtime.images import ImageMap
+
+        return ImageMap.load(self.image_map, str(self.image_map_file) if self.image_map_file else None)
+
+
+class CliSettings(_Settings):
+    """`astra`, the command line for users."""
+
+    READ_BY: ClassVar[str] = "`astra`"
+
+    api: str | None = setting(
+        None, "The workspace's API URL (`http://cp-host:8420/api/v1/o/<org>/w/<workspace>`); wins over the one "
+        "`astra login` saved.", "an http:// or https:// URL")
+    token: str | None = setting(
+        None, "A user token for that workspace; wins over the one `astra login` saved.", "a token", repr=False)
+    config: Path | None = setting(
+        None, "Where `astra login` saves the API URL and token. Unset: `~/.config/astraeus/config.json`.",
+        "a file path")
+
+
+class DemoSettings(_Settings):
+    """`make demo`."""
+
+    READ_BY: ClassVar[str] = "`make demo`"
+
+    demo_home: Path | None = setting(
+        None, "The demo's home (its cluster, logs and recipe). Unset: a new temporary directory.", "a directory path")
+
+
+MODELS: tuple[type[_Settings], ...] = (ServerSettings, AgentSettings, CliSettings, DemoSettings)
+
+# Variables that are not settings: Astraeus sets them.
+WORKER_ENV = {
+    "ASTRAEUS_JOB_NAME": "`<workspace ns>.<run name>`",
+    "ASTRAEUS_RUN_NAME": "the run's name",
+    "ASTRAEUS_WORKER_NAME": "the worker's name (`<run>-<index>`)",
+    "ASTRAEUS_WORKER_INDEX": "the worker's index in its run, from 0",
+    "ASTRAEUS_NUM_WORKERS": "the run's number of workers",
+    "ASTRAEUS_GPU_COUNT": "the GPUs this worker holds",
+    "ASTRAEUS_ATTEMPT": "the attempt number (each restart or requeue is a new attempt)",
+    "ASTRAEUS_WORKER_ID": "`<agent>:<worker>.<attempt>`: how the agent finds the worker's processes again",
+    "CUDA_VISIBLE_DEVICES": "the GPU indices this worker holds",
+    "SLURM_JOB_NAME": "the run's name, for scripts written for Slurm",
+}
+INTERNAL_ENV = {
+    "ASTRAEUS_SHIM_OWNER": "set by the agent for each worker's supervisor (shim): the agent it belongs to",
+    "ASTRAEUS_SHIM_ID": "set by the agent for each shim: `<worker>.<attempt>`",
+    "ASTRAEUS_SHIM_DIR": "set by the agent for each shim: the attempt's folder in the state dir",
+}
+WRITTEN_ENV = {
+    "ASTRAEUS_SERVER": "the control plane's URL (read by `astraeus agent`)",
+    "ASTRAEUS_MACHINE_TOKEN": "a machine token (read by `astraeus agent`)",
+    "ASTRAEUS_API": "the default workspace's API URL (read by `astra`)",
+    "ASTRAEUS_TOKEN": "an editor token for that workspace (read by `astra`; send it as `Authorization: Bearer`)",
+    "ASTRAEUS_ADMIN_TOKEN": "an organisation-admin token (for the organisation API and console settings)",
+}
+EXAMPLE_ENV = {
+    "ASTRAEUS_OFFLINE": "`1`: the fine-tune example (and `make demo`) trains on synthetic CIFAR-shaped data with a "
+                        "small CNN, without downloading anything",
+}
+
+
+def _default(info) -> str:
+    d = info.default
+    if d is None:
+        return "(unset)"
+    if isinstance(d, Path):
+        return f"`{d}`"
+    if isinstance(d, float) and d.is_integer():
+        return f"`{int(d)}`"
+    return f"`{d}`"
+
+
+def markdown() -> str:
+    """docs/configuration.md."""
+    rows: dict[str, list] = {}
+    for model in MODELS:
+        for field, info in model.model_fields.items():
+            name = model.env_name(field)
+            if name in rows:
+                rows[name][2].append(model.READ_BY)
+            else:
+                rows[name] = [_default(info), info.description, [model.READ_BY]]
+    out = [
+        "# Configuration",
+        "",
+        "<!-- Generated by `python -m astraeus.settings > docs/configuration.md` from src/astraeus/settings.py;",
+        "     edit the models there, not this file. -->",
+        "",
+        "Astraeus reads these environment variables. Each program checks the ones it reads when it starts and "
+        "refuses to start on a bad value, with one line naming the variable, e.g. "
+        "`astraeus server: ASTRAEUS_HEARTBEAT: must be a number of seconds > 0, got \"abc\"`. An empty variable "
+        "counts as unset. A command-line option, where there is one, wins over its variable.",
+        "",
+        "## Settings",
+        "",
+        "| variable | default | read by | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, (default, desc, readers) in rows.items():
+        out.append(f"| `{name}` | {default} | {', '.join(readers)} | {desc} |")
+    for title, intro, table in (
+        ("Set for workers", "Astraeus sets these in every worker's environment (a run cannot override them):",
+         WORKER_ENV),
+        ("Written by `astraeus up` and `astraeus server`",
+         "Both write `<home>/env` (mode 0600) with fresh tokens; `source` it to use them:", WRITTEN_ENV),
+        ("Internal", "Set by the agent for its own processes; not for users:", INTERNAL_ENV),
+        ("Examples", "Read by the example programs, not by Astraeus:", EXAMPLE_ENV),
+    ):
+        out += ["", f"## {title}", "", intro, "", "| variable | meaning |", "| --- | --- |"]
+        out += [f"| `{k}` | {v} |" for k, v in table.items()]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())

@@ -32,7 +32,8 @@ def snapshots(draw, max_waiting: int = 6, allow_stopping: bool = True, quotas: b
     n = draw(st.integers(1, 4))
     machines = tuple(
         Machine(f"m{i}", draw(st.sampled_from([1, 2, 4, 8])), draw(st.sampled_from([8, 32])),
-                draw(st.sampled_from([64, 256])) * GIB, schedulable=draw(st.booleans()) or i == 0)
+                draw(st.sampled_from([64, 256])) * GIB, schedulable=draw(st.booleans()) or i == 0,
+                stop_grace_seconds=draw(st.sampled_from([0.0, 30.0, 30.0, 300.0])))
         for i in range(n)
     )
     free = {m.name: [list(range(m.gpus)), m.cpu_cores, m.memory_bytes] for m in machines}
@@ -162,14 +163,17 @@ def _fits(machines, room, workers) -> bool:
 
 
 def _room_at(snap: Snapshot, p, t: float, head: WaitingRun):
-    """Free room at time t, if running work and this plan's starts end by their time limits."""
+    """Free room at time t, if running work and this plan's starts are stopped at their time limits (and gone
+    once their machines' stop grace has run out)."""
     allowed = [m for m in snap.machines if m.schedulable]
     room = {m.name: [m.gpus, m.cpu_cores, m.memory_bytes] for m in snap.machines}
+    grace_of = {m.name: m.stop_grace_seconds for m in snap.machines}
     stopped = {s.run for s in p.stops}
     for u in snap.running:
         if u.stopping or u.run in stopped:
             continue  # gone within the stop grace
-        if u.time_limit_seconds is not None and u.started_at + u.time_limit_seconds <= t:
+        grace = max(grace_of[w.machine] for w in u.workers)
+        if u.time_limit_seconds is not None and u.started_at + u.time_limit_seconds + grace <= t:
             continue
         for w in u.workers:
             room[w.machine][0] -= len(w.gpu_indices)
@@ -178,7 +182,8 @@ def _room_at(snap: Snapshot, p, t: float, head: WaitingRun):
     runs = {r.name: r for r in snap.waiting}
     for s in p.starts:
         tl = runs[s.run].time_limit_seconds
-        if tl is not None and NOW + tl <= t:
+        grace = max(grace_of[pl.machine] for pl in s.placements)
+        if tl is not None and NOW + tl + grace <= t:
             continue
         for pl in s.placements:
             room[pl.machine][0] -= len(pl.gpu_indices)
@@ -196,8 +201,7 @@ def test_backfill_never_delays_the_head_past_its_shadow_time(snap):
     head = next(r for r in snap.waiting if r.name == p.head)
     placed = {pl.worker_index for s in p.starts if s.run == head.name for pl in s.placements}
     waiting = [w for w in head.workers if w.index not in placed]
-    grace = max(m.stop_grace_seconds for m in snap.machines)
-    allowed, room = _room_at(snap, p, max(p.shadow_time, NOW + grace), head)
+    allowed, room = _room_at(snap, p, p.shadow_time, head)
     avoid = {pl.machine for s in p.starts if s.run == head.name for pl in s.placements}
     avoid |= {w.machine for u in snap.running if u.run == head.name for w in u.workers}
     assert _fits([m for m in allowed if m.name not in avoid], room, waiting)

@@ -19,7 +19,10 @@ from .builders import (
     stopped_names,
 )
 
-AT_14 = "2026-10-01 14:00 UTC"  # NOW is 12:00; running work that started at 11:00 with a 3 h limit ends at 14:00
+AT_14 = "2026-10-01 14:00 UTC"
+# NOW is 12:00. Running work that started at 10:59:30 with a 3 h limit is stopped at 13:59:30, and gone by 14:00
+# once its machine's 30 s stop grace has run out.
+T0 = NOW - HOUR - 30
 
 
 # ------------------------------------------------------------------------------------------------ order
@@ -88,18 +91,33 @@ def test_fair_share_counts_runs_started_earlier_in_the_same_cycle():
 # ---------------------------------------------------------------------------------------------- the head
 
 
-def test_head_starts_by_shadow_time_as_running_work_ends():
+STARTS_BY_CASES = [
+    # (when the running work started, the machine's stop grace, the head's reason, its shadow time)
+    pytest.param(T0, 30.0, f"starts by {AT_14}", NOW + 2 * HOUR, id="page-example"),
+    pytest.param(NOW - HOUR, 30.0, "starts by 2026-10-01 14:01 UTC", NOW + 2 * HOUR + 30,
+                 id="counts-the-stop-grace-and-rounds-up"),
+    pytest.param(NOW - HOUR, 0.0, f"starts by {AT_14}", NOW + 2 * HOUR, id="no-stop-grace"),
+    pytest.param(NOW - HOUR, 600.0, "starts by 2026-10-01 14:10 UTC", NOW + 2 * HOUR + 600, id="long-stop-grace"),
+    pytest.param(NOW - HOUR + 1, 0.0, "starts by 2026-10-01 14:01 UTC", NOW + 2 * HOUR + 1,
+                 id="a-second-past-the-minute-rounds-up"),
+]
+
+
+@pytest.mark.parametrize("started_at, grace, when, shadow_time", STARTS_BY_CASES)
+def test_head_starts_by_shadow_time_as_running_work_ends(started_at, grace, when, shadow_time):
+    """"starts by" never promises earlier than the shadow time: work stopped at its time limit is gone once
+    its stop grace runs out, and the minute shown is rounded up."""
     snap = (
-        cluster(machine("gpu-01"))
-        .running("other", prio=5, gpus=6, limit=3 * HOUR)
-        .running("more", prio=5, gpus=2, limit=2 * HOUR)
+        cluster(machine("gpu-01", grace=grace))
+        .running("other", prio=5, gpus=6, limit=3 * HOUR, started=started_at)
+        .running("more", prio=5, gpus=2, limit=2 * HOUR, started=started_at)
         .waiting("big", gpus=8)
         .build()
     )
     p = plan(snap, NOW)
     assert p.head == "big"
-    assert p.reasons["big"] == f"Next to run (priority 0): starts by {AT_14} as running work ends"
-    assert p.shadow_time == NOW + 2 * HOUR
+    assert p.reasons["big"] == f"Next to run (priority 0): {when} as running work ends"
+    assert p.shadow_time == shadow_time
 
 
 def test_head_waits_for_running_work_to_end_without_time_limits():
@@ -117,7 +135,7 @@ def test_head_reason_shows_its_priority():
 def test_runs_behind_the_head_are_queued_behind_it():
     snap = (
         cluster(machine("gpu-01"))
-        .running("other", gpus=6, limit=3 * HOUR)
+        .running("other", gpus=6, limit=3 * HOUR, started=T0)
         .waiting("big", gpus=8)
         .waiting("small", gpus=1)
         .build()
@@ -135,7 +153,7 @@ def test_queued_behind_a_head_that_waits_for_running_work():
 def test_head_in_another_workspace_is_not_named():
     snap = (
         cluster(machine("gpu-01"))
-        .running("other", gpus=6, limit=3 * HOUR)
+        .running("other", gpus=6, limit=3 * HOUR, started=T0)
         .waiting("big", gpus=8, ws=WS_B)
         .waiting("small", gpus=1, ws=WS_A)
         .build()
@@ -225,7 +243,10 @@ def test_a_run_alone_over_quota():
     snap = cluster(machine("gpu-01"), machine("gpu-02")).workspace(WS_A, Quota(gpus=8)).waiting(
         "big", gpus=8, workers=2).build()
     p = plan(snap, NOW)
-    assert p.reasons["big"] == "Waits for more than the namespace's quota allows at all (gpus 16 asked > 8)"
+    assert p.reasons["big"] == (
+        "Waits for more than the namespace's quota allows at all (gpus 16 asked > 8): raise the quota or ask for less"
+    )
+    assert [(q.run, q.message) for q in p.quota_reached] == [("big", "Quota reached: gpus 16 asked > 8")]
 
 
 # ------------------------------------------------------------------------------------------- preemption
@@ -364,7 +385,8 @@ def test_stopping_work_is_never_chosen_again():
     )
     p = plan(snap, NOW)
     assert p.stops == ()
-    assert p.reasons["urgent"] == "Next to run (priority 0): starts by 2026-10-01 12:00 UTC as running work ends"
+    # It is gone within its machine's 30 s stop grace: by 12:00:30, shown as the next minute.
+    assert p.reasons["urgent"] == "Next to run (priority 0): starts by 2026-10-01 12:01 UTC as running work ends"
 
 
 @pytest.mark.parametrize(
@@ -393,7 +415,7 @@ def _busy(**switches):
     # gpu-01: 6 GPUs busy until 14:00; the head needs all 8. gpu-02 is full for good.
     return (
         cluster(machine("gpu-01", cpu=64), machine("gpu-02", cpu=8))
-        .running("other", prio=5, gpus=6, on="gpu-01", limit=3 * HOUR, cpu=8)
+        .running("other", prio=5, gpus=6, on="gpu-01", limit=3 * HOUR, started=T0, cpu=8)
         .running("full", prio=5, gpus=8, on="gpu-02", cpu=8)
         .waiting("big", gpus=8, cpu=32)
         .set(**switches)
@@ -402,7 +424,10 @@ def _busy(**switches):
 
 BACKFILL_CASES = [
     pytest.param(dict(limit=HOUR), True, None, id="ends-before-shadow-starts"),
-    pytest.param(dict(limit=2 * HOUR), True, None, id="ends-exactly-at-shadow-starts"),
+    # A run stopped at its time limit keeps its room for the stop grace (30 s) too.
+    pytest.param(dict(limit=2 * HOUR - 30), True, None, id="ends-exactly-at-shadow-starts"),
+    pytest.param(dict(limit=2 * HOUR), False, f"Queued behind big, which starts by {AT_14}",
+                 id="its-stop-grace-would-delay-the-head"),
     pytest.param(dict(limit=3 * HOUR), False, f"Queued behind big, which starts by {AT_14}", id="ends-after"),
     pytest.param(dict(), False, f"Queued behind big, which starts by {AT_14}", id="no-time-limit"),
     # gpu-01 has 56 cores free; the head needs 32 at 14:00, when "other" gives back 8: 24 stay held now.
@@ -593,4 +618,4 @@ def test_nothing_else_takes_the_room_while_preempting():
     assert stopped_names(p) == ["ft"]
     assert p.reasons["urgent"] == "Preempting 1 lower-priority worker(s) of ft to start"
     assert started_names(p) == []  # the 2 free GPUs are held for urgent
-    assert p.reasons["small"] == "Queued behind urgent, which starts by 2026-10-01 12:00 UTC"
+    assert p.reasons["small"] == "Queued behind urgent, which starts by 2026-10-01 12:01 UTC"  # 12:00 + 30 s grace

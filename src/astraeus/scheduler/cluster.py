@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from .model import Machine, NodeSelection, Placement, RunningUnit, Snapshot, WaitingRun, WorkerRequest
+from .model import Machine, NodeSelection, Placement, Snapshot, WaitingRun, WorkerRequest
 from .reasons import gib, number
 
 Shape = tuple[int, float, int]  # (gpus, cpu cores, memory bytes) of one worker
@@ -25,7 +25,7 @@ def shape(w: WorkerRequest) -> Shape:
     return (w.gpus, w.cpu_cores, w.memory_bytes)
 
 
-def _by_worker_index(p: Placement) -> int:
+def by_worker_index(p: Placement) -> int:
     return p.worker_index
 
 
@@ -44,6 +44,8 @@ class Cluster:
         self.cap_c = [m.cpu_cores for m in machines]
         self.cap_m = [m.memory_bytes for m in machines]
         self.schedulable = [m.schedulable for m in machines]
+        # A run stopped at its time limit holds its room for its machine's stop grace too.
+        self.max_grace = max((m.stop_grace_seconds for m in machines), default=0.0)
         self._labels: list[dict[str, str]] | None = None  # per machine, made when a run selects by labels
         self.all_schedulable = [i for i, m in enumerate(machines) if m.schedulable]
         # Who holds GPUs on each machine, for the "why not" lines: made when first asked (`holders`).
@@ -239,7 +241,7 @@ class Cluster:
                 self._note_holder(i, run, workspace, priority, n)
             out.append(Placement(w.index, self.names[i], gpus, w.cpu_cores, w.memory_bytes))
         if len(out) > 1:
-            out.sort(key=_by_worker_index)
+            out.sort(key=by_worker_index)
         return tuple(out)
 
     # ------------------------------------------------------------------------------ could it ever run here
@@ -278,6 +280,3 @@ class Cluster:
             return f"asks for {len(workers)} machines (one worker on each); only {len(fitting)} can hold its workers"
         return None
 
-
-def unit_machines(cluster: Cluster, unit: RunningUnit) -> list[int]:
-    return [cluster.index[w.machine] for w in unit.workers if w.machine in cluster.index]

@@ -1,14 +1,16 @@
 """One scheduling cycle: `plan(snapshot, now) -> Plan`. Pure: no I/O, no clock, no randomness.
 
-Phases:
-  1. Room: build the cluster's free room from machines and running work (`Cluster`).
-  2. Order: walk the queue lazily in priority → fair share → submission order (`queue_order`).
-  3. For each run: can it ever run here? is it within quota? does it fit now? Start it if so.
-  4. The first run that cannot start now but could here is the head: free room held for it by stopping work
-     preempted for it, or new victims (`choose_victims`), or its shadow time (`shadow`). Its room is held.
-  5. Runs behind the head start only in room the head does not need, or anywhere if their time limit ends
-     them by the shadow time (backfill); the rest are queued behind it.
-  6. Reasons for every run left waiting, and per-machine "why not" lines for the first ones.
+The phases, named as the README describes the scheduler (each a method of `Cycle`):
+  room                the cluster's free room from machines and running work (`Cluster`), each workspace's usage;
+  order_queue         the waiting runs lazily in priority → fair share → submission order (`queue_order`);
+  place               can the run ever run here? is it within quota? does it fit now? start it if so — behind
+                      the head only in room the head does not need, or anywhere if its time limit ends it by
+                      the shadow time (backfill);
+  find_head           the first run that cannot start now but could here is the head, and its room is held:
+    preempt             room that work stopping for it frees, or the fewest new victims (`choose_victims`);
+    compute_shadow_time otherwise when it starts at the latest, from the time limits of running work (`shadow`);
+  queue_behind_head   every later run that does not start is queued behind the head;
+  explain             per-machine "why not" lines for the first runs left waiting (`WhyNot`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from . import reasons as R
-from .cluster import Cluster
+from .cluster import Cluster, by_worker_index
 from .head import HeadFit, choose_victims, shadow, unit_grace
-from .model import Placement, Plan, QuotaReached, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
+from .model import Plan, QuotaReached, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
 from .queue import Usage, queue_order
 from .whynot import Unstarted, WhyNot
 
@@ -61,234 +63,283 @@ def _quota_check(spec: QuotaSpec, usage: Usage, workers) -> tuple[str, bool, str
     return detail, alone, reason, R.quota_reached(detail)
 
 
-def _by_worker_index(p: Placement) -> int:
-    return p.worker_index
-
-
 def plan(snapshot: Snapshot, now: float) -> Plan:
-    # 1. Room.
-    cluster = Cluster(snapshot)
-    workspaces = {ws.id: ws for ws in snapshot.workspaces}
-    usage: dict[str, Usage] = defaultdict(Usage)
-    run_machines: dict[str, set[int]] = defaultdict(set)  # machines holding workers of a run now
-    index_get = cluster.index.get
-    for u in snapshot.running:
-        use = usage[u.workspace]
-        for w in u.workers:
-            use.add(len(w.gpu_indices), w.cpu_cores, w.memory_bytes, 1)
-            i = index_get(w.machine)
-            if i is not None:
-                run_machines[u.run].add(i)
+    cycle = Cycle(snapshot, now)
+    for run in cycle.order_queue():
+        left = cycle.place(run)
+        if left is None:
+            continue  # started whole, or it has its reason (it cannot run here; it waits for quota)
+        if cycle.head is None:
+            cycle.find_head(run, *left)
+        else:
+            cycle.queue_behind_head(run)
+    return cycle.result()
 
-    starts: list[StartRun] = []
-    stops: list[StopUnit] = []
-    reasons: dict[str, str] = {}
-    quota_notes: list[QuotaReached] = []
-    unstarted: list[tuple[Unstarted, int]] = []
-    limit = snapshot.why_not_limit
-    keep = len(snapshot.waiting) if limit is None else max(limit, 0)  # runs left waiting that get why-not lines
-    head: WaitingRun | None = None
-    shadow_time: float | None = None
-    failed: set[tuple] = set()  # placements known not to fit: free room only shrinks within a cycle
-    never: dict[tuple, str | None] = {}
-    never_reason: dict[str, str] = {}
-    quota_specs = {ws_id: _quota_spec(ws) for ws_id, ws in workspaces.items()}
-    # Per workspace with a quota: group shapes -> _quota_check's answer at the workspace's usage now; cleared
-    # whenever that usage changes (same ask, same usage: same answer).
-    quota_seen: dict[str, dict] = {ws_id: {} for ws_id, spec in quota_specs.items() if spec is not None}
-    queued_behind: dict[str, str] = {}  # the reason behind the head, per workspace of the waiting run
-    backfill = snapshot.backfill
-    place, commit = cluster.place, cluster.commit
 
-    # 2. Order, 3. start what fits.
-    for run in queue_order(snapshot, usage, workspaces):
+class Cycle:
+    """What one cycle knows: the room, each workspace's usage, the head, and the plan so far."""
+
+    def __init__(self, snapshot: Snapshot, now: float):
+        self.snapshot = snapshot
+        self.now = now
+        self.starts: list[StartRun] = []
+        self.stops: list[StopUnit] = []
+        self.reasons: dict[str, str] = {}
+        self.quota_notes: list[QuotaReached] = []
+        self.unstarted: list[tuple[Unstarted, int]] = []  # the first runs left waiting: they get why-not lines
+        limit = snapshot.why_not_limit
+        self.keep = len(snapshot.waiting) if limit is None else max(limit, 0)
+        self.head: WaitingRun | None = None
+        self.shadow_time: float | None = None
+        self.failed: set[tuple] = set()  # placements known not to fit: free room only shrinks within a cycle
+        self.never: dict[tuple, str | None] = {}  # (shapes, machines) -> "Cannot run on this cluster: …" or None
+        self.queued_behind: dict[str, str] = {}  # the reason behind the head, per workspace of the waiting run
+        self.room()
+
+    # ----------------------------------------------------------------------------------------------- room
+
+    def room(self) -> None:
+        snapshot = self.snapshot
+        self.cluster = cluster = Cluster(snapshot)
+        self.workspaces = {ws.id: ws for ws in snapshot.workspaces}
+        self.usage: dict[str, Usage] = defaultdict(Usage)
+        self.run_machines: dict[str, set[int]] = defaultdict(set)  # machines holding workers of a run now
+        index_get = cluster.index.get
+        for u in snapshot.running:
+            use = self.usage[u.workspace]
+            for w in u.workers:
+                use.add(len(w.gpu_indices), w.cpu_cores, w.memory_bytes, 1)
+                i = index_get(w.machine)
+                if i is not None:
+                    self.run_machines[u.run].add(i)
+        self.quota_specs = {ws_id: _quota_spec(ws) for ws_id, ws in self.workspaces.items()}
+        # Per workspace with a quota: group shapes -> _quota_check's answer at the workspace's usage now; cleared
+        # whenever that usage changes (same ask, same usage: same answer).
+        self.quota_seen: dict[str, dict] = {ws_id: {} for ws_id, spec in self.quota_specs.items() if spec is not None}
+
+    # ---------------------------------------------------------------------------------------- order_queue
+
+    def order_queue(self):
+        return queue_order(self.snapshot, self.usage, self.workspaces)
+
+    # ---------------------------------------------------------------------------------------------- place
+
+    def place(self, run: WaitingRun) -> tuple[tuple, list[int] | None, frozenset[int]] | None:
+        """Start what of the run fits now. Returns (its workers still waiting for room, the machines it may use,
+        the machines it must avoid) when some are, None when it started whole or has its reason already."""
         workers = run.workers
         if not workers:
-            continue
-        name = run.name
+            return None
         if run.node_selection.mode == "Any" and not run.excluded_machines:
             allowed_key, allowed, allowed_list = -1, None, None  # every schedulable machine
         else:
-            allowed_key, allowed, allowed_list = cluster.allowed(run)
-        n = len(workers)
-        if n == 1:
+            allowed_key, allowed, allowed_list = self.cluster.allowed(run)
+        if len(workers) == 1:
             w0 = workers[0]
             ordered = shapes = (w0.gpus, w0.cpu_cores, w0.memory_bytes)  # one worker: its shape, not a 1-tuple
         else:
             ordered = tuple([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])
             shapes = tuple(sorted(ordered))
-        nk = (shapes, allowed_key)
-        why = never.get(nk, _UNSET)
-        if why is _UNSET:
-            why = never[nk] = cluster.never_fits(run, workers, allowed_list)
-        rm = run_machines.get(name)
+        rm = self.run_machines.get(run.name)
         avoid = frozenset(rm) if rm else _EMPTY
-        if why is not None:
-            text = never_reason.get(why)
-            if text is None:
-                text = never_reason[why] = R.cannot_run(why)
-            reasons[name] = text
-            if len(unstarted) < keep:
-                unstarted.append((Unstarted(run, workers, False, None, avoid), allowed_key))
-            continue
-        ws_id = run.workspace
-        seen = quota_seen.get(ws_id)
-        use = usage[ws_id]
-        # Behind the head a run may use the head's room only if its time limit ends it by the shadow time.
-        if head is None:
+        nk = (shapes, allowed_key)
+        never = self.never.get(nk, _UNSET)
+        if never is _UNSET:
+            why = self.cluster.never_fits(run, workers, allowed_list)
+            never = self.never[nk] = None if why is None else R.cannot_run(why)
+        if never is not None:
+            self.reasons[run.name] = never
+            self._left_waiting(run, workers, False, None, avoid, allowed_key)
+            return None
+        # Behind the head a run may use the head's room only if its time limit, and the stop grace after it,
+        # end it by the shadow time.
+        if self.head is None:
             ends_before = view_b = False
         else:
             tl = run.time_limit_seconds
-            ends_before = shadow_time is not None and tl is not None and now + tl <= shadow_time
+            st = self.shadow_time
+            ends_before = st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st
             view_b = not ends_before
-        if n == 1 or run.start == "Gang":
-            # One group, the whole run: placed all at once or not at all.
-            quota = None
-            if seen is not None:
-                quota = seen.get(ordered, _UNSET)
-                if quota is _UNSET:
-                    quota = seen[ordered] = _quota_check(quota_specs[ws_id], use, workers)
-            if quota is not None or (head is not None and not backfill):
-                chosen = None  # over quota; or backfill off: nothing behind the head starts
-            else:
-                fk = (shapes, allowed_key, avoid, view_b)
-                if fk in failed:
-                    chosen = None
-                else:
-                    chosen = place(workers, allowed, allowed_list, avoid, view_b)
-                    if chosen is None:
-                        failed.add(fk)
-            if chosen is not None:
-                placed = commit(name, ws_id, run.priority, chosen, ends_before)  # in worker order
-                for w, _ in chosen:
-                    use.add(w.gpus, w.cpu_cores, w.memory_bytes, 1)
-                if seen is not None:
-                    seen.clear()
-                starts.append(StartRun(name, placed, head is not None))
-                continue
-            waiting: tuple | list = workers
+        where = (allowed_key, allowed, allowed_list)
+        if len(workers) == 1 or run.start == "Gang":
+            waiting, quota = self._place_together(run, ordered, shapes, where, avoid, view_b, ends_before)
         else:
-            # Independent workers: each one on its own.
-            placements: list = []
-            waiting = []
-            quota = None
-            for k, w in enumerate(workers):
-                s = ordered[k]
-                if seen is not None:
-                    q = seen.get(s, _UNSET)
-                    if q is _UNSET:
-                        q = seen[s] = _quota_check(quota_specs[ws_id], use, (w,))
-                    if q is not None:
-                        quota = q
-                        waiting.extend(workers[k:])
-                        break
-                if head is not None and not backfill:
-                    chosen = None  # backfill off: nothing behind the head starts
-                else:
-                    fk = (s, allowed_key, avoid, view_b)
-                    if fk in failed:
-                        chosen = None
-                    else:
-                        chosen = place((w,), allowed, allowed_list, avoid, view_b)
-                        if chosen is None:
-                            failed.add(fk)
-                if chosen is None:
-                    waiting.append(w)
-                    continue
-                placements.extend(commit(name, ws_id, run.priority, chosen, ends_before))
-                for cw, i in chosen:
-                    use.add(cw.gpus, cw.cpu_cores, cw.memory_bytes, 1)
-                    avoid = avoid | {i}
-                if seen is not None:
-                    seen.clear()
-            if placements:
-                if len(placements) > 1:
-                    placements.sort(key=_by_worker_index)
-                starts.append(StartRun(name, tuple(placements), head is not None))
-            if not waiting:
-                continue
+            waiting, quota, avoid = self._place_each(run, ordered, where, avoid, view_b, ends_before)
+        if not waiting:
+            return None
         if quota is not None:
-            reasons[name] = quota[2]
+            self.reasons[run.name] = quota[2]
             if not run.quota_noted:
-                quota_notes.append(QuotaReached(name, ws_id, quota[3]))
-            if len(unstarted) < keep:
-                unstarted.append((Unstarted(run, tuple(waiting), view_b, quota[0], avoid), allowed_key))
-            continue
-        if len(unstarted) < keep:
-            unstarted.append((Unstarted(run, tuple(waiting), view_b, None, avoid), allowed_key))
-        if head is not None:
-            behind = queued_behind.get(ws_id)
-            if behind is None:
-                behind = R.queued_behind(R.shown(head.name, head.workspace, ws_id), shadow_time)
-                queued_behind[ws_id] = behind
-            reasons[name] = behind
-            continue
-        # 4. The head.
-        head = run
-        shadow_time, reasons[name], new_stops = _settle_head(
-            snapshot, cluster, run, tuple(waiting), allowed_list, avoid, now
-        )
-        stops.extend(new_stops)
+                self.quota_notes.append(QuotaReached(run.name, run.workspace, quota[3]))
+            self._left_waiting(run, waiting, view_b, quota[0], avoid, allowed_key)
+            return None
+        self._left_waiting(run, waiting, view_b, None, avoid, allowed_key)
+        return waiting, allowed_list, avoid
 
-    # 6. Why not, for the first runs left waiting.
-    why_not: dict[str, tuple[tuple[str, str], ...]] = {}
-    if unstarted:
-        explain = WhyNot(cluster, head)
-        for u, allowed_key in unstarted:
-            why_not.update(explain.lines(u, allowed_key))
+    def _place_together(self, run: WaitingRun, ordered, shapes, where, avoid, view_b: bool, ends_before: bool):
+        """A gang, or a run of one worker: placed all at once or not at all. Returns (workers still waiting,
+        the quota check that stops it or None)."""
+        workers = run.workers
+        seen = self.quota_seen.get(run.workspace)
+        quota = None
+        if seen is not None:
+            quota = seen.get(ordered, _UNSET)
+            if quota is _UNSET:
+                quota = seen[ordered] = _quota_check(self.quota_specs[run.workspace], self.usage[run.workspace],
+                                                     workers)
+        if quota is not None or (self.head is not None and not self.snapshot.backfill):
+            return workers, quota  # over quota; or backfill off: nothing behind the head starts
+        chosen = self._fit(workers, shapes, where, avoid, view_b)
+        if chosen is None:
+            return workers, None
+        self.starts.append(StartRun(run.name, self._take(run, chosen, ends_before), self.head is not None))
+        return (), None
 
-    return Plan(
-        starts=tuple(starts),
-        stops=tuple(stops),
-        reasons=reasons,
-        why_not=why_not,
-        head=head.name if head is not None else None,
-        shadow_time=shadow_time,
-        quota_reached=tuple(quota_notes),
-    )
+    def _place_each(self, run: WaitingRun, ordered, where, avoid: frozenset[int], view_b: bool, ends_before: bool):
+        """Independent workers, each on its own. Returns (workers still waiting, the quota check that stops them
+        or None, the machines the run now holds workers on)."""
+        workers = run.workers
+        ws_id = run.workspace
+        seen = self.quota_seen.get(ws_id)
+        blocked = self.head is not None and not self.snapshot.backfill  # backfill off: nothing behind the head
+        placements: list = []
+        waiting: list = []
+        quota = None
+        for k, w in enumerate(workers):
+            s = ordered[k]
+            if seen is not None:
+                q = seen.get(s, _UNSET)
+                if q is _UNSET:
+                    q = seen[s] = _quota_check(self.quota_specs[ws_id], self.usage[ws_id], (w,))
+                if q is not None:
+                    quota = q
+                    waiting.extend(workers[k:])
+                    break
+            chosen = None if blocked else self._fit((w,), s, where, avoid, view_b)
+            if chosen is None:
+                waiting.append(w)
+                continue
+            placements.extend(self._take(run, chosen, ends_before))
+            avoid = avoid | {i for _, i in chosen}
+        if placements:
+            if len(placements) > 1:
+                placements.sort(key=by_worker_index)
+            self.starts.append(StartRun(run.name, tuple(placements), self.head is not None))
+        return tuple(waiting), quota, avoid
 
+    def _fit(self, workers, shapes, where, avoid: frozenset[int], view_b: bool):
+        """Machines for the workers in the view, or None (remembered: free room only shrinks in a cycle)."""
+        allowed_key, allowed, allowed_list = where
+        fk = (shapes, allowed_key, avoid, view_b)
+        if fk in self.failed:
+            return None
+        chosen = self.cluster.place(workers, allowed, allowed_list, avoid, view_b)
+        if chosen is None:
+            self.failed.add(fk)
+        return chosen
 
-def _settle_head(
-    snapshot: Snapshot, cluster: Cluster, head: WaitingRun, workers, allowed_list, avoid, now: float
-) -> tuple[float | None, str, list[StopUnit]]:
-    """Free or find room for the head and hold it. Returns (shadow time, the head's reason, stops)."""
-    machines = [i for i in (cluster.all_schedulable if allowed_list is None else allowed_list) if i not in avoid]
-    fit = HeadFit(cluster, workers, machines)
-    running = snapshot.running
+    def _take(self, run: WaitingRun, chosen, ends_before: bool):
+        """Commit the placement: the room is taken and counted in the workspace's usage."""
+        placed = self.cluster.commit(run.name, run.workspace, run.priority, chosen, ends_before)  # in worker order
+        use = self.usage[run.workspace]
+        for w, _ in chosen:
+            use.add(w.gpus, w.cpu_cores, w.memory_bytes, 1)
+        seen = self.quota_seen.get(run.workspace)
+        if seen is not None:
+            seen.clear()
+        return placed
 
-    # Work already stopping for the head: its room is the head's; no new victims if it suffices.
-    for_head = [u for u in running if u.stopping and u.preempted_for == head.name]
-    for u in for_head:
-        fit.add(u)
-    if for_head:
-        chosen = fit.placement()
-        if chosen is not None:
-            cluster.held = fit.holds(chosen)
-            t = now + max(unit_grace(cluster, u) for u in for_head)
-            n = sum(len(u.workers) for u in for_head)
-            return t, R.head_waiting_for_victims(n), []
+    def _left_waiting(self, run: WaitingRun, workers, view_b: bool, quota: str | None, avoid, allowed_key: int):
+        if len(self.unstarted) < self.keep:
+            self.unstarted.append((Unstarted(run, tuple(workers), view_b, quota, avoid), allowed_key))
 
-    if snapshot.preemption:
-        found = choose_victims(fit, head.priority, running)
-        if found is not None:
-            victims, chosen = found
-            cluster.held = fit.holds(chosen)
-            t = now + max(unit_grace(cluster, u) for u in victims + for_head)
-            stops = [
-                StopUnit(
-                    run=u.run,
-                    workers=tuple(w.name for w in u.workers),
-                    preempted_by=head.name,
-                    reason=R.preempted_by(R.shown(head.name, head.workspace, u.workspace)),
+    # ------------------------------------------------------------------------------------------ find_head
+
+    def find_head(self, run: WaitingRun, waiting, allowed_list: list[int] | None, avoid: frozenset[int]) -> None:
+        """The run is the head: free room for it by preemption, or else compute its shadow time. Either way
+        the room it will take is held, so that nothing behind it may take it."""
+        self.head = run
+        cluster = self.cluster
+        machines = [i for i in (cluster.all_schedulable if allowed_list is None else allowed_list) if i not in avoid]
+        fit = HeadFit(cluster, waiting, machines)
+        found = self.preempt(run, fit)
+        if found is None:
+            found = self.compute_shadow_time(run, fit)
+        self.shadow_time, self.reasons[run.name] = found
+
+    def preempt(self, head: WaitingRun, fit: HeadFit) -> tuple[float, str] | None:
+        """Room from lower-priority work: what already stops for the head if that suffices, else the fewest
+        new victims. Returns (when the head starts at the latest, its reason), or None when preemption cannot
+        make room."""
+        cluster, now, running = self.cluster, self.now, self.snapshot.running
+        # Work already stopping for the head: its room is the head's; no new victims if it suffices.
+        for_head = [u for u in running if u.stopping and u.preempted_for == head.name]
+        for u in for_head:
+            fit.add(u)
+        if for_head:
+            chosen = fit.placement()
+            if chosen is not None:
+                cluster.held = fit.holds(chosen)
+                t = now + max(unit_grace(cluster, u) for u in for_head)
+                return t, R.head_waiting_for_victims(sum(len(u.workers) for u in for_head))
+        if self.snapshot.preemption:
+            found = choose_victims(fit, head.priority, running)
+            if found is not None:
+                victims, chosen = found
+                cluster.held = fit.holds(chosen)
+                t = now + max(unit_grace(cluster, u) for u in victims + for_head)
+                self.stops.extend(
+                    StopUnit(
+                        run=u.run,
+                        workers=tuple(w.name for w in u.workers),
+                        preempted_by=head.name,
+                        reason=R.preempted_by(R.shown(head.name, head.workspace, u.workspace)),
+                    )
+                    for u in victims
                 )
-                for u in victims
-            ]
-            n = sum(len(u.workers) for u in victims)
-            first = victims[0]
-            return t, R.head_preempting(n, R.shown(first.run, first.workspace, head.workspace)), stops
+                first = victims[0]
+                n = sum(len(u.workers) for u in victims)
+                return t, R.head_preempting(n, R.shown(first.run, first.workspace, head.workspace))
+        for u in for_head:
+            fit.add(u, -1)  # `shadow` counts all stopping work itself
+        return None
 
-    for u in for_head:
-        fit.add(u, -1)  # `shadow` counts all stopping work itself
-    t, held = shadow(cluster, fit, running, now)
-    cluster.held = held
-    return t, R.head_next(head.priority, t), []
+    def compute_shadow_time(self, head: WaitingRun, fit: HeadFit) -> tuple[float | None, str]:
+        """When the head starts at the latest, as running work ends; the room it takes then is held now."""
+        t, held = shadow(self.cluster, fit, self.snapshot.running, self.now)
+        self.cluster.held = held
+        return t, R.head_next(head.priority, t)
+
+    # ---------------------------------------------------------------------------------- queue_behind_head
+
+    def queue_behind_head(self, run: WaitingRun) -> None:
+        ws_id = run.workspace
+        behind = self.queued_behind.get(ws_id)
+        if behind is None:
+            head = self.head
+            assert head is not None
+            behind = R.queued_behind(R.shown(head.name, head.workspace, ws_id), self.shadow_time)
+            self.queued_behind[ws_id] = behind
+        self.reasons[run.name] = behind
+
+    # -------------------------------------------------------------------------------------------- explain
+
+    def explain(self) -> dict[str, tuple[tuple[str, str], ...]]:
+        why_not: dict[str, tuple[tuple[str, str], ...]] = {}
+        if self.unstarted:
+            lines = WhyNot(self.cluster, self.head).lines
+            for u, allowed_key in self.unstarted:
+                why_not.update(lines(u, allowed_key))
+        return why_not
+
+    def result(self) -> Plan:
+        head = self.head
+        return Plan(
+            starts=tuple(self.starts),
+            stops=tuple(self.stops),
+            reasons=self.reasons,
+            why_not=self.explain(),
+            head=head.name if head is not None else None,
+            shadow_time=self.shadow_time,
+            quota_reached=tuple(self.quota_notes),
+        )

@@ -123,8 +123,8 @@ class HeadOutcome:
 
 
 def shadow(cluster: Cluster, fit: HeadFit, running, now: float) -> tuple[float | None, dict[int, list]]:
-    """The earliest time enough room frees for the head, from time limits (stopping work ends within its stop
-    grace), and the room to hold now. If work without a time limit must end first, the time is None and the
+    """The earliest time enough room frees for the head, from time limits and stop graces (work stopped at its
+    time limit, or stopping now, is gone when its machine's stop grace runs out), and the room to hold now. If work without a time limit must end first, the time is None and the
     room held is the room the head would take once that work ends (oldest first)."""
     events = []
     unlimited = []
@@ -134,7 +134,9 @@ def shadow(cluster: Cluster, fit: HeadFit, running, now: float) -> tuple[float |
         if u.stopping:
             events.append((now + unit_grace(cluster, u), unit_order_key(u), u))
         elif u.time_limit_seconds is not None:
-            events.append((max(now, u.started_at + u.time_limit_seconds), unit_order_key(u), u))
+            # Stopped at its time limit, it is gone once its stop grace has run out too.
+            end = max(now, u.started_at + u.time_limit_seconds) + unit_grace(cluster, u)
+            events.append((end, unit_order_key(u), u))
         else:
             unlimited.append(((u.started_at,) + unit_order_key(u), u))
     events.sort(key=lambda e: (e[0], e[1]))

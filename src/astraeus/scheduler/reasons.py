@@ -6,6 +6,7 @@ word. Another workspace's run is never named: `a job in another namespace` stand
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 GIB = 1 << 30
@@ -24,7 +25,8 @@ def gib(b: float) -> str:
 
 
 def utc_minute(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+    """The minute at or after t: a time shown as "starts by" is never earlier than the time itself."""
+    return datetime.fromtimestamp(math.ceil(t / 60) * 60, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def shown(run: str, run_workspace: str, viewer_workspace: str) -> str:
@@ -56,7 +58,7 @@ def waits_for_quota(detail: str) -> str:
 
 
 def waits_beyond_quota(detail: str) -> str:
-    return f"Waits for more than the namespace's quota allows at all ({detail})"
+    return f"Waits for more than the namespace's quota allows at all ({detail}): raise the quota or ask for less"
 
 
 def quota_reached(detail: str) -> str:
@@ -70,10 +72,13 @@ def cannot_run(detail: str) -> str:
     return f"Cannot run on this cluster: {detail}"
 
 
+def _when(shadow_time: float | None) -> str:
+    return "waits for running work to end" if shadow_time is None else f"starts by {utc_minute(shadow_time)}"
+
+
 def head_next(priority: int, shadow_time: float | None) -> str:
-    if shadow_time is None:
-        return f"Next to run (priority {priority}): waits for running work to end"
-    return f"Next to run (priority {priority}): starts by {utc_minute(shadow_time)} as running work ends"
+    ending = "" if shadow_time is None else " as running work ends"
+    return f"Next to run (priority {priority}): {_when(shadow_time)}{ending}"
 
 
 def head_preempting(workers: int, victim: str) -> str:
@@ -85,9 +90,7 @@ def head_waiting_for_victims(workers: int) -> str:
 
 
 def queued_behind(head: str, shadow_time: float | None) -> str:
-    if shadow_time is None:
-        return f"Queued behind {head}, which waits for running work to end"
-    return f"Queued behind {head}, which starts by {utc_minute(shadow_time)}"
+    return f"Queued behind {head}, which {_when(shadow_time)}"
 
 
 def preempted_by(head: str) -> str:

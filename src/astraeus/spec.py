@@ -249,6 +249,12 @@ def worker_resources(t: TaskTemplate) -> tuple[int, float, int]:
     return gpus, cpu if cpu is not None else 1.0, mem if mem is not None else 1 << 30
 
 
+def priority_allowed(priority: int, maximum: int) -> bool:
+    """A workspace may ask for priorities up to its maximum on the cluster. Negative priorities are always
+    allowed (a scavenger run needs no grant), even where an organisation admin set a negative maximum."""
+    return priority < 0 or priority <= maximum
+
+
 class RunSpecBody(Strict):
     priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = 0
     start: Literal["Gang", "Independent"] = "Gang"

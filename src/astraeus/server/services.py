@@ -267,7 +267,7 @@ def _cluster_for(session: Session, caller: Caller, name: str | None) -> tuple[Cl
 def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -> Run:
     require(caller, "editor")
     cluster, access = _cluster_for(session, caller, body.spec.cluster)
-    if body.spec.priority > access.max_priority:
+    if not S.priority_allowed(body.spec.priority, access.max_priority):
         raise ApiError(403, "PRIORITY_NOT_ALLOWED",
                        f"priority {body.spec.priority} is above namespace {caller.workspace.ns}'s maximum of "
                        f"{access.max_priority}")
@@ -369,7 +369,7 @@ def create_drive(session: Session, caller: Caller, body: S.DriveCreate, at: floa
         raise ApiError(403, "HOST_PATH_NOT_GRANTED",
                        f"spec.sources[0].path {src.path} is outside the host paths granted to workspace "
                        f"{caller.workspace.name} on cluster {cluster.name} ({allowed}): use a path under one of them, "
-                       "or ask an organisation admin to grant it (Settings → Clusters → Host paths)")
+                       "or ask an organisation admin to grant it (Settings → Clusters → Change → Host paths)")
     name = body.metadata.name
     if session.scalar(select(Drive.id).where(Drive.workspace_id == caller.workspace.id, Drive.name == name)):
         raise ApiError(409, "ALREADY_EXISTS", f"a drive named {name} already exists: choose another metadata.name")

@@ -258,3 +258,43 @@ def test_settings_for_organisation_admins(browser, console_cluster):
     assert page.text_content("#priority-hint") == "Higher runs first and may preempt lower. Up to 50 here."
     assert page.text_content("#max-priority") == "50"
     ctx.close()
+
+
+def test_the_access_form_refuses_a_quota_the_api_refuses(browser, console_cluster):
+    """Settings → Clusters → Change: a negative quota and an out-of-range one are refused with the API's own
+    message, what was typed stays in the form, and nothing is stored."""
+    c = console_cluster
+    with c.admin() as a:
+        before = a.get("/workspaces/vision").json()
+    ctx, page = sign_in(browser, c, c.admin_token)
+    for field, typed, api_quota in (("quota_gpus", "-2", {"gpus": -2}),
+                                    ("quota_workers", "99999999999", {"workers": 99999999999})):
+        with c.admin() as a:
+            r = a.patch("/workspaces/vision", json={"clusters": {"main": {"quota": api_quota}}})
+            assert r.status_code == 422, r.text
+            api_message = r.json()["message"]
+        page.goto(c.server + "/o/acme/settings")
+        page.click("tr[data-access='main/vision'] a:has-text('Change')")
+        page.fill(f"input[name={field}]", typed)
+        page.click("button:has-text('Save')")
+        page.wait_for_selector("#form-error")
+        assert page.inner_text("#form-error").strip() == api_message
+        assert page.input_value(f"input[name={field}]") == typed
+        shot(page, f"settings-change-refused-{field}")
+    assert api_message == "clusters.main.quota.workers: Input should be less than or equal to 2147483647"
+    page.goto(c.server + "/o/acme/settings")
+    assert "-2" not in page.inner_text("tr[data-ws='vision/main']")
+    with c.admin() as a:
+        assert a.get("/workspaces/vision").json() == before
+    ctx.close()
+
+
+def test_time_limit_is_under_more_options_with_priority(editor, console_cluster):
+    page = editor
+    page.goto(console_cluster.server + "/o/acme/w/vision/runs/new")
+    assert not page.is_visible("input[name=time_limit]") and not page.is_visible("input[name=priority]")
+    page.click("summary:has-text('More options')")
+    more = page.inner_text("#more-options")
+    assert "Priority" in more and "Time limit" in more
+    assert page.is_visible("input[name=time_limit]") and page.is_visible("input[name=priority]")
+    shot(page, "new-run-more-options")

@@ -1,0 +1,74 @@
+"""The shape of the HTTP layer: one module-level router per resource, the ControlPlane read from app.state, the
+console imported by the server only where the app is assembled, and every URL under its OpenAPI tag."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import import_module
+
+import pytest
+from fastapi import APIRouter
+
+ROUTERS = ("workspace", "runs", "workers", "drives", "events", "machines", "admin", "agent", "health", "console")
+SERVER_ROUTERS = [n for n in ROUTERS if n != "console"]
+
+
+@pytest.mark.parametrize("name", ROUTERS)
+def test_each_resource_is_a_module_level_router(name):
+    assert isinstance(import_module(f"astraeus.server.routers.{name}").router, APIRouter)
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_the_server_imports_the_console_only_at_assembly():
+    imports = "; ".join(f"import astraeus.server.routers.{n}" for n in SERVER_ROUTERS)
+    r = _python(f"import sys, astraeus.server.app; {imports}; "
+                "print(sorted(m for m in sys.modules if m.startswith('astraeus.console')))")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_the_console_imports_the_server_without_a_cycle():
+    r = _python("import astraeus.console.pages, astraeus.server.routers.console, astraeus.server.app; print('ok')")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_units_import_nothing_of_astraeus():
+    r = _python("import sys, astraeus.units; print(sorted(m for m in sys.modules if m.startswith('astraeus.')))")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['astraeus.units']"
+
+
+def test_every_url_keeps_its_tag(app):
+    paths = app.client.get("/openapi.json").json()["paths"]
+    tags = {}
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            tags[f"{method.upper()} {path}"] = op["tags"]
+    ws, org = "/api/v1/o/{org}/w/{ws}", "/api/v1/o/{org}"
+    assert tags == {
+        f"GET {ws}": ["workspace"],
+        f"POST {ws}/runs": ["workspace"], f"GET {ws}/runs": ["workspace"],
+        f"GET {ws}/runs/{{name}}": ["workspace"], f"DELETE {ws}/runs/{{name}}": ["workspace"],
+        f"GET {ws}/workers": ["workspace"], f"GET {ws}/workers/{{name}}": ["workspace"],
+        f"GET {ws}/workers/{{name}}/logs": ["workspace"],
+        f"POST {ws}/drives": ["workspace"], f"GET {ws}/drives": ["workspace"],
+        f"GET {ws}/drives/{{name}}": ["workspace"], f"DELETE {ws}/drives/{{name}}": ["workspace"],
+        f"GET {ws}/events": ["workspace"], f"GET {ws}/machines": ["workspace"],
+        f"GET {org}/workspaces": ["organisation"], f"POST {org}/workspaces": ["organisation"],
+        f"GET {org}/workspaces/{{name}}": ["organisation"], f"PATCH {org}/workspaces/{{name}}": ["organisation"],
+        f"GET {org}/clusters": ["organisation"], f"POST {org}/clusters": ["organisation"],
+        f"GET {org}/clusters/{{name}}": ["organisation"], f"PATCH {org}/clusters/{{name}}": ["organisation"],
+        f"GET {org}/clusters/{{name}}/machines": ["organisation"],
+        f"POST {org}/tokens": ["organisation"], f"GET {org}/tokens": ["organisation"],
+        f"DELETE {org}/tokens/{{token_id}}": ["organisation"],
+        "POST /api/v1/agent/register": ["agent"], "GET /api/v1/agent/assignments": ["agent"],
+        "POST /api/v1/agent/report": ["agent"], "POST /api/v1/agent/logs": ["agent"],
+    }
+    # Created objects answer 201; the console's pages and the plumbing are not in the schema.
+    assert set(paths[f"{ws}/runs"]["post"]["responses"]) >= {"201", "422"}
+    assert app.client.get("/healthz").json() == {"ok": True}
+    assert app.client.get("/o/acme/w/vision/runs", follow_redirects=False).status_code == 303

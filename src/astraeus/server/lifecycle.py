@@ -458,7 +458,8 @@ def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, sig
     elif kind == StopKind.TIMELIMIT_GANG:
         _move(worker, "time_limit_gang", "Stopped with its gang at the time limit")
     elif kind == StopKind.GANG:
-        _move(worker, "gang_stopped", "Stopped to restart its gang")
+        failed = any(w.state == W.FAILED for w in run.workers)  # for good: the gang is not restarted
+        _move(worker, "gang_stopped", "Stopped: a worker of its gang failed" if failed else "Stopped to restart its gang")
         _requeue_gang(run)
     elif exit_code == 0 and kind is None:
         _move(worker, "succeed", "Exited with code 0")

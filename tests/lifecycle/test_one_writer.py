@@ -1,0 +1,133 @@
+"""server/lifecycle.py is the only code that writes a state, a stop kind, a reason, a restart or preemption
+count, or a crash-loop backoff. This reads every module of src/astraeus (its syntax tree, not its text, so a
+tuple assignment, an augmented one or a keyword of a row's constructor is found too) and fails on any write
+of those fields elsewhere.
+
+The scheduler and the simulator are left out: their objects are frozen dataclasses and the simulator's own
+records, never database rows; a test below makes sure they never import the server or SQLAlchemy, so no row
+can reach them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "astraeus"
+WRITER = SRC / "server" / "lifecycle.py"
+NO_ROWS = ("scheduler", "sim")  # packages that never hold a database row (checked below)
+WATCHED = {"state", "stop_kind", "stop_reason", "reason", "queue_reason", "restarts", "preemptions",
+           "preempted_by", "crash_streak", "restart_at", "desired"}
+ROWS = {"Run", "Worker", "Machine"}
+# setattr with a computed name, where the object is known not to be a row that has a watched field:
+# (module, function) -> the model it writes, checked below to have no watched column.
+COMPUTED_SETATTR = {("server/services.py", "set_access"): "Access"}
+
+
+def writes(source: str, module: str = "") -> list[tuple[int, str]]:
+    """(line, what) for each write of a watched field in `source`."""
+    found = []
+    tree = ast.parse(source)
+    owner = {}  # node -> name of the function it is in
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for n in ast.walk(fn):
+                if n is not fn:
+                    owner.setdefault(n, fn.name)  # the outermost function: ast.walk goes breadth first
+
+    def targets(t):
+        if isinstance(t, (ast.Tuple, ast.List)):
+            for e in t.elts:
+                yield from targets(e)
+        elif isinstance(t, ast.Starred):
+            yield from targets(t.value)
+        else:
+            yield t
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            tgts = [x for t in node.targets for x in targets(t)]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            tgts = list(targets(node.target))
+        else:
+            tgts = []
+        for t in tgts:
+            if isinstance(t, ast.Attribute) and t.attr in WATCHED:
+                found.append((node.lineno, f"assignment to .{t.attr}"))
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name == "setattr" and len(node.args) >= 2:
+                a = node.args[1]
+                computed = not isinstance(a, ast.Constant)
+                if computed and (module, owner.get(node)) in COMPUTED_SETATTR:
+                    continue
+                if computed or a.value in WATCHED:
+                    found.append((node.lineno, "setattr of " + (repr(a.value) if isinstance(a, ast.Constant)
+                                                                else "a computed name")))
+            if name in ROWS | {"values", "update", "insert"}:
+                for k in node.keywords:
+                    if k.arg in WATCHED:
+                        found.append((node.lineno, f"{name}({k.arg}=...)"))
+    return found
+
+
+def modules():
+    for p in sorted(SRC.rglob("*.py")):
+        rel = p.relative_to(SRC)
+        if p == WRITER or rel.parts[0] in NO_ROWS:
+            continue
+        yield rel, p
+
+
+def test_only_lifecycle_writes_states_reasons_counts_and_backoff():
+    found = [f"src/astraeus/{rel}:{line}: {what}" for rel, p in modules()
+             for line, what in writes(p.read_text(), rel.as_posix())]
+    assert not found, ("write these through a function of server/lifecycle.py (add a rule to its RULES when it "
+                       "is a new transition):\n" + "\n".join(found))
+
+
+def test_the_computed_setattrs_left_in_write_no_watched_field():
+    from astraeus.server import db
+
+    for (module, function), model in COMPUTED_SETATTR.items():
+        assert f"def {function}(" in (SRC / module).read_text()
+        assert not WATCHED & set(getattr(db, model).__table__.columns.keys()), model
+
+
+def test_the_packages_left_out_hold_no_database_rows():
+    for pkg in NO_ROWS:
+        for p in sorted((SRC / pkg).rglob("*.py")):
+            tree = ast.parse(p.read_text())
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                for n in names:
+                    assert not n.startswith(("astraeus.server", "sqlalchemy")), f"{p}: imports {n}"
+
+
+def test_the_check_finds_every_kind_of_write():
+    sample = """
+w.state = "Running"
+w.state, w.reason = "Failed", "x"
+w.restarts += 1
+(a.b).crash_streak = 0
+m.restart_at: float = 1.0
+setattr(w, "stop_kind", None)
+setattr(w, name, None)
+Worker(run_id=1, state="Pending")
+session.execute(update(Worker).values(preemptions=3))
+w.attempt += 1
+x = w.state
+w.machine_id = None
+"""
+    assert writes(sample) == [
+        (2, "assignment to .state"), (3, "assignment to .state"), (3, "assignment to .reason"),
+        (4, "assignment to .restarts"), (5, "assignment to .crash_streak"), (6, "assignment to .restart_at"),
+        (7, "setattr of 'stop_kind'"), (8, "setattr of a computed name"), (9, "Worker(state=...)"),
+        (10, "values(preemptions=...)"),
+    ]
+
+
+def test_lifecycle_itself_is_where_they_are_written():
+    fields = {what.split(".")[-1] for _, what in writes(WRITER.read_text()) if what.startswith("assignment")}
+    assert {"state", "reason", "stop_kind", "restarts", "preemptions", "crash_streak", "restart_at"} <= fields

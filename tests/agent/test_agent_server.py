@@ -2,47 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import httpx
-import pytest
 
 from astraeus.agent.agent import Agent
 
 from .conftest import pid_alive
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def server(tmp_path):
-    uvicorn = pytest.importorskip("uvicorn")
-    from astraeus.main import bootstrap
-    from astraeus.server.app import create_app
-    from astraeus.server.core import ControlPlane, Settings
-
-    port = _free_port()
-    settings = Settings(home=tmp_path / "home", port=port, heartbeat_seconds=1, schedule_interval=1)
-    cp = ControlPlane.open(settings)
-    boot = bootstrap(cp, "acme", "vision", "main", [str(tmp_path / "data")])
-    srv = uvicorn.Server(uvicorn.Config(create_app(settings, cp), host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    deadline = time.time() + 20
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.02)
-    boot["url"] = f"http://127.0.0.1:{port}"
-    boot["api"] = f"{boot['url']}/api/v1/o/acme/w/vision"
-    yield boot
-    srv.should_exit = True
-    t.join(timeout=10)
-    cp.engine.dispose()
 
 
 def _wait(pred, timeout=20.0, what="condition"):

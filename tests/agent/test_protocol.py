@@ -1,0 +1,128 @@
+"""The typed agent protocol (astraeus.protocol): what the control plane refuses, what it records, and an
+assignment's way from the server's model, over HTTP, into the agent's."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from astraeus.agent.agent import Agent
+from astraeus.protocol import Assignment, ConfigFile, Mount
+
+
+def _mt(app) -> dict:
+    return {"Authorization": f"Bearer {app.boot['machine_token']}"}
+
+
+def _machine(client, admin_token: str, name: str) -> dict:
+    r = client.get("/api/v1/o/acme/clusters/main/machines", headers={"Authorization": f"Bearer {admin_token}"})
+    assert r.status_code == 200, r.text
+    return next(m for m in r.json()["items"] if m["name"] == name)
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/register", {"name": "gpu-02", "gpus": 1, "gpu_count": 4}, "gpu_count"),
+    ("/report", {"machine": "gpu-02", "workers": [], "heartbeat": True}, "heartbeat"),
+    ("/report", {"machine": "gpu-02", "workers": [{"worker": "w-0", "attempt": 1, "state": "Exited",
+                                                   "exitcode": 3}]}, "workers[0].exitcode"),
+    ("/logs", {"machine": "gpu-02", "lines": [{"worker": "w-0", "seq": 1, "txt": "hi"}]}, "lines[0].txt"),
+])
+def test_unknown_field_is_a_422_naming_it(app, path, body, field):
+    assert app.client.post("/api/v1/agent/register", json={"name": "gpu-02"}, headers=_mt(app)).status_code == 200
+    r = app.client.post("/api/v1/agent" + path, json=body, headers=_mt(app))
+    assert r.status_code == 422, r.text
+    assert r.json()["message"] == f"{field}: unknown field: remove it or check its spelling"
+    assert r.json()["errors"][0]["field"] == field
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/register", {"gpus": 8}, "name"),
+    ("/report", {"workers": []}, "machine"),
+    ("/report", {"machine": "gpu-02", "workers": [{"worker": "w-0", "attempt": 1}]}, "workers[0].state"),
+    ("/logs", {"machine": "gpu-02", "lines": [{"worker": "w-0", "text": "hi"}]}, "lines[0].seq"),
+])
+def test_missing_required_field_is_a_422_naming_it(app, path, body, field):
+    r = app.client.post("/api/v1/agent" + path, json=body, headers=_mt(app))
+    assert r.status_code == 422, r.text
+    assert r.json()["message"] == f"{field}: field required"
+
+
+def test_unknown_worker_state_is_refused(app):
+    r = app.client.post("/api/v1/agent/report", headers=_mt(app), json={
+        "machine": "gpu-02", "workers": [{"worker": "w-0", "attempt": 1, "state": "Done"}]})
+    assert r.status_code == 422, r.text
+    assert r.json()["message"].startswith("workers[0].state: ")
+    for state in ("Starting", "Running", "Exited", "StartFailed"):
+        assert state in r.json()["message"]
+
+
+def test_zero_stop_grace_is_recorded_as_zero(app):
+    r = app.client.post("/api/v1/agent/register", headers=_mt(app),
+                        json={"name": "gpu-03", "gpus": 1, "stop_grace_seconds": 0})
+    assert r.status_code == 200, r.text
+    assert _machine(app.client, app.boot["admin_token"], "gpu-03")["stop_grace_seconds"] == 0
+    # Not declared at all: the protocol's default, 30 s.
+    assert app.client.post("/api/v1/agent/register", headers=_mt(app), json={"name": "gpu-04"}).status_code == 200
+    assert _machine(app.client, app.boot["admin_token"], "gpu-04")["stop_grace_seconds"] == 30
+
+
+def _wait(pred, timeout=20.0, what="condition"):
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        last = pred()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def test_assignment_round_trip_through_the_agent(server, tmp_path):
+    """The server's Assignment, sent over HTTP, is the agent's Assignment field for field; the agent declares
+    its 0 s stop grace and reports the worker back with the same models."""
+    from sqlalchemy import select
+
+    from astraeus.server import agents
+    from astraeus.server.db import Machine
+
+    h = {"Authorization": f"Bearer {server['token']}"}
+    (tmp_path / "data").mkdir()
+    drive = {"metadata": {"name": "ckpt"}, "spec": {"sources": [
+        {"node": "gpu-01", "path": str(tmp_path / "data" / "ckpt"), "mount_path": "/ckpt", "mode": "ReadWrite"}],
+        "permissions": {"create": True}}}
+    assert httpx.post(server["api"] + "/drives", json=drive, headers=h).status_code == 201
+    run = {"metadata": {"name": "rt"}, "spec": {"task_template": {
+        "image": "python:3.11", "command": "python", "args": ["-c", "print('hello', flush=True)"],
+        "env": {"MODE": "test"}, "restart_policy": "Never", "time_limit_seconds": 600,
+        "requested_resources": {"cpu_cores": 1, "memory_bytes": 1 << 30, "gpu_requests": {"count": 1}},
+        "datavolume_refs": [{"name": "ckpt", "mount_path": "/ckpt"}],
+        "configs": [{"mounts": ["/app/conf.txt"], "value": "lr=0.1"}]}}}
+    r = httpx.post(server["api"] + "/runs", json=run, headers=h)
+    assert r.status_code == 201, r.text
+
+    agent = Agent(server["url"], server["machine_token"], "gpu-01", gpus=2, cpu_cores=8, memory_bytes=64 << 30,
+                  state_dir=str(tmp_path / "agent"), stop_grace=0, poll_wait=2, stop_workers_on_exit=True)
+    agent.start()
+    try:
+        got = _wait(lambda: next((a for k, a in (agent.assignments or {}).items() if k[0] == "rt-0"), None),
+                    what="the assignment at the agent")
+        with server["cp"].sessions() as s:
+            m = s.scalar(select(Machine).where(Machine.name == "gpu-01"))
+            assert m.stop_grace_seconds == 0  # declared by the agent, recorded as is
+            sent = next(a for a in agents.assignments(s, m) if a.worker == "rt-0")
+        assert isinstance(got, Assignment) and got == sent
+        assert got.mounts == [Mount(drive="ckpt", host_path=str(tmp_path / "data" / "ckpt"), mount_path="/ckpt",
+                                    read_only=False, create=True, granted_root=str(tmp_path / "data"))]
+        assert got.configs == [ConfigFile(mount_path="/app/conf.txt", value="lr=0.1")]
+        assert got.env["MODE"] == "test" and got.env["ASTRAEUS_WORKER_NAME"] == "rt-0"
+        assert got.time_limit_seconds == 600 and got.desired == "Running"
+        # Back the other way: the agent's report and log lines are accepted and shown.
+        w = _wait(lambda: (x := httpx.get(server["api"] + "/workers/rt-0", headers=h).json())["state"]
+                  in ("Succeeded", "Failed") and x, what="the worker's end")
+        assert w["state"] == "Succeeded" and w["environment"] and w["started_at"], w
+        logs = _wait(lambda: httpx.get(server["api"] + "/workers/rt-0/logs", headers=h).text, what="logs")
+        assert logs == "hello\n"
+    finally:
+        agent.shutdown()

@@ -119,7 +119,7 @@ def pg_schema(url: str) -> dict:
 
 def sqlite_schema(path: Path) -> dict[str, str]:
     """SQLite's stored CREATE statement of every table and index, by name."""
-    con = sqlite3.connect(path)
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)  # never writes (a fixture stays as made)
     rows = con.execute("SELECT name, sql FROM sqlite_master WHERE name <> 'alembic_version' AND sql IS NOT NULL")
     out = dict(rows.fetchall())
     con.close()
@@ -149,7 +149,7 @@ def load_into_postgres(release: str, url: str) -> None:
         for stmt in ddl:
             conn.exec_driver_sql(stmt)
     alembic(url, command.stamp, "0001")
-    source = rows(f"sqlite:///{FIXTURES / f'{release}.db'}")
+    source = rows(f"sqlite:///file:{FIXTURES / f'{release}.db'}?mode=ro&uri=true")
     md = sa.MetaData()
     md.reflect(engine)
     with engine.begin() as conn:

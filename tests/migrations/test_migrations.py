@@ -395,3 +395,23 @@ def test_0002_is_a_no_op_where_the_release_already_added_the_column(tmp_path):
     alembic(url, command.upgrade, "0002")
     assert sqlite_schema(path) == schema
     assert version(url) == "0002"
+
+
+def test_downgrade_to_0001_keeps_every_row(released, tmp_path):
+    """Down to the first release's schema and up again, on a database with rows: nothing but the later
+    revisions' columns goes (SQLite drops the columns in place; a copy of `workers` would break log_lines')."""
+    _release, url, before = released
+    url = url or f"sqlite:///{tmp_path / 'home' / 'astraeus.db'}"
+    alembic(url, command.upgrade, "head")
+    alembic(url, command.downgrade, "0001")
+    down = rows(url)
+    assert {c for w in down["workers"].values() for c in w} & {"deadline", "restart_at", "crash_streak"} == set()
+    alembic(url, command.upgrade, "head")
+    assert differences(url) == []
+    up = rows(url)
+    for table, old_rows in before.items():
+        assert set(up[table]) == set(old_rows), table
+        for id_, old in old_rows.items():
+            assert {k: v for k, v in up[table][id_].items() if k != "deadline"} == \
+                   {k: v for k, v in old.items() if k != "deadline"} | (
+                       {"restart_at": None, "crash_streak": 0} if table == "workers" else {}), (table, id_)

@@ -29,6 +29,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("workers") as batch:
+    # ALTER TABLE ... DROP COLUMN (SQLite 3.35+), not batch's copy-and-move: copying would drop and recreate
+    # `workers`, which the foreign keys of log_lines forbid while they hold rows.
+    with op.batch_alter_table("workers", recreate="never") as batch:
         batch.drop_index("ix_workers_deadline")
         batch.drop_column("deadline")

@@ -20,6 +20,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("workers") as batch:
+    # ALTER TABLE ... DROP COLUMN (SQLite 3.35+), not batch's copy-and-move: copying would drop and recreate
+    # `workers`, which the foreign keys of log_lines forbid while they hold rows.
+    with op.batch_alter_table("workers", recreate="never") as batch:
         batch.drop_column("crash_streak")
         batch.drop_column("restart_at")

@@ -101,6 +101,10 @@ class ServerSettings(HomeSettings):
     heartbeat: float = setting(
         5.0, "How often an agent reports, in seconds, at least (told to each agent when it registers).",
         "a number of seconds > 0", gt=0, le=3600)
+    restart_backoff_base: float = setting(
+        10.0, "Crash-loop backoff: a failed worker that restarts waits this many seconds, doubling with each "
+        "failure in a row up to 5 minutes (10 s, 20 s, 40 s, …); the count starts again once an attempt has run "
+        "for 10 minutes. A preemption never waits.", "a number of seconds from 0 to 300", ge=0, le=300)
 
     @field_validator("database_url")
     @classmethod
@@ -131,8 +135,10 @@ class AgentSettings(HomeSettings):
         None, "The control plane's URL (`http://cp-host:8420`); `--server` overrides it. `astraeus up` and "
         "`astraeus server` write it to `<home>/env`.", "an http:// or https:// URL")
     machine_token: str | None = setting(
-        None, "A machine token (`astra`'s admins issue them; `astraeus up` and `astraeus server` write a fresh one "
-        "to `<home>/env`); `--token` overrides it. Prefer this variable: a command line is visible in `ps`.",
+        None, "A machine token (an organisation admin issues one with `POST /api/v1/o/<org>/tokens "
+        "{\"kind\": \"machine\", \"cluster\": ...}`; `astraeus up` and `astraeus server` write a fresh one to "
+        "`<home>/env`); `--token` overrides it. Prefer this variable to `--token`: a command line is visible in "
+        "`ps`.",
         "a machine token", repr=False)
     state_dir: Path | None = setting(
         None, "Where the agent records its workers (adopted again after a restart). Unset: "

@@ -1,0 +1,103 @@
+"""Typed settings (astraeus.settings): a bad ASTRAEUS_* value stops a program at start with one line naming the
+variable; docs/configuration.md lists every setting."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from astraeus import settings as S
+from astraeus.server.core import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "configuration.md"
+
+
+def _clean_env(tmp_path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")}
+    env["HOME"] = str(tmp_path)
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("argv, var, value, line", [
+    (["server"], "ASTRAEUS_HEARTBEAT", "abc",
+     'astraeus server: ASTRAEUS_HEARTBEAT: must be a number of seconds > 0, got "abc"'),
+    (["server"], "ASTRAEUS_DATABASE_URL", "db.example.com",
+     "astraeus server: ASTRAEUS_DATABASE_URL: must be a database URL such as "
+     'postgresql+psycopg://user@host:5432/astraeus or sqlite:///path, got "db.example.com"'),
+    (["up"], "ASTRAEUS_IMAGE_MAP", "[1]",
+     'astraeus up: ASTRAEUS_IMAGE_MAP: must be a JSON object {"image glob": "environment dir"} or the path of a '
+     'file holding one, got "[1]"'),
+    (["agent", "--server", "http://127.0.0.1:1", "--token", "x"], "ASTRAEUS_STOP_GRACE", "-1",
+     'astraeus agent: ASTRAEUS_STOP_GRACE: must be a number of seconds >= 0, got "-1"'),
+    (["agent", "--token", "x"], "ASTRAEUS_SERVER", "cp-host:8420",
+     'astraeus agent: ASTRAEUS_SERVER: must be an http:// or https:// URL, got "cp-host:8420"'),
+])
+def test_bad_value_stops_the_program_with_one_line_naming_it(tmp_path, argv, var, value, line):
+    p = subprocess.run([sys.executable, "-m", "astraeus.main", *argv], env=_clean_env(tmp_path, **{var: value}),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert p.stderr.splitlines() == [line], p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
+    assert not (tmp_path / ".astraeus").exists()  # nothing was created
+
+
+def test_agent_without_server_says_which_to_set(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "astraeus.main", "agent", "--token", "x"], env=_clean_env(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip() == ("astraeus agent: missing --server (or ASTRAEUS_SERVER): the control plane's URL "
+                                "and a machine token")
+
+
+def test_values_come_from_the_environment_and_keywords_win(monkeypatch, tmp_path):
+    for k in [k for k in os.environ if k.startswith("ASTRAEUS_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("ASTRAEUS_HOME", str(tmp_path / "h"))
+    monkeypatch.setenv("ASTRAEUS_HEARTBEAT", "2.5")
+    monkeypatch.setenv("ASTRAEUS_PUBLIC_URL", "https://console.example.com/")
+    monkeypatch.setenv("ASTRAEUS_STOP_GRACE", "0")
+    monkeypatch.setenv("ASTRAEUS_SCHEDULE_INTERVAL", "")  # empty: unset
+    s = Settings()
+    assert (s.home, s.heartbeat_seconds, s.schedule_interval) == (tmp_path / "h", 2.5, 15)
+    assert s.console_base() == "https://console.example.com"
+    assert Settings(home=tmp_path, heartbeat_seconds=1, port=9).heartbeat_seconds == 1
+    assert Settings.from_env(home=tmp_path / "x", port=9).console_base() == "https://console.example.com"
+    agent = S.AgentSettings.load()
+    assert agent.stop_grace == 0  # 0 s is a value, not "unset"
+    assert agent.state_dir_for("gpu-01") == tmp_path / "h" / "agents" / "gpu-01"
+    monkeypatch.setenv("ASTRAEUS_SCHEDULE_INTERVAL", "0")
+    with pytest.raises(S.SettingsError, match='^ASTRAEUS_SCHEDULE_INTERVAL: must be a number of seconds > 0, got "0"$'):
+        S.ServerSettings.load()
+    monkeypatch.setenv("ASTRAEUS_SCHEDULE_INTERVAL", "15")
+    monkeypatch.setenv("ASTRAEUS_HEARTBEAT", "soon")
+    with pytest.raises(S.SettingsError, match='^ASTRAEUS_HEARTBEAT: must be a number of seconds > 0, got "soon"$'):
+        Settings(home=tmp_path)
+
+
+def test_the_doc_lists_every_setting_and_is_current():
+    doc = DOC.read_text()
+    for model in S.MODELS:
+        for field, info in model.model_fields.items():
+            assert f"| `{model.env_name(field)}` |" in doc, model.env_name(field)
+            assert info.description and info.description in doc
+    assert doc == S.markdown(), "regenerate it: python -m astraeus.settings > docs/configuration.md"
+
+
+def test_every_astraeus_variable_in_the_code_is_documented():
+    doc = DOC.read_text()
+    names = set()
+    for path in (ROOT / "src").rglob("*.py"):
+        names |= set(re.findall(r"\bASTRAEUS_[A-Z][A-Z_]*[A-Z]\b", path.read_text()))
+    missing = sorted(n for n in names if n not in doc)
+    assert not missing, f"not in docs/configuration.md: {missing}"
+
+
+def test_readme_links_the_configuration_page():
+    assert "docs/configuration.md" in (ROOT / "README.md").read_text()

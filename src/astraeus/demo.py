@@ -81,7 +81,13 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
 
 
 def main() -> int:
-    home = Path(os.environ.get("ASTRAEUS_DEMO_HOME") or tempfile.mkdtemp(prefix="astraeus-demo-"))
+    from astraeus.settings import DemoSettings, SettingsError
+
+    try:
+        demo_home = DemoSettings.load().demo_home
+    except SettingsError as e:
+        raise SystemExit(f"demo: {e}") from None
+    home = demo_home or Path(tempfile.mkdtemp(prefix="astraeus-demo-"))
     work = home / "recipe"
     work.mkdir(parents=True, exist_ok=True)
     for f in ("drive.json", "finetune.json", "urgent.json", "finetune.py"):

@@ -174,11 +174,12 @@ def test_sbatch_squeue_scancel(c, tmp_path):
         assert re.fullmatch(r"sbatch: error: Batch job submission failed: 403 PRIORITY_NOT_ALLOWED: "
                             r"priority 60 is above namespace ws-[0-9a-f]+'s maximum of 0", err), err
 
-        # A second job waits: squeue gives the reason in parentheses.
-        ok(astra(c, "slurm", "sbatch", "-J", "second", "--gres=gpu:1", "finetune.sbatch", cwd=tmp_path))
+        # A second job of lower priority (it preempts nothing) waits: squeue gives the reason in parentheses.
+        ok(astra(c, "slurm", "sbatch", "-J", "second", "--nice=200", "--gres=gpu:1", "finetune.sbatch", cwd=tmp_path))
         c.wait_for(lambda: "(" in ok(astra(c, "slurm", "squeue", "-j", "second")), what="second pending")
         line = ok(astra(c, "slurm", "squeue", "-j", "second")).splitlines()[1]
-        assert re.fullmatch(r" +second +main +second +vision PD +0:00 +1 \(.+\)", line), line
+        assert re.fullmatch(r" +second +main +second +vision PD +0:00 +1 \(Next to run \(priority -200\): starts by "
+                            r"\d{4}-\d\d-\d\d \d\d:\d\d UTC as running work ends\)", line), line
         assert ok(astra(c, "slurm", "squeue", "-t", "PD")).count("\n") == 2
 
         assert ok(astra(c, "slurm", "scancel", "finetune", "second")) == ""

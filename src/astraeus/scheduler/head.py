@@ -8,8 +8,6 @@ machine) runs only once the cheap count check passes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .cluster import Cluster, Shape, placement_order, shape
 from .model import RunningUnit, WorkerRequest
 
@@ -112,14 +110,6 @@ def _victim_order(u: RunningUnit) -> tuple:
 def unit_grace(cluster: Cluster, u: RunningUnit) -> float:
     idx = cluster.index
     return max((cluster.machines[idx[w.machine]].stop_grace_seconds for w in u.workers if w.machine in idx), default=0.0)
-
-
-@dataclass
-class HeadOutcome:
-    shadow_time: float | None
-    held: dict[int, list]
-    victims: list[RunningUnit]  # new victims chosen this cycle
-    waiting_for: int  # workers already stopping for the head, when their room suffices (0 otherwise)
 
 
 def shadow(cluster: Cluster, fit: HeadFit, running, now: float) -> tuple[float | None, dict[int, list]]:

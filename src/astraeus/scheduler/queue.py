@@ -35,18 +35,12 @@ class Usage:
         self.workers += workers
 
 
-def dominant_share(usage: Usage, ws: Workspace | None) -> float:
-    """Largest fraction of any quota in use, divided by the weight. No quota: 0."""
-    spec = share_spec(ws)
-    return 0.0 if spec is None else _share(usage, spec)
-
-
 ShareSpec = tuple  # (gpus, cpu_cores, memory_bytes, workers limits (None: no limit), weight)
 _INF = float("inf")
 
 
 def share_spec(ws: Workspace | None) -> ShareSpec | None:
-    """What `dominant_share` needs of a workspace, read once per cycle; None when it has no quota (share 0)."""
+    """What `_share` needs of a workspace, read once per cycle; None when it has no quota (share 0)."""
     if ws is None or ws.quota is None:
         return None
     q: Quota = ws.quota
@@ -60,24 +54,14 @@ def _frac(used: float, limit: float) -> float:
 
 
 def _share(usage: Usage, spec: ShareSpec) -> float:
+    """The dominant share: the largest fraction of any quota in use, divided by the weight."""
     lg, lc, lm, lw, weight = spec
     share = 0.0  # `max(share, frac)` in field order: replaced only by a strictly larger fraction
-    if lg is not None:
-        frac = _frac(usage.gpus, lg)
-        if frac > share:
-            share = frac
-    if lc is not None:
-        frac = _frac(usage.cpu_cores, lc)
-        if frac > share:
-            share = frac
-    if lm is not None:
-        frac = _frac(usage.memory_bytes, lm)
-        if frac > share:
-            share = frac
-    if lw is not None:
-        frac = _frac(usage.workers, lw)
-        if frac > share:
-            share = frac
+    for used, limit in ((usage.gpus, lg), (usage.cpu_cores, lc), (usage.memory_bytes, lm), (usage.workers, lw)):
+        if limit is not None:
+            frac = _frac(used, limit)
+            if frac > share:
+                share = frac
     return share / weight if weight > 0 else _INF
 
 

@@ -14,6 +14,18 @@ from .model import WaitingRun
 from .reasons import OTHER_NAMESPACE, gib, number, shown
 
 
+def _size_short(s: Shape, gpus: int, cpu_cores: float, memory_bytes: int) -> str | None:
+    """What a machine of this size lacks for one worker of shape s, or None."""
+    g, cpu, mem = s
+    if gpus < g:
+        return f"machine has {gpus} GPUs, {g} asked"
+    if cpu_cores < cpu:
+        return f"machine has {number(cpu_cores)} CPU cores, {number(cpu)} asked"
+    if memory_bytes < mem:
+        return f"machine has {gib(memory_bytes)} of memory, {gib(mem)} asked"
+    return None
+
+
 @dataclass
 class Unstarted:
     """A waiting run (or the workers of it still waiting) at the end of the cycle, as it was judged."""
@@ -126,22 +138,10 @@ class WhyNot:
     def _cap_lines(self, s: Shape) -> list[str | None]:
         """Per machine: what its size lacks for one worker of shape s, or None."""
         hit = self._caps.get(s)
-        if hit is not None:
-            return hit
-        c = self.cluster
-        g, cpu, mem = s
-        out: list[str | None] = []
-        for cg, cc, cm in zip(c.cap_g, c.cap_c, c.cap_m, strict=True):
-            if cg < g:
-                out.append(f"machine has {cg} GPUs, {g} asked")
-            elif cc < cpu:
-                out.append(f"machine has {number(cc)} CPU cores, {number(cpu)} asked")
-            elif cm < mem:
-                out.append(f"machine has {gib(cm)} of memory, {gib(mem)} asked")
-            else:
-                out.append(None)
-        self._caps[s] = out
-        return out
+        if hit is None:
+            c = self.cluster
+            hit = self._caps[s] = [_size_short(s, *size) for size in zip(c.cap_g, c.cap_c, c.cap_m, strict=True)]
+        return hit
 
     def _free_lines(self, s: Shape) -> tuple[list[str | None], dict[int, str], frozenset[int]]:
         """Per machine: what its free room lacks for shape s (holders unnamed), or None; the machines short of

@@ -73,7 +73,6 @@ class TaskState:
     attempt: int = 0  # starts so far; end events carry it, so a stale one is ignored
     stopping: bool = False
     preemptions: int = 0
-    lost_seconds: float = 0.0  # run time thrown away by preemptions
     queued_seconds: float = 0.0  # all time spent waiting, over every attempt
     queued_since: float = 0.0
     finished_at: float | None = None
@@ -326,7 +325,6 @@ class Simulator:
         kept = min(kept, st.remaining)
         lost = elapsed - kept
         st.remaining -= kept
-        st.lost_seconds += lost
         st.preemptions += 1
         st.stopping = True
         gpus = sum(len(w.gpu_indices) for w in unit.workers)

@@ -168,3 +168,27 @@ def test_the_loop_does_not_place_a_worker_still_backing_off(world):
     assert (touched, skipped, run.workers[0].state) == (set(), True, "Pending")
     touched, skipped = loop.apply_plan(world.s, plan, lookups, T0 + 11)
     assert (skipped, run.workers[0].state, run.workers[0].restart_at) == (False, "Starting", None)
+
+
+def test_a_gang_mate_asked_to_stop_by_a_report_is_told_at_once(world):
+    """The agent on gpu-02 reports its worker failed; its mate on gpu-01 must stop: the loop tells gpu-01."""
+    run = world.run(workers=2)
+    place(0)(world, run, T0)
+    place(1, "gpu-02")(world, run, T0)
+    running(0)(world, run, T0 + 1)
+    running(1)(world, run, T0 + 1)
+    exits(1, 3)(world, run, T0 + 2)
+    world.s.flush()
+    w0 = run.workers[0]
+    assert loop.stops_asked_since(world.s, T0) == {(w0.id, T0 + 2): world.machines["gpu-01"].id}
+    assert loop.stops_asked_since(world.s, T0 + 3) == {}
+
+
+def test_the_run_says_the_time_left_when_its_gang_is_queued_again(world):
+    run = world.run(workers=2)
+    place(0)(world, run, T0)
+    place(1, "gpu-02")(world, run, T0)
+    exits(1, 3)(world, run, T0 + 1)  # restart_at T0 + 11
+    exits(0, None, 15)(world, run, T0 + 4.5)  # the mate took its stop grace
+    assert (run.state, run.reason) == ("Pending", "Restarting in 7s (exit code 3; restart 1 of 10)")
+    assert world.history(run)[-1] == ("Pending", "Restarting in 7s (exit code 3; restart 1 of 10)")

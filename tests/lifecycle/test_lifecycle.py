@@ -1,15 +1,30 @@
-"""Worker and run lifecycle on a real local cluster: restarts, time limits, gangs, preemption, env, restarts of
-the control plane, lost machines."""
+"""Worker and run lifecycle on a real local cluster: restarts, crash-loop backoff, time limits, gangs, preemption,
+env, restarts of the control plane, lost machines."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
+
+import pytest
 
 from tests.conftest import start_cluster
 
 PY = sys.executable
+# The tests that count restarts wait 1 s, 2 s, … between them instead of 10 s, 20 s, …; the crash-loop test
+# below runs on a cluster with the real backoff.
+SHORT_BACKOFF = {"ASTRAEUS_RESTART_BACKOFF_BASE": "1"}
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    """One local cluster shared by this module's tests (each uses its own run names), with a short backoff."""
+    c = start_cluster(tmp_path_factory.mktemp("shared") / "home", env=SHORT_BACKOFF)
+    yield c
+    c.stop()
 
 
 def submit(cluster, name, code, *, gpus=1, priority=0, policy="OnFailure", budget=None, limit=None, machines=None,
@@ -69,7 +84,47 @@ def test_on_failure_restarts_up_to_the_budget(shared_cluster):
     assert w["restarts"] == 2 and w["state"] == "Failed" and w["exit_code"] == 3
     assert w["reason"] == "Failed (exit code 3); restart budget spent"
     assert c.logs("crashy-0").count("try") == 3
-    assert any("restarting (1 of 2 restarts)" in h["reason"] for h in run["status"]["history"])
+    reasons = [h["reason"] for h in run["status"]["history"]]
+    assert "Failed (exit code 3); restart 1 of 2 in 1s" in reasons
+    assert "Failed (exit code 3); restart 2 of 2 in 2s" in reasons
+
+
+@pytest.mark.faults
+def test_a_crash_looping_worker_backs_off_and_says_when_it_restarts(cluster):
+    """`exit 3` at once, OnFailure: restarts come 10 s, 20 s, 40 s apart, so after 60 s at most 4 have been
+    spent; the worker's reason says when the next one comes, and the run's says the same."""
+    body = {"metadata": {"name": "crashloop"}, "spec": {"task_template": {
+        "image": "python:3.11", "command": "sh", "args": ["-c", "exit 3"], "restart_policy": "OnFailure",
+        "requested_resources": {"gpu_requests": {"count": 1}}}}}
+    with cluster.client() as h:
+        assert h.post("/runs", json=body).status_code == 201
+    countdown = re.compile(r"Restarting in (\d+)s \(exit code 3; restart (\d+) of 10\)")
+    start = time.time()
+    shown: dict[int, list[int]] = {}  # restart N -> the seconds left, as they were shown
+    while time.time() - start < 60:
+        w = cluster.worker("crashloop-0")
+        assert w["restarts"] <= 4, w
+        if w["state"] == "Pending" and (m := countdown.fullmatch(w["reason"])):
+            assert int(m[2]) == w["restarts"], w
+            shown.setdefault(int(m[2]), []).append(int(m[1]))
+        time.sleep(0.5)
+    w = cluster.wait_for(lambda: (x := cluster.worker("crashloop-0"))["state"] == "Pending" and x, 10,
+                         what="the worker to wait out its backoff")
+    assert 2 <= w["restarts"] <= 4 and w["exit_code"] == 3, w
+    assert countdown.fullmatch(w["reason"]) and countdown.fullmatch(w["reason"])[2] == str(w["restarts"]), w
+    run = cluster.run("crashloop")
+    assert run["status"]["state"] == "Pending"
+    assert countdown.fullmatch(run["status"]["reason"]), run["status"]["reason"]
+    # The reason counts down: restart 2 waits 20 s, and was shown with less and less time left.
+    assert max(shown[2]) <= 20 and shown[2] == sorted(shown[2], reverse=True) and len(set(shown[2])) > 5, shown
+    # In History: each failure with its delay, and the next start no sooner than that delay (and not at the loop's
+    # next 15 s pass: the loop wakes when the backoff ends).
+    hist = run["status"]["history"]
+    at = [datetime.fromisoformat(h["time"].replace("Z", "+00:00")).timestamp() for h in hist]
+    for n, delay in ((1, 10), (2, 20)):
+        i = next(i for i, h in enumerate(hist) if h["reason"] == f"Failed (exit code 3); restart {n} of 10 in {delay}s")
+        j = next(j for j in range(i, len(hist)) if hist[j]["state"] == "Starting")
+        assert delay <= at[j] - at[i] <= delay + 4, (n, hist)
 
 
 def test_never_does_not_restart(shared_cluster):
@@ -91,7 +146,7 @@ def test_time_limit_fails_and_is_not_restarted(shared_cluster):
 
 
 def test_a_failed_worker_of_a_gang_restarts_the_gang(tmp_path):
-    c = start_cluster(tmp_path / "home", machines=2, gpus=2)
+    c = start_cluster(tmp_path / "home", machines=2, gpus=2, env=SHORT_BACKOFF)
     try:
         code = ("import os,sys,time;print('up',os.environ['ASTRAEUS_WORKER_NAME'],os.environ['ASTRAEUS_ATTEMPT'],"
                 "flush=True);\nif os.environ['ASTRAEUS_WORKER_INDEX']=='1' and os.environ['ASTRAEUS_ATTEMPT']=='1':"

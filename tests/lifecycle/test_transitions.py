@@ -168,10 +168,11 @@ CASES = [
          [(1, place(0)), (1, place(1, "gpu-02")), (2, running(0)), (2, running(1)), (3, exits(1, 2)),
           (4, exits(0, None, 15))],
          [("Pending", "Restarting with its gang", 0, 0), ("Pending", f"{R10} (exit code 2; restart 1 of 3)", 1, 0)],
-         ("Pending", f"{R10} (exit code 2; restart 1 of 3)"),
+         ("Pending", "Restarting in 9s (exit code 2; restart 1 of 3)"),  # its mate took a second to stop
          [("Starting", "Starting 1 of 2 workers"), ("Running", "1 of 2 workers running"),
           ("Pending", "Failed (exit code 2); restart 1 of 3 in 10s"),
-          ("Stopping", "Stopping: a worker of the gang failed"), ("Pending", f"{R10} (exit code 2; restart 1 of 3)")],
+          ("Stopping", "Stopping: a worker of the gang failed"),
+          ("Pending", "Restarting in 9s (exit code 2; restart 1 of 3)")],
          [("WorkerRestarted", "r-1", "Failed (exit code 2); restart 1 of 3 in 10s")], n=2, budget=3),
     Case("a gang restarts its worker that had succeeded", ("succeed", "restart_gang", "requeue"),
          [(1, place(0)), (1, place(1, "gpu-02")), (2, running(0)), (2, running(1)), (3, exits(0, 0)),

@@ -269,7 +269,8 @@ def _derive(run: Run, at: float) -> tuple[str, str]:
         return R.PENDING, f"Preempted by higher-priority work ({run.preempted_by}); waiting to run again"
     due = restart_due(ws)
     if due is not None and due > at:
-        return R.PENDING, next(w for w in ws if w.state == W.PENDING and w.restart_at == due).reason
+        backing_off = next(w for w in ws if w.state == W.PENDING and w.restart_at == due)
+        return R.PENDING, shown_reason(backing_off.reason, due, at)  # the time left now, in History too
     return R.PENDING, run.queue_reason or "Waiting for the scheduler"
 
 

@@ -239,6 +239,13 @@ def next_restart_at(session: Session, at: float) -> float | None:
         Worker.state == lifecycle.WorkerState.PENDING.value, Worker.restart_at > at))
 
 
+def stops_asked_since(session: Session, since: float) -> dict[tuple[int, float], int]:
+    """(worker id, when its stop was asked) -> its machine, for each worker asked to stop since `since`."""
+    rows = session.execute(select(Worker.id, Worker.stop_requested_at, Worker.machine_id).where(
+        Worker.state == lifecycle.WorkerState.STOPPING.value, Worker.stop_requested_at >= since))
+    return {(wid, t): mid for wid, t, mid in rows if mid is not None}
+
+
 def cycle(cp: ControlPlane, at: float | None = None) -> set[int]:
     """One pass: timers, then a plan per cluster. Returns the machines to notify.
 
@@ -277,6 +284,7 @@ class SchedulingLoop:
         self._thread: threading.Thread | None = None
         self.last_cycle_seconds = 0.0
         self.next_restart: float | None = None  # when the earliest crash-loop backoff ends: a full cycle then
+        self._stops_told: set[tuple[int, float]] = set()
 
     def start(self) -> None:
         self._stop.clear()
@@ -322,8 +330,14 @@ class SchedulingLoop:
     def cycle_once(self, full: bool = True) -> set[int]:
         if full:
             touched = cycle(self.cp)
+            now = time.time()
             with self.cp.sessions() as session:
-                self.next_restart = next_restart_at(session, time.time())
+                self.next_restart = next_restart_at(session, now)
+                # A stop asked by an agent's report (a gang mate of a worker that failed, or that reached its time
+                # limit) is on another machine than the report's: tell that machine now, not at its next poll.
+                stops = stops_asked_since(session, now - 30)
+            touched |= {m for k, m in stops.items() if k not in self._stops_told}
+            self._stops_told = set(stops)
             return touched
         at = time.time()
         with STATE_LOCK, self.cp.sessions() as session, session.begin():

@@ -4,11 +4,12 @@ The phases, named as the README describes the scheduler (each a method of `Cycle
   room                the cluster's free room from machines and running work (`Cluster`), each workspace's usage;
   order_queue         the waiting runs lazily in priority → fair share → submission order (`queue_order`);
   place               can the run ever run here? is it within quota? does it fit now? start it if so — behind
-                      the head only in room the head does not need, or anywhere if its time limit ends it by
-                      the shadow time (backfill);
+                      the head only in room the head does not need, or anywhere if its time limit (and the
+                      stop grace after it) ends it by the shadow time (backfill);
   find_head           the first run that cannot start now but could here is the head, and its room is held:
     preempt             room that work stopping for it frees, or the fewest new victims (`choose_victims`);
-    compute_shadow_time otherwise when it starts at the latest, from the time limits of running work (`shadow`);
+    compute_shadow_time otherwise when it starts at the latest: running work ends at its time limit, and is
+                        gone once its machine's stop grace has run out (`shadow`);
   queue_behind_head   every later run that does not start is queued behind the head;
   explain             per-machine "why not" lines for the first runs left waiting (`WhyNot`).
 """

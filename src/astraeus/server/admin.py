@@ -1,6 +1,6 @@
 """Organisation administration: workspaces (quota, weight, max priority, host paths), clusters and tokens.
 
-Callers are organisation admins (`services.org_admin_caller`); the router in app.py only calls these.
+Callers are organisation admins (`services.org_admin_caller`); routers/admin.py and the console only call these.
 """
 
 from __future__ import annotations

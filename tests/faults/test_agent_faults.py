@@ -82,7 +82,8 @@ CRASHER = "import random, sys, time\ntime.sleep(random.uniform(0.3, 1.5))\nprint
 
 @pytest.mark.faults
 def test_agent_kill9_at_random_moments_while_workers_crash_loop(fleet):
-    srv = fleet.server()
+    # A short crash-loop backoff (0.5 s, 1 s, 2 s, …) so that the workers crash many times within the test.
+    srv = fleet.server(env={"ASTRAEUS_RESTART_BACKOFF_BASE": "0.5"})
     agent = fleet.agent(srv, gpus=8)
     names = [f"crash{i}-0" for i in range(4)]
     with srv.client() as c:

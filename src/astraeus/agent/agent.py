@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
+from pydantic import ValidationError
 
 from astraeus import protocol as P
 from astraeus.agent.gpus import discover_gpus
@@ -160,6 +161,11 @@ class Agent:
                     backoff.reset()
                 except NeedsRegister as e:
                     log.warning("control plane does not know this machine (%s); registering again", e)
+                    if self._sleep(backoff.next()):
+                        return
+                except ValidationError as e:  # before ValueError, which it is
+                    log.error("the control plane's answer does not fit this agent's protocol (%s); is one of them "
+                              "a different version? retrying", e)
                     if self._sleep(backoff.next()):
                         return
                 except (httpx.HTTPError, ValueError) as e:

@@ -90,7 +90,8 @@ class ServerSettings(HomeSettings):
 
     database_url: str | None = setting(
         None, "The database, as a SQLAlchemy URL (`postgresql+psycopg://user@host:5432/astraeus`). Unset: SQLite "
-        "in `<home>/astraeus.db`. The schema is migrated at start.",
+        "in `<home>/astraeus.db`. The schema is migrated at start. Alembic's own command line (its env.py in "
+        "server/migrations) reads it too.",
         "a database URL such as postgresql+psycopg://user@host:5432/astraeus or sqlite:///path")
     public_url: str | None = setting(
         None, "The control plane's URL as users reach it (`https://console.example.com`), for the links it prints "

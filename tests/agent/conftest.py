@@ -10,14 +10,15 @@ import pytest
 from astraeus.agent.runtime.process import ProcessRuntime
 
 
-def wait_for(pred, timeout: float = 10.0, interval: float = 0.02):
+def wait_for(pred, timeout: float = 10.0, interval: float = 0.02, what: str | None = None):
     end = time.monotonic() + timeout
+    v = None
     while time.monotonic() < end:
         v = pred()
         if v:
             return v
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {pred}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or pred}; last: {v!r}")
 
 
 def pid_alive(pid: int) -> bool:

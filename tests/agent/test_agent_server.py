@@ -8,18 +8,7 @@ import httpx
 
 from astraeus.agent.agent import Agent
 
-from .conftest import pid_alive
-
-
-def _wait(pred, timeout=20.0, what="condition"):
-    end = time.time() + timeout
-    last = None
-    while time.time() < end:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+from .conftest import pid_alive, wait_for
 
 
 def _run_body(name: str, tmp_path) -> dict:
@@ -51,21 +40,22 @@ def test_agent_runs_reports_ships_logs_and_stops(server, tmp_path):
     try:
         h = {"Authorization": f"Bearer {server['token']}"}
         with httpx.Client(base_url=server["api"], headers=h, timeout=10) as c:
-            _wait(lambda: c.get("/machines").json()["items"], what="the machine to join")
+            wait_for(lambda: c.get("/machines").json()["items"], timeout=20, what="the machine to join")
             r = c.post("/runs", json=_run_body("agent-e2e", tmp_path))
             assert r.status_code == 201, r.text
-            w = _wait(lambda: (x := c.get("/workers/agent-e2e-0").json()).get("state") == "Running" and x,
-                      what="the worker to run")
+            w = wait_for(lambda: (x := c.get("/workers/agent-e2e-0").json()).get("state") == "Running" and x,
+                      timeout=20, what="the worker to run")
             assert w["pid"] and pid_alive(w["pid"])
             assert w.get("environment")
-            _wait(lambda: "worker agent-e2e-0 gpus" in c.get("/workers/agent-e2e-0/logs").text, what="logs")
+            wait_for(lambda: "worker agent-e2e-0 gpus" in c.get("/workers/agent-e2e-0/logs").text, timeout=20,
+                     what="logs")
             pid = w["pid"]
             t0 = time.time()
             assert c.delete("/runs/agent-e2e").status_code == 200
-            _wait(lambda: (tmp_path / "ckpt").exists(), what="the SIGTERM checkpoint")
+            wait_for(lambda: (tmp_path / "ckpt").exists(), timeout=20, what="the SIGTERM checkpoint")
             assert time.time() - t0 < 5
             assert (tmp_path / "ckpt").read_text() == "agent-e2e"
-            _wait(lambda: not pid_alive(pid), what="the worker to end")
+            wait_for(lambda: not pid_alive(pid), timeout=20, what="the worker to end")
     finally:
         agent.request_exit()
         agent.shutdown()
@@ -77,7 +67,7 @@ def test_agent_restart_adopts_and_stop_workers_on_exit(server, tmp_path):
     h = {"Authorization": f"Bearer {server['token']}"}
     with httpx.Client(base_url=server["api"], headers=h, timeout=10) as c:
         assert c.post("/runs", json=_run_body("adopt-me", tmp_path)).status_code == 201
-        w = _wait(lambda: (x := c.get("/workers/adopt-me-0").json()).get("state") == "Running" and x)
+        w = wait_for(lambda: (x := c.get("/workers/adopt-me-0").json()).get("state") == "Running" and x, timeout=20)
         pid = w["pid"]
         a1.shutdown()  # the agent exits; the worker does not
         time.sleep(0.5)

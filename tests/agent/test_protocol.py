@@ -3,13 +3,13 @@ assignment's way from the server's model, over HTTP, into the agent's."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
 from astraeus.agent.agent import Agent
 from astraeus.protocol import Assignment, ConfigFile, Mount
+
+from .conftest import wait_for
 
 
 def _mt(app) -> dict:
@@ -68,17 +68,6 @@ def test_zero_stop_grace_is_recorded_as_zero(app):
     assert _machine(app.client, app.boot["admin_token"], "gpu-04")["stop_grace_seconds"] == 30
 
 
-def _wait(pred, timeout=20.0, what="condition"):
-    end = time.time() + timeout
-    last = None
-    while time.time() < end:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
 def test_assignment_round_trip_through_the_agent(server, tmp_path):
     """The server's Assignment, sent over HTTP, is the agent's Assignment field for field; the agent declares
     its 0 s stop grace and reports the worker back with the same models."""
@@ -106,8 +95,8 @@ def test_assignment_round_trip_through_the_agent(server, tmp_path):
                   state_dir=str(tmp_path / "agent"), stop_grace=0, poll_wait=2, stop_workers_on_exit=True)
     agent.start()
     try:
-        got = _wait(lambda: next((a for k, a in (agent.assignments or {}).items() if k[0] == "rt-0"), None),
-                    what="the assignment at the agent")
+        got = wait_for(lambda: next((a for k, a in (agent.assignments or {}).items() if k[0] == "rt-0"), None),
+                    timeout=20, what="the assignment at the agent")
         with server["cp"].sessions() as s:
             m = s.scalar(select(Machine).where(Machine.name == "gpu-01"))
             assert m.stop_grace_seconds == 0  # declared by the agent, recorded as is
@@ -119,10 +108,11 @@ def test_assignment_round_trip_through_the_agent(server, tmp_path):
         assert got.env["MODE"] == "test" and got.env["ASTRAEUS_WORKER_NAME"] == "rt-0"
         assert got.time_limit_seconds == 600 and got.desired == "Running"
         # Back the other way: the agent's report and log lines are accepted and shown.
-        w = _wait(lambda: (x := httpx.get(server["api"] + "/workers/rt-0", headers=h).json())["state"]
-                  in ("Succeeded", "Failed") and x, what="the worker's end")
+        w = wait_for(lambda: (x := httpx.get(server["api"] + "/workers/rt-0", headers=h).json())["state"]
+                  in ("Succeeded", "Failed") and x, timeout=20, what="the worker's end")
         assert w["state"] == "Succeeded" and w["environment"] and w["started_at"], w
-        logs = _wait(lambda: httpx.get(server["api"] + "/workers/rt-0/logs", headers=h).text, what="logs")
+        logs = wait_for(lambda: httpx.get(server["api"] + "/workers/rt-0/logs", headers=h).text, timeout=20,
+                        what="logs")
         assert logs == "hello\n"
     finally:
         agent.shutdown()

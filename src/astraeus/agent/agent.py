@@ -17,10 +17,11 @@ On exit the agent leaves its workers running (their shims keep supervising them;
 the same state dir adopts them), unless stop_workers_on_exit (`--stop-workers-on-exit`, used by `astraeus up`
 for local clusters): then every worker is stopped (SIGTERM, grace, SIGKILL) before it returns.
 
-Protocol: docs/api.md, "Agent API"; the bodies are the models of astraeus.protocol. The agent registers, long-polls /assignments, reconciles, reports every
-worker's state on each change and at least every heartbeat_seconds (POST /report), and ships log lines
-(POST /logs, batched, retried; the server dedups by (worker, attempt, seq)). While the control plane is down it
-retries with backoff and keeps its workers as they were last assigned.
+Protocol: docs/api.md, "Agent API"; the bodies are the models of astraeus.protocol. The agent registers,
+long-polls /assignments, reconciles, reports every worker's state on each change and at least every
+heartbeat_seconds (POST /report), and ships log lines (POST /logs, batched, retried; the server dedups by
+(worker, attempt, seq)). While the control plane is down it retries with backoff and keeps its workers as they
+were last assigned.
 """
 
 from __future__ import annotations

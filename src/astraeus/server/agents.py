@@ -20,7 +20,8 @@ def machine_token(tok: Token) -> Token:
     return tok
 
 
-def register(session: Session, tok: Token, body: P.Register, at: float, heartbeat: float) -> tuple[Machine, Cluster, bool]:
+def register(session: Session, tok: Token, body: P.Register, at: float,
+             heartbeat: float) -> tuple[Machine, Cluster, bool]:
     cluster = session.get(Cluster, tok.cluster_id)
     name = body.name
     from astraeus.spec import check_dns_label

@@ -88,6 +88,21 @@ class Token(Base):
     created_at: Mapped[float] = mapped_column(Float, default=now)
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    # A machine's own credential (kind "machine") names its machine: it reads and reports for that one only.
+    machine_id: Mapped[int | None] = mapped_column(ForeignKey("machines.id"), nullable=True, index=True)
+
+
+class ConsoleSession(Base):
+    """A signed-in console: its own secret (the cookie), its CSRF token, and the API token it acts as."""
+
+    __tablename__ = "console_sessions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the cookie's secret
+    csrf: Mapped[str] = mapped_column(String(64))
+    token_id: Mapped[int] = mapped_column(ForeignKey("tokens.id"), index=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    expires_at: Mapped[float] = mapped_column(Float)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Machine(Base):

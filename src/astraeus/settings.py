@@ -102,6 +102,9 @@ class ServerSettings(HomeSettings):
     heartbeat: float = setting(
         5.0, "How often an agent reports, in seconds, at least (told to each agent when it registers).",
         "a number of seconds > 0", gt=0, le=3600)
+    console_session_hours: float = setting(
+        12.0, "How long a console sign-in lasts, in hours; signing out, or revoking the API token it signed in "
+        "with, ends it sooner.", "a number of hours > 0", gt=0, le=24 * 365)
     restart_backoff_base: float = setting(
         10.0, "Crash-loop backoff: a failed worker that restarts waits this many seconds, doubling with each "
         "failure in a row up to 5 minutes (10 s, 20 s, 40 s, …); the count starts again once an attempt has run "

@@ -298,3 +298,76 @@ def test_time_limit_is_under_more_options_with_priority(editor, console_cluster)
     assert "Priority" in more and "Time limit" in more
     assert page.is_visible("input[name=time_limit]") and page.is_visible("input[name=priority]")
     shot(page, "new-run-more-options")
+
+
+class OtherSite:
+    """A page on another origin (its own port on 127.0.0.1): a form that posts itself to `action` on load."""
+
+    def __init__(self, action: str, fields: dict[str, str]):
+        import html
+        import http.server
+        import threading
+
+        inputs = "".join(f'<input type="hidden" name="{html.escape(k)}" value="{html.escape(v)}">'
+                         for k, v in fields.items())
+        body = (f'<!doctype html><html><body><h1>Win a GPU</h1><form method="post" action="{html.escape(action)}">'
+                f'{inputs}</form><script>document.forms[0].submit()</script></body></html>').encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_cross_origin_form_post_is_refused(browser, console_cluster):
+    """Issue 13: a page on another origin that auto-submits a New run form with the signed-in user's cookie
+    (127.0.0.1 on another port is the same *site*, so SameSite=Lax still sends it) gets the 403 page, and no
+    run is made."""
+    c = console_cluster
+    ctx, page = sign_in(browser, c, c.token)
+    action = c.server + "/o/acme/w/vision/runs/new"
+    site = OtherSite(action, {"mode": "form", "action": "start", "name": "csrf-attack", "image": "python:3.11",
+                              "command": "python", "args": "-c pass", "restart_policy": "Never"})
+    try:
+        page.goto(site.url)
+        page.wait_for_url(action)
+        page.wait_for_selector("[role=alert]")
+        assert "403" in page.inner_text("h1")
+        assert "this form was sent from another site" in page.inner_text("[role=alert]")
+        shot(page, "cross-origin-post-refused")
+    finally:
+        site.close()
+    with c.client() as api:
+        assert api.get("/runs/csrf-attack").status_code == 404
+    page.goto(c.server + "/o/acme/w/vision/runs")  # still signed in: the console itself works on
+    assert page.locator("tr[data-run='csrf-attack']").count() == 0
+    ctx.close()
+
+
+def test_sign_out_ends_the_session_for_the_old_cookie(browser, console_cluster):
+    c = console_cluster
+    ctx, page = sign_in(browser, c, c.token)
+    old = [k for k in ctx.cookies() if k["name"] == "astraeus_session"]
+    assert old and old[0]["httpOnly"] and old[0]["value"] != c.token
+    page.click("button:has-text('Sign out')")
+    page.wait_for_url(re.compile(r"/sign-in"))
+    ctx.add_cookies(old)  # the cookie as it was before signing out
+    page.goto(c.server + "/o/acme/w/vision/runs")
+    assert "/sign-in" in page.url
+    assert page.locator("input[name=token]").count() == 1
+    shot(page, "after-sign-out")
+    ctx.close()

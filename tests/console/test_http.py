@@ -4,10 +4,13 @@ without a token sends to sign-in, and no page shows another workspace's runs."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from html import escape as html_escape
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 
 def bearer(token: str) -> dict:
@@ -70,15 +73,184 @@ def test_without_a_token_pages_send_to_sign_in(console_cluster):
         assert r.status_code == 401 and "the token is not valid" in r.text
 
 
-def test_sign_in_sets_a_cookie(console_cluster):
+@contextmanager
+def signed_in(cluster, token: str) -> Iterator[httpx.Client]:
+    """A client signed in to the console by its form: it holds the session cookie, and no Authorization header."""
+    with httpx.Client(base_url=cluster.server, timeout=30) as h:
+        r = h.post("/sign-in", data={"token": token, "next": "/"}, follow_redirects=False)
+        assert r.status_code == 303, r.text[:500]
+        yield h
+
+
+def csrf_of(html: str) -> str:
+    m = re.search(r'<input type="hidden" name="csrf" value="([^"]+)">', html)
+    assert m, "the page's forms carry no CSRF token"
+    return m.group(1)
+
+
+def test_sign_in_sets_a_session_cookie_that_is_not_the_token(console_cluster):
     with httpx.Client(base_url=console_cluster.server, timeout=30) as h:
         r = h.post("/sign-in", data={"token": console_cluster.token, "next": "/o/acme/w/vision/events"},
                    follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"] == "/o/acme/w/vision/events"
-        assert "httponly" in r.headers["set-cookie"].lower()
+        cookie = r.headers["set-cookie"]
+        assert "httponly" in cookie.lower() and "samesite=lax" in cookie.lower()
+        assert "secure" not in cookie.lower()  # plain http://, no public https URL
+        assert console_cluster.token not in cookie  # the session's own secret, never the API token
+        assert h.cookies["astraeus_session"].startswith("ast_c_")
         assert h.get("/o/acme/w/vision/events").status_code == 200  # the cookie alone
         r = h.post("/sign-in", data={"token": "nope"})
         assert r.status_code == 401 and "the token is not valid" in r.text
+    # the raw API token as a cookie (as the console used to set it) opens nothing
+    with httpx.Client(base_url=console_cluster.server, timeout=30,
+                      cookies={"astraeus_token": console_cluster.token,
+                               "astraeus_session": console_cluster.token}) as h:
+        r = h.get("/o/acme/w/vision/runs", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/sign-in")
+
+
+def test_the_cookie_is_secure_behind_an_https_proxy(console_cluster):
+    """The rule: `Secure` when ASTRAEUS_PUBLIC_URL is https:// (tests/console/test_http.py::
+    test_the_cookie_is_secure_when_the_public_url_is_https) or the request came over HTTPS, as its scheme or a
+    TLS-ending proxy's X-Forwarded-Proto: https says."""
+    with httpx.Client(base_url=console_cluster.server, timeout=30) as h:
+        r = h.post("/sign-in", data={"token": console_cluster.token}, headers={"X-Forwarded-Proto": "https"},
+                   follow_redirects=False)
+        assert r.status_code == 303
+        assert "; secure" in r.headers["set-cookie"].lower()
+
+
+def test_the_cookie_is_secure_when_the_public_url_is_https(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from astraeus.main import bootstrap
+    from astraeus.server.app import create_app
+    from astraeus.server.core import ControlPlane, Settings
+
+    settings = Settings(home=tmp_path / "home", database_url=None, public_url="https://console.example.com")
+    cp = ControlPlane.open(settings)
+    boot = bootstrap(cp, "acme", "vision", "main", [])
+    with TestClient(create_app(settings, cp, run_loop=False)) as h:
+        r = h.post("/sign-in", data={"token": boot["token"]}, follow_redirects=False)
+        assert r.status_code == 303
+        assert "; secure" in r.headers["set-cookie"].lower()
+        # the public URL's origin is the console's own: a form sent from there is taken
+        r = h.post("/sign-in", data={"token": boot["token"]}, headers={"Origin": "https://console.example.com"},
+                   follow_redirects=False)
+        assert r.status_code == 303
+    cp.engine.dispose()
+
+
+NEW_RUN = "/o/acme/w/vision/runs/new"
+
+
+def run_form(name: str) -> dict:
+    return {"mode": "form", "action": "start", "name": name, "image": "python:3.11", "command": "python",
+            "args": "-c pass", "restart_policy": "Never"}
+
+
+@pytest.mark.parametrize("csrf", [None, "", "wrong"], ids=["missing", "empty", "wrong"])
+def test_a_form_without_its_csrf_token_is_refused(console_cluster, csrf):
+    c = console_cluster
+    name = f"csrf-{csrf or 'none'}"
+    with signed_in(c, c.token) as h:
+        form = run_form(name) if csrf is None else {**run_form(name), "csrf": csrf}
+        r = h.post(NEW_RUN, data=form, follow_redirects=False)
+        assert r.status_code == 403, r.text[:500]
+        assert "CSRF token is missing or wrong" in r.text
+        r = h.post("/o/acme/w/vision/drives/new", data={"name": "d", "path": "/data/astraeus/d", "csrf": "x"})
+        assert r.status_code == 403
+    with c.client() as api:
+        assert api.get(f"/runs/{name}").status_code == 404  # nothing stored
+
+
+def test_a_form_with_its_csrf_token_is_taken(console_cluster):
+    c = console_cluster
+    with signed_in(c, c.token) as h:
+        token = csrf_of(h.get(NEW_RUN).text)
+        r = h.post(NEW_RUN, data={**run_form("csrf-ok"), "csrf": token}, follow_redirects=False)
+        assert r.status_code == 303, r.text[:500]
+        # same-origin browsers send Origin; the console's own is taken
+        r = h.post(NEW_RUN, data={**run_form("csrf-ok-origin"), "csrf": token}, follow_redirects=False,
+                   headers={"Origin": c.server})
+        assert r.status_code == 303, r.text[:500]
+    with c.client() as api:
+        assert api.get("/runs/csrf-ok").status_code == 200
+        assert api.get("/runs/csrf-ok-origin").status_code == 200
+
+
+@pytest.mark.parametrize("header", ["Origin", "Referer"])
+def test_a_post_from_another_origin_is_refused_even_with_the_token(console_cluster, header):
+    c = console_cluster
+    name = f"cross-{header.lower()}"
+    other = "http://127.0.0.1:1" if header == "Origin" else "http://evil.example/page.html"
+    with signed_in(c, c.token) as h:
+        token = csrf_of(h.get(NEW_RUN).text)
+        r = h.post(NEW_RUN, data={**run_form(name), "csrf": token}, headers={header: other},
+                   follow_redirects=False)
+        assert r.status_code == 403
+        assert "this form was sent from another site" in r.text
+        # a bearer header does not make a cross-origin POST acceptable either
+        r = h.post(NEW_RUN, data=run_form(name), headers={header: other, **bearer(c.token)})
+        assert r.status_code == 403
+        r = h.post("/sign-in", data={"token": c.token}, headers={header: other}, follow_redirects=False)
+        assert r.status_code == 403  # no sign-in forced from another site
+    with c.client() as api:
+        assert api.get(f"/runs/{name}").status_code == 404
+
+
+def test_sign_out_revokes_the_session(console_cluster):
+    c = console_cluster
+    with signed_in(c, c.token) as h:
+        old = h.cookies["astraeus_session"]
+        page = h.get("/o/acme/w/vision/runs")
+        assert page.status_code == 200
+        r = h.post("/sign-out", data={"csrf": csrf_of(page.text)}, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/sign-in"
+    with httpx.Client(base_url=c.server, cookies={"astraeus_session": old}, timeout=30) as again:
+        r = again.get("/o/acme/w/vision/runs", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/sign-in")
+        r = again.post(NEW_RUN, data=run_form("after-sign-out"), follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/sign-in")
+
+
+def test_revoking_the_api_token_ends_its_console_sessions(console_cluster):
+    c = console_cluster
+    with c.admin() as a:
+        r = a.post("/tokens", json={"kind": "user", "workspace": "vision", "role": "editor"})
+        assert r.status_code == 201, r.text
+        tid, secret = r.json()["id"], r.json()["token"]
+    with signed_in(c, secret) as h:
+        assert h.get("/o/acme/w/vision/runs").status_code == 200
+        with c.admin() as a:
+            assert a.delete(f"/tokens/{tid}").status_code in (200, 204)
+        r = h.get("/o/acme/w/vision/runs", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/sign-in")
+
+
+def test_a_session_expires(tmp_path):
+    from fastapi.testclient import TestClient
+    from sqlalchemy import update
+
+    from astraeus.main import bootstrap
+    from astraeus.server.app import create_app
+    from astraeus.server.core import ControlPlane, Settings
+    from astraeus.server.db import ConsoleSession
+
+    settings = Settings(home=tmp_path / "home", database_url=None, console_session_hours=12)
+    cp = ControlPlane.open(settings)
+    boot = bootstrap(cp, "acme", "vision", "main", [])
+    with TestClient(create_app(settings, cp, run_loop=False)) as h:
+        r = h.post("/sign-in", data={"token": boot["token"]}, follow_redirects=False)
+        assert "max-age=43200" in r.headers["set-cookie"].lower()  # 12 h
+        assert h.get("/o/acme/w/vision/runs", follow_redirects=False).status_code == 200
+        with cp.sessions() as s, s.begin():
+            row = s.scalars(select(ConsoleSession)).one()
+            assert 12 * 3600 - 60 < row.expires_at - row.created_at <= 12 * 3600
+            s.execute(update(ConsoleSession).values(expires_at=row.created_at))
+        r = h.get("/o/acme/w/vision/runs", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/sign-in")
+    cp.engine.dispose()
 
 
 def test_another_workspaces_run_is_not_found(console_cluster, two_workspaces):

@@ -9,10 +9,12 @@ The console imports the server; the server imports the console only where the ap
 from __future__ import annotations
 
 import functools
+import hmac
 import json
+import secrets
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import anyio.from_thread
 import anyio.to_thread
@@ -30,14 +32,15 @@ from astraeus.console import forms
 from astraeus.server import admin, services
 from astraeus.server import bodies as B
 from astraeus.server.core import ControlPlane
-from astraeus.server.db import Access, Cluster, Org, Token, Workspace
+from astraeus.server.db import Access, Cluster, ConsoleSession, Org, Token, Workspace
 from astraeus.server.routers.deps import control_plane, machine_names, now
 from astraeus.server.routers.errors import validation_message
 from astraeus.server.services import ApiError, Caller, tx
 from astraeus.units import human_bytes, human_duration
 
 HERE = Path(__file__).parent
-COOKIE = "astraeus_token"
+COOKIE = "astraeus_session"  # a console session's own secret (never the API token)
+CSRF_FIELD = "csrf"  # the hidden input every console form carries
 STATES = ("Pending", "Starting", "Running", "Stopping", "Completed", "Failed", "Cancelled")
 TRANSPORTS = (("Auto", "RDMA when both have it, else TCP"), ("TCP", "TCP"), ("RDMA", "RDMA"))
 STATIC = "/console/static"
@@ -98,15 +101,73 @@ def base_url(request: Request) -> str:
 
 
 def authorization(request: Request) -> str | None:
-    h = request.headers.get("authorization")
-    if h:
-        return h
-    t = request.cookies.get(COOKIE)
-    return f"Bearer {t}" if t else None
+    return request.headers.get("authorization")
+
+
+# ------------------------------------------------------------------------------------ console sessions
+def own_origins(request: Request) -> set[str]:
+    """The origins this console is reached at: the request's own (scheme as X-Forwarded-Proto says, else as
+    the connection is) and ASTRAEUS_PUBLIC_URL's."""
+    scheme = (request.headers.get("x-forwarded-proto") or request.url.scheme).split(",")[0].strip().lower()
+    out = {f"{scheme}://{request.headers.get('host') or request.url.netloc}".lower()}
+    public = cp_of(request).settings.public_url
+    if public:
+        u = urlsplit(public)
+        out.add(f"{u.scheme}://{u.netloc}".lower())
+    return out
+
+
+def check_origin(request: Request) -> None:
+    """A POST must come from the console's own pages: refused when its Origin (or, without one, its Referer)
+    names another origin. Scripts that send neither (curl, httpx) pass; they authenticate with a header."""
+    origin = request.headers.get("origin")
+    if origin is None and request.headers.get("referer"):
+        u = urlsplit(request.headers["referer"])
+        origin = f"{u.scheme}://{u.netloc}"
+    if origin is not None and origin.lower() not in own_origins(request):
+        raise ApiError(403, "FORBIDDEN", f"this form was sent from another site ({origin}), not from this console: "
+                                         "open the console and send it from there")
+
+
+def secure_cookie(request: Request) -> bool:
+    """`Secure` when the console is served over HTTPS: ASTRAEUS_PUBLIC_URL is https://, or the request came over
+    HTTPS (its own scheme, or X-Forwarded-Proto: https from a proxy that ends TLS)."""
+    public = cp_of(request).settings.public_url or ""
+    proto = (request.headers.get("x-forwarded-proto") or request.url.scheme).split(",")[0].strip().lower()
+    return public.startswith("https://") or proto == "https"
+
+
+def console_session(s: Session, request: Request) -> ConsoleSession | None:
+    """The signed-in session the cookie names, when it is live (not signed out, not expired)."""
+    secret = request.cookies.get(COOKIE)
+    if not secret:
+        return None
+    cs = s.scalar(select(ConsoleSession).where(ConsoleSession.digest == services.digest(secret)))
+    if cs is None or cs.revoked or cs.expires_at <= now():
+        return None
+    return cs
 
 
 def token_of(s: Session, request: Request) -> Token:
-    tok = services.authenticate(s, authorization(request))
+    """The API token a page acts as: an `Authorization: Bearer` header's, or the console session's. A POST
+    signed in by cookie must come from this console (Origin) and carry the session's CSRF token."""
+    if request.method == "POST":
+        check_origin(request)
+    if authorization(request):
+        tok = services.authenticate(s, authorization(request))
+    else:
+        cs = console_session(s, request)
+        if cs is None:
+            raise ApiError(401, "UNAUTHENTICATED", "sign in to the console")
+        tok = s.get(Token, cs.token_id)
+        if tok is None or tok.revoked or (tok.expires_at is not None and tok.expires_at <= now()):
+            raise ApiError(401, "UNAUTHENTICATED", "the token this console signed in with is no longer valid")
+        if request.method == "POST":
+            sent = read_form(request).get(CSRF_FIELD, "")
+            if not hmac.compare_digest(sent.encode(), cs.csrf.encode()):
+                raise ApiError(403, "FORBIDDEN", "the form's CSRF token is missing or wrong (an old page, or a "
+                                                 "form from another site): reload the page and send it again")
+        request.state.csrf = cs.csrf
     if tok.kind == "machine":
         raise ApiError(403, "FORBIDDEN", "a machine token cannot call user endpoints")
     return tok
@@ -124,7 +185,8 @@ def admin_page(s: Session, request: Request, org: str) -> Page:
 
 
 def render(request: Request, name: str, page: Page | None, status: int = 200, **ctx: Any) -> HTMLResponse:
-    return templates.TemplateResponse(request, name, {"p": page, **ctx}, status_code=status)
+    csrf = getattr(request.state, "csrf", "")
+    return templates.TemplateResponse(request, name, {"p": page, "csrf": csrf, **ctx}, status_code=status)
 
 
 def error_page(request: Request, e: ApiError) -> Response:
@@ -186,13 +248,22 @@ def sign_in_form(request: Request, next: str = "/"):
 
 @router.post("/sign-in")
 async def sign_in(request: Request):
+    """An API token → a new console session: the cookie holds the session's own random secret (HttpOnly,
+    SameSite=Lax, Secure over HTTPS), never the token; the session ends at sign-out, when it expires
+    (ASTRAEUS_CONSOLE_SESSION_HOURS) or when its token is revoked."""
     form = await request.form()
     secret = str(form.get("token") or "").strip()
     nxt = str(form.get("next") or "/")
     if not nxt.startswith("/") or nxt.startswith("//"):
         nxt = "/"
+    try:
+        check_origin(request)
+    except ApiError as e:
+        return render(request, "error.html", None, status=e.status, error=e)
+    hours = cp_of(request).settings.console_session_hours
+    cookie = "ast_c_" + secrets.token_urlsafe(32)
 
-    def check() -> str | None:
+    def start() -> str | None:
         with cp_of(request).sessions() as s:
             try:
                 tok = services.authenticate(s, f"Bearer {secret}")
@@ -200,20 +271,39 @@ async def sign_in(request: Request):
                 return e.message
             if tok.kind == "machine":
                 return "a machine token cannot sign in to the console: use a user or organisation admin token"
+            at = now()
+            with tx(s):
+                s.add(ConsoleSession(digest=services.digest(cookie), csrf=secrets.token_urlsafe(32),
+                                     token_id=tok.id, created_at=at, expires_at=at + hours * 3600))
         return None
 
-    error = await anyio.to_thread.run_sync(check) if secret else "paste an API token"
+    error = await anyio.to_thread.run_sync(start) if secret else "paste an API token"
     if error:
         return render(request, "sign_in.html", None, status=401, next=nxt, error=error)
     resp = RedirectResponse(nxt, status_code=303)
-    resp.set_cookie(COOKIE, secret, httponly=True, samesite="lax", max_age=30 * 86400)
+    resp.set_cookie(COOKIE, cookie, httponly=True, samesite="lax", secure=secure_cookie(request),
+                    max_age=int(hours * 3600), path="/")
     return resp
 
 
 @router.post("/sign-out")
 def sign_out(request: Request):
+    """Ends the console session: its row is marked revoked, so the old cookie opens nothing any more."""
+    with cp_of(request).sessions() as s:
+        try:
+            check_origin(request)
+            cs = console_session(s, request)
+            if cs is not None:
+                sent = read_form(request).get(CSRF_FIELD, "")
+                if not hmac.compare_digest(sent.encode(), cs.csrf.encode()):
+                    raise ApiError(403, "FORBIDDEN", "the form's CSRF token is missing or wrong: reload the page "
+                                                     "and sign out from there")
+                with tx(s):
+                    cs.revoked = True
+        except ApiError as e:
+            return render(request, "error.html", None, status=e.status, error=e)
     resp = RedirectResponse("/sign-in", status_code=303)
-    resp.delete_cookie(COOKIE)
+    resp.delete_cookie(COOKIE, path="/")
     return resp
 
 

@@ -32,13 +32,15 @@ class Settings:
     # Debounce: a burst of submits within this many seconds is scheduled in one cycle.
     schedule_debounce: float = 0.005  # 5 ms
     heartbeat_seconds: float = field(default_factory=lambda: _env().heartbeat)
+    console_session_hours: float = field(default_factory=lambda: _env().console_session_hours)
 
     @classmethod
     def from_env(cls, env: ServerSettings | None = None, **given) -> Settings:
         """The environment's settings (read once), with `given` fields (home, host, port, ...) winning."""
         env = env or _env()
         kw = {"home": env.home, "database_url": env.database_url, "public_url": env.public_url,
-              "schedule_interval": env.schedule_interval, "heartbeat_seconds": env.heartbeat}
+              "schedule_interval": env.schedule_interval, "heartbeat_seconds": env.heartbeat,
+              "console_session_hours": env.console_session_hours}
         kw.update({k: v for k, v in given.items() if v is not None})
         return cls(**kw)
 

@@ -121,6 +121,8 @@ class WorkerReport(Body):
     environment: str | None = Field(None, description="The local environment the image mapped to")
     started_at: float | None = None
     finished_at: float | None = None
+    oom_limit_bytes: Annotated[int, Field(ge=0, le=INT64)] | None = Field(
+        None, description="Set when the kernel OOM-killed the worker at its memory limit: that limit")
 
 
 class Report(Body):

@@ -151,6 +151,9 @@ class AgentSettings(HomeSettings):
         30.0, "Seconds between SIGTERM and SIGKILL when this machine stops a worker (0: at once). Declared to the "
         "control plane, which counts it when it promises when a run starts.",
         "a number of seconds >= 0", ge=0, le=86400)
+    worker_pids_max: int = setting(
+        4096, "The most processes and threads one worker may have at once (its cgroup's pids.max; a fork bomb "
+        "stops there). 0: no limit.", "a whole number >= 0", ge=0, le=4194304)
     image_map: str | None = setting(
         None, "Image → local environment for the process runtime, first match wins: a JSON object "
         "`{\"pytorch/*\": \"/opt/envs/torch\", \"*\": \"host\"}` or the path of a file holding one. `host` is the "

@@ -22,7 +22,8 @@ from tests.conftest import free_port, read_env, wait_for  # noqa: F401 (used by 
 VENV_BIN = Path(sys.executable).parent
 
 
-CGROUP_ROOTS = ("/sys/fs/cgroup/unified/astraeus", "/sys/fs/cgroup/astraeus")
+CGROUP_ROOTS = ("/sys/fs/cgroup/unified/astraeus", "/sys/fs/cgroup/astraeus",
+                *(f"/sys/fs/cgroup/{c}/astraeus" for c in ("memory", "cpu", "pids", "devices", "freezer")))
 
 
 def pid_alive(pid: int | None) -> bool:

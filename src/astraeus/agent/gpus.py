@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 
 
@@ -54,3 +57,62 @@ def discover_gpus(simulated: int | None = None) -> GpuInventory:
     real = found.models if found else []
     models = [real[i] if i < len(real) else "simulated" for i in range(n)]
     return GpuInventory(n, models, "nvml" if found and n <= found.count else "simulated", found.driver if found else None)
+
+
+NVIDIA_NODE = re.compile(r"^nvidia(\d+)$")
+
+
+def nvml_minor_numbers() -> dict[int, int] | None:
+    """GPU index -> the minor number of its /dev/nvidia<minor> node, from NVML; None without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001
+        return None
+    try:
+        return {i: int(pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                for i in range(pynvml.nvmlDeviceGetCount())}
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def gpu_device_nodes(dev_dir: str = "/dev") -> dict[int, tuple[int, int]]:
+    """The per-GPU device nodes (`/dev/nvidia<N>`, character devices): N -> (major, minor). Empty without
+    real NVIDIA nodes (no GPU, or simulated GPUs), where nothing is to be blocked."""
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        names = os.listdir(dev_dir)
+    except OSError:
+        return out
+    for name in names:
+        m = NVIDIA_NODE.match(name)
+        if not m:
+            continue
+        try:
+            st = os.stat(os.path.join(dev_dir, name))
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode):
+            out[int(m.group(1))] = (os.major(st.st_rdev), os.minor(st.st_rdev))
+    return out
+
+
+def gpu_deny_rules(assigned: list[int], dev_dir: str = "/dev", minors: dict[int, int] | None = None) -> list[str]:
+    """cgroup device rules ("c <major>:<minor>") for every GPU node except those of the `assigned` GPU indices.
+
+    A GPU's index maps to its node by NVML's minor number (`minors`; the index itself where NVML is absent).
+    The shared nodes (nvidiactl, nvidia-uvm, nvidia-modeset) stay reachable: CUDA needs them and they give no
+    access to another GPU's memory."""
+    nodes = gpu_device_nodes(dev_dir)
+    if not nodes:
+        return []
+    allowed = {(minors or {}).get(i, i) for i in assigned}
+    return [f"c {major}:{minor}" for n, (major, minor) in sorted(nodes.items()) if n not in allowed]

@@ -121,7 +121,7 @@ def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
         elif state == "Exited":
             if w.state == "Starting" and r.pid:  # it ran, and ended before a report said so
                 lifecycle.running(session, w.run, w, r.pid, r.environment, r.started_at or at)
-            lifecycle.ended(session, w.run, w, r.exit_code, r.signal, None, at)
+            lifecycle.ended(session, w.run, w, r.exit_code, r.signal, None, at, oom_limit_bytes=r.oom_limit_bytes)
             changed = True
         elif state == "StartFailed":
             lifecycle.start_failed(session, w.run, w, r.message or "unknown", at)

@@ -29,7 +29,7 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from astraeus.server.db import Cluster, Event, History, Machine, Run, Worker
-from astraeus.units import fmt_duration
+from astraeus.units import fmt_duration, human_bytes
 
 
 class WorkerState(StrEnum):
@@ -420,10 +420,11 @@ def _gang(run: Run) -> bool:
 
 
 def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, signal: int | None,
-          message: str | None, at: float) -> None:
+          message: str | None, at: float, oom_limit_bytes: int | None = None) -> None:
     """The worker's process is gone (agent report), it failed to start, or its machine is lost (message given,
     no code). What that means follows the stop asked of it, if any, else its exit and its restart policy. A
-    report for a worker not holding room (already ended, or a stale attempt) is ignored."""
+    report for a worker not holding room (already ended, or a stale attempt) is ignored. `oom_limit_bytes`: the
+    kernel killed it at that memory limit (the failure then reads `Out of memory (limit 256 MiB)`)."""
     if worker.state not in ACTIVE:
         return
     kind = StopKind(worker.stop_kind) if worker.stop_kind else None
@@ -433,6 +434,8 @@ def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, sig
     worker.desired = None
     how = (f"exit code {exit_code}" if exit_code is not None else f"signal {signal}" if signal else message
            or "lost")
+    if oom_limit_bytes:
+        how = f"Out of memory (limit {human_bytes(oom_limit_bytes)})"
     gang = _gang(run)
     if kind == StopKind.PREEMPT:
         # Another workspace's run is never named: the stop reason already says so when it is one.

@@ -43,7 +43,8 @@ class WorkerStatus:
         """The entry of POST /report for this worker."""
         return WorkerReport(worker=self.worker, attempt=self.attempt, state=self.state, pid=self.pid,
                             exit_code=self.exit_code, signal=self.signal, message=self.message,
-                            environment=self.environment, started_at=self.started_at, finished_at=self.finished_at)
+                            environment=self.environment, started_at=self.started_at, finished_at=self.finished_at,
+                            oom_limit_bytes=self.extra.get("oom_limit_bytes") if self.extra.get("oom") else None)
 
 
 @dataclass

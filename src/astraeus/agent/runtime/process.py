@@ -12,8 +12,9 @@ Layout under `state_dir/workers/<worker>.<attempt>/`:
   work/         the default working directory of the command
 
 Each worker gets its own session/process group, its own private mount namespace (drives and configs are bind
-mounts that exist only there), a cgroup v2 when one is writable (<cgroup2 mount>/astraeus/<owner>-<id>, used to
-SIGKILL the whole tree with cgroup.kill), and the marker ASTRAEUS_WORKER_ID=<owner>:<worker>.<attempt> in its
+mounts that exist only there), its cgroup(s) (<hierarchy>/astraeus/<owner>-<id> on cgroup v2 and/or v1:
+its memory, CPU quota, pids limit and GPU device nodes are enforced there, and the whole tree is SIGKILLed
+through it; astraeus.agent.runtime.cgroups), and the marker ASTRAEUS_WORKER_ID=<owner>:<worker>.<attempt> in its
 environment (inherited by every descendant) so escaped processes are found even without a cgroup or records.
 `owner` is derived from the state dir, so several agents on one host (a local cluster) never touch each
 other's workers.
@@ -42,6 +43,8 @@ import time
 import psutil
 from pydantic import ValidationError
 
+from astraeus.agent.gpus import gpu_deny_rules, gpu_device_nodes, nvml_minor_numbers
+from astraeus.agent.runtime import cgroups
 from astraeus.agent.runtime.base import (
     EXITED,
     RUNNING,
@@ -111,38 +114,31 @@ def _scan_env(prefix: bytes) -> dict[int, str]:
 
 
 def find_cgroup_root() -> str | None:
-    """A cgroup v2 folder this process may create worker cgroups in (with cgroup.kill), or None."""
-    try:
-        with open("/proc/self/mounts") as f:
-            mounts = [line.split() for line in f]
-    except OSError:
-        return None
-    for m in mounts:
-        if len(m) >= 3 and m[2] == "cgroup2":
-            root = os.path.join(m[1], "astraeus")
-            try:
-                os.makedirs(root, exist_ok=True)
-                probe = os.path.join(root, f"probe-{os.getpid()}")
-                os.makedirs(probe, exist_ok=True)
-                ok = os.path.exists(os.path.join(probe, "cgroup.procs"))
-                os.rmdir(probe)
-                if ok:
-                    return root
-            except OSError:
-                continue
-    return None
+    """A folder this process may create worker cgroups in (v2 first, else v1), or None
+    (astraeus.agent.runtime.cgroups.detect() has them all)."""
+    return cgroups.detect().root
 
 
 class ProcessRuntime(Runtime):
     def __init__(self, state_dir: str, image_map: ImageMap | None = None, stop_grace: float = 30.0,
-                 use_cgroups: bool = True, start_timeout: float = 30.0):
+                 use_cgroups: bool = True, start_timeout: float = 30.0, pids_max: int | None = None,
+                 device_dir: str = "/dev"):
         self.state_dir = os.path.abspath(state_dir)
         self.workers_dir = os.path.join(self.state_dir, "workers")
         os.makedirs(self.workers_dir, exist_ok=True)
         self.owner = hashlib.sha1(os.path.realpath(self.state_dir).encode()).hexdigest()[:12]
         self.image_map = image_map or ImageMap.from_env()
         self.stop_grace = float(stop_grace)
-        self.cgroup_root = find_cgroup_root() if use_cgroups else None
+        # Worker cgroups (limits, and killing a whole tree): v2 and/or v1 hierarchies; none without cgroups.
+        self.cgroups = cgroups.detect() if use_cgroups else cgroups.Hierarchies()
+        self.cgroup_root = self.cgroups.root
+        if pids_max is None:
+            from astraeus.settings import AgentSettings
+
+            pids_max = AgentSettings.load().worker_pids_max
+        self.pids_max = int(pids_max)  # 0: no limit
+        self.device_dir = device_dir  # where the GPU device nodes are (/dev/nvidia<N>)
+        self._gpu_minors: dict[int, int] | None = None
         self.start_timeout = start_timeout
         self._final: dict[tuple[str, int], WorkerStatus] = {}
         self._lock = threading.RLock()
@@ -176,6 +172,21 @@ class ProcessRuntime(Runtime):
         env["ASTRAEUS_WORKER_ID"] = self.marker(assignment.worker, assignment.attempt)
         return env, local.name
 
+    def cgroup_name(self, worker: str, attempt: int) -> str:
+        """`<owner>-<the attempt's folder name>` in every cgroup hierarchy (the folder name is its shim's id)."""
+        return f"{self.owner}-{os.path.basename(self.dir(worker, attempt))}"
+
+    def limits(self, assignment: Assignment) -> cgroups.Limits:
+        """What the worker's cgroup enforces: its memory (none when unspecified or 0), CPU cores, the machine's
+        pids limit, and every GPU device node but those of its own GPUs."""
+        deny: list[str] = []
+        if gpu_device_nodes(self.device_dir):  # real NVIDIA nodes; simulated GPUs have none to block
+            if self._gpu_minors is None:
+                self._gpu_minors = nvml_minor_numbers() or {}
+            deny = gpu_deny_rules(list(assignment.gpu_indices), self.device_dir, self._gpu_minors)
+        return cgroups.Limits(memory_bytes=assignment.memory_bytes or None, cpu_cores=assignment.cpu_cores or None,
+                              pids_max=self.pids_max or None, deny_devices=deny)
+
     # ------------------------------------------------------------ start
     def start(self, assignment: Assignment | dict) -> WorkerStatus:
         """A dict is checked as an Assignment first (astraeus.protocol)."""
@@ -206,7 +217,9 @@ class ProcessRuntime(Runtime):
                 "env": env, "cwd": os.path.join(d, "work"),
                 "mounts": [m.model_dump() for m in assignment.mounts],
                 "configs": [c.model_dump() for c in assignment.configs],
-                "cgroup": os.path.join(self.cgroup_root, f"{self.owner}-{worker}.{attempt}") if self.cgroup_root else None,
+                "cgroups": self.cgroups.worker(self.cgroup_name(worker, attempt)).to_json() if self.cgroup_root
+                else None,
+                "limits": self.limits(assignment).to_json(),
                 "stop_grace": self.stop_grace, "created_at": time.time(),
             }
             _write_json(os.path.join(d, "spec.json"), spec)
@@ -259,7 +272,8 @@ class ProcessRuntime(Runtime):
                 worker, attempt, EXITED, pid=started.get("pid"), exit_code=exit_.get("exit_code"),
                 signal=exit_.get("signal"), message=exit_.get("message"), environment=env_name,
                 started_at=started.get("started_at"), finished_at=exit_.get("finished_at"),
-                extra={"killed": exit_.get("killed"), "stop_requested": exit_.get("stop_requested")}))
+                extra={"killed": exit_.get("killed"), "stop_requested": exit_.get("stop_requested"),
+                       "oom": bool(exit_.get("oom")), "oom_limit_bytes": exit_.get("oom_limit_bytes")}))
         shim = _read_json(os.path.join(d, "shim.json")) or {}
         shim_alive = _alive(shim.get("shim_pid"), shim.get("shim_create_time"))
         if started:
@@ -390,6 +404,7 @@ class ProcessRuntime(Runtime):
             d = self.dir(worker, attempt)
             started = _read_json(os.path.join(d, "started.json")) or {}
             main = started.get("pid")
+            cg = cgroups.WorkerCgroup.from_json(started.get("cgroups") or started.get("cgroup")) or                 (self.cgroups.worker(self.cgroup_name(worker, attempt)) if self.cgroup_root else None)
             if _alive(main, started.get("pid_create_time")):
                 os.kill(main, signal.SIGTERM)
             end = time.monotonic() + grace
@@ -401,24 +416,16 @@ class ProcessRuntime(Runtime):
                 if not pids:
                     break
                 killed = True
-                cg = started.get("cgroup")
-                if cg:
-                    try:
-                        with open(os.path.join(cg, "cgroup.kill"), "w") as f:
-                            f.write("1")
-                    except OSError:
-                        pass
+                if cg is not None:
+                    cg.kill()
                 for p in pids:
                     try:
                         os.kill(p, signal.SIGKILL)
                     except OSError:
                         pass
                 time.sleep(0.05)
-            if started.get("cgroup"):
-                try:
-                    os.rmdir(started["cgroup"])
-                except OSError:
-                    pass
+            if cg is not None:
+                cg.remove(timeout=1.0)
             os.makedirs(d, exist_ok=True)
             _write_json(os.path.join(d, "exit.json"), {
                 "exit_code": None, "signal": signal.SIGKILL if killed else None, "killed": killed,
@@ -460,7 +467,19 @@ class ProcessRuntime(Runtime):
                 pid = min(mains, key=lambda p: psutil.Process(p).create_time() if psutil.pid_exists(p) else 0)
                 _write_json(os.path.join(d, "started.json"), {"pid": pid, "pid_create_time": None, "pgid": pid})
             self._stop_orphan(parsed[0], parsed[1], self.stop_grace)
+        self._sweep_cgroups(shim_ids)
         return self.list()
+
+    def _sweep_cgroups(self, live: set[str]) -> None:
+        """Remove this agent's worker cgroups that no live shim holds (a shim killed while the agent was down
+        leaves its cgroup behind); one with processes in it cannot be removed and stays until they are stopped."""
+        prefix = f"{self.owner}-"
+        for d in cgroups.leftovers(self.cgroups, prefix):
+            if os.path.basename(d)[len(prefix):] not in live:
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
 
     # ------------------------------------------------------------ logs
     def read_logs(self, worker: str, attempt: int, offset: int = 0, limit: int = 1000) -> tuple[list[LogLine], int]:

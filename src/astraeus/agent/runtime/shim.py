@@ -7,18 +7,21 @@ and upgrades. It:
 
 1. enters a private mount namespace and binds the drives and configs (failures are written to failed.json
    with a clear message, and the command never starts);
-2. forks the command: the child makes its own session/process group, joins the worker's cgroup v2 (when the
-   agent found one it may write), points stdout/stderr at pipes, chdirs and execs the command, so the
+2. creates the worker's cgroup(s) with its limits (memory, CPU quota, pids, GPU device nodes:
+   astraeus.agent.runtime.cgroups) and forks the command: the child makes its own session/process group, waits
+   until the shim has moved it into the cgroup(s), points stdout/stderr at pipes, chdirs and execs it, so the
    worker's main process IS the command (SIGTERM reaches `python ...` itself); started.json gets its PID;
 3. reads the pipes and appends every line to log.jsonl as {"seq", "time", "stream", "text"} (seq counts
    lines of the attempt from 1; the agent tails the file, so nothing is lost or repeated across agent
    restarts);
 4. on a stop request (stop.json + SIGUSR1 from the agent, or SIGTERM to the shim) sends SIGTERM to the
-   main process only; when the grace runs out, SIGKILLs the whole tree: the cgroup (cgroup.kill), the
+   main process only; when the grace runs out, SIGKILLs the whole tree: the cgroup (v2 cgroup.kill; v1
+   freeze, kill each process, thaw), the
    process group, its descendants (the shim is a child subreaper, so double-forked children that left the
    process group are still its descendants) and any process carrying the worker's ASTRAEUS_WORKER_ID;
-5. when the main process exits on its own, kills what it left behind (container semantics), writes
-   exit.json {exit_code, signal, killed, finished_at, message} and exits.
+5. when the main process exits on its own, kills what it left behind (container semantics), removes the
+   cgroup(s), writes exit.json {exit_code, signal, killed, finished_at, message, oom, oom_limit_bytes} (oom: the
+   main process was SIGKILLed by the kernel's OOM killer at its memory limit) and exits.
 
 If the worker folder is deleted (state dir wiped), the shim writes its files again within half a second
 so a restarted agent can adopt it. Stdlib + psutil only.
@@ -100,7 +103,7 @@ class Shim:
         with open(self.spec_path) as f:
             self.spec: dict = json.load(f)
         self.marker: str = self.spec["marker"]
-        self.cgroup: str | None = self.spec.get("cgroup")
+        self.cg = None  # the worker's cgroup(s): astraeus.agent.runtime.cgroups.WorkerCgroup, made by setup_cgroup
         self.pid: int | None = None
         self.pid_ctime: float | None = None
         self.status: int | None = None  # raw wait status of the main process
@@ -224,13 +227,23 @@ class Shim:
                 self.fail(f"config at {c.get('mount_path')}: {e.strerror or e}")
 
     def setup_cgroup(self) -> None:
-        if not self.cgroup:
+        """Create the worker's cgroup(s) and write its limits (memory, CPU quota, pids, GPU nodes)."""
+        from astraeus.agent.runtime import cgroups
+
+        limits = cgroups.Limits.from_json(self.spec.get("limits"))
+        self.cg = cgroups.WorkerCgroup.from_json(self.spec.get("cgroups") or self.spec.get("cgroup"))
+        if self.cg is None:
+            if limits.memory_bytes or limits.cpu_cores or limits.pids_max or limits.deny_devices:
+                log("no cgroup on this machine: the worker's limits are not enforced")
             return
         try:
-            os.makedirs(self.cgroup, exist_ok=True)
+            warnings = self.cg.create(limits)
         except OSError as e:
-            log(f"no cgroup ({self.cgroup}): {e}")
-            self.cgroup = None
+            log(f"no cgroup ({self.cg.name}): {e}; the worker's limits are not enforced")
+            self.cg = None
+            return
+        for w in warnings:
+            log(w)
 
     def start(self) -> None:
         spec = self.spec
@@ -282,17 +295,11 @@ class Shim:
         os.close(err_w)
         os.close(go_r)
         os.close(res_w)
-        if self.cgroup:
-            try:
-                with open(os.path.join(self.cgroup, "cgroup.procs"), "w") as f:
-                    f.write(str(pid))
-            except OSError as e:
-                log(f"cannot move the worker into {self.cgroup}: {e}; tracking it without a cgroup")
-                try:
-                    os.rmdir(self.cgroup)
-                except OSError:
-                    pass
-                self.cgroup = None
+        if self.cg:  # joined here, by root, while the child waits: before it drops privileges and execs
+            for w in self.cg.add(pid):
+                log(f"{w}; tracking the worker without it")
+            if not self.cg.dirs:
+                self.cg = None
         os.write(go_w, b"x")
         os.close(go_w)
         err = b""
@@ -312,19 +319,15 @@ class Shim:
         except psutil.Error:
             self.pid_ctime = None
         self.started = {"pid": pid, "pid_create_time": self.pid_ctime, "pgid": pid, "shim_pid": os.getpid(),
-                        "shim_create_time": self.me.create_time(), "cgroup": self.cgroup, "started_at": time.time()}
+                        "shim_create_time": self.me.create_time(), "started_at": time.time(),
+                        "cgroup": self.cg.primary if self.cg else None,
+                        "cgroups": self.cg.to_json() if self.cg else None, "limits": self.spec.get("limits")}
         write_json(self.path("started.json"), self.started)
         self.out_r, self.err_r = out_r, err_r
 
     # ---------------------------------------------------------------- tree
     def cgroup_pids(self) -> list[int]:
-        if not self.cgroup:
-            return []
-        try:
-            with open(os.path.join(self.cgroup, "cgroup.procs")) as f:
-                return [int(x) for x in f.read().split()]
-        except (OSError, ValueError):
-            return []
+        return sorted(self.cg.pids()) if self.cg else []
 
     def descendants(self) -> list[int]:
         try:
@@ -353,13 +356,8 @@ class Shim:
 
     def kill_tree(self) -> None:
         for attempt in range(20):
-            if self.cgroup:
-                try:
-                    with open(os.path.join(self.cgroup, "cgroup.kill"), "w") as f:
-                        f.write("1")
-                except OSError:
-                    for p in self.cgroup_pids():
-                        self.sig(p, signal.SIGKILL)
+            if self.cg:
+                self.cg.kill()
             if self.pid is not None:
                 try:
                     os.killpg(self.pid, signal.SIGKILL)
@@ -396,15 +394,8 @@ class Shim:
                 self.finished_at = time.time()
 
     def cleanup_cgroup(self) -> None:
-        if self.cgroup:
-            for _ in range(50):
-                try:
-                    os.rmdir(self.cgroup)
-                    return
-                except FileNotFoundError:
-                    return
-                except OSError:
-                    time.sleep(0.02)
+        if self.cg and not self.cg.remove(timeout=1.0):
+            log(f"cannot remove the cgroup {self.cg.name}: processes are left in {self.cg.dirs}")
 
     # ---------------------------------------------------------------- stop
     def check_stop(self, now: float) -> None:
@@ -525,14 +516,23 @@ class Shim:
             else:
                 exit_code = os.WEXITSTATUS(st)
         msg = None
-        if self.killed:
+        # SIGKILLed, not by us, with an OOM kill recorded in its memory cgroup: it went over its memory limit
+        limit = (self.spec.get("limits") or {}).get("memory_bytes") or None
+        oom = bool(sig == signal.SIGKILL and not self.killed and self.cg and self.cg.oom_kills())
+        if oom:
+            from astraeus.units import human_bytes
+
+            msg = f"killed by the kernel: out of memory (limit {human_bytes(limit)})" if limit else \
+                "killed by the kernel: out of memory"
+        elif self.killed:
             msg = "killed (SIGKILL) when the stop grace ran out"
         elif self.leftovers_killed:
             msg = "processes left behind by the main process were killed"
         self.cleanup_cgroup()
         write_json(self.path("exit.json"), {"exit_code": exit_code, "signal": sig, "killed": self.killed,
                                              "finished_at": getattr(self, "finished_at", time.time()),
-                                             "stop_requested": self.stop_requested, "message": msg})
+                                             "stop_requested": self.stop_requested, "message": msg,
+                                             "oom": oom, "oom_limit_bytes": limit if oom else None})
         log(f"worker exited: exit_code={exit_code} signal={sig} killed={self.killed}")
 
 

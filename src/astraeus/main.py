@@ -161,8 +161,9 @@ def server(
 def agent(
     server: Annotated[str | None, typer.Option(help="The control plane's URL (default: $ASTRAEUS_SERVER)",
                                                show_default=False)] = None,
-    token: Annotated[str | None, typer.Option(help="A machine token (default: $ASTRAEUS_MACHINE_TOKEN)",
-                                              show_default=False)] = None,
+    token: Annotated[str | None, typer.Option(
+        help="A join token, exchanged for this machine's own credential when it first registers "
+             "(default: $ASTRAEUS_MACHINE_TOKEN)", show_default=False)] = None,
     name: Annotated[str, typer.Option(help="This machine's name")] = os.uname().nodename.split(".")[0],
     gpus: Annotated[int | None, typer.Option(help="Simulated GPU count (default: found through NVML)")] = None,
     cpus: Annotated[float | None, typer.Option(help="CPU cores to declare")] = None,
@@ -227,7 +228,8 @@ def up(
                    "--name", name, "--gpus", str(gpus), "--cpus", str(cpus), "--memory-gib", str(memory_gib),
                    "--state-dir", str(home / "agents" / name), "--stop-workers-on-exit"]
             log = open(home / f"agent-{name}.log", "ab")
-            # The machine token goes in the environment, not the command line, where `ps` would show it.
+            # The join token goes in the environment, not the command line, where `ps` would show it; each
+            # agent exchanges it for its machine's own credential, kept in its state dir.
             env = dict(os.environ, ASTRAEUS_MACHINE_TOKEN=boot["machine_token"])
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
         # Ready when every machine has joined.

@@ -95,17 +95,18 @@ def test_assignment_round_trip_through_the_agent(server, tmp_path):
                   state_dir=str(tmp_path / "agent"), stop_grace=0, poll_wait=2, stop_workers_on_exit=True)
     agent.start()
     try:
-        got = wait_for(lambda: next((a for k, a in (agent.assignments or {}).items() if k[0] == "rt-0"), None),
+        got = wait_for(lambda: next((a for a in (agent.assignments or {}).values() if a.name == "rt-0"), None),
                     timeout=20, what="the assignment at the agent")
         with server["cp"].sessions() as s:
             m = s.scalar(select(Machine).where(Machine.name == "gpu-01"))
             assert m.stop_grace_seconds == 0  # declared by the agent, recorded as is
-            sent = next(a for a in agents.assignments(s, m) if a.worker == "rt-0")
+            sent = next(a for a in agents.assignments(s, m) if a.name == "rt-0")
         assert isinstance(got, Assignment) and got == sent
         assert got.mounts == [Mount(drive="ckpt", host_path=str(tmp_path / "data" / "ckpt"), mount_path="/ckpt",
                                     read_only=False, create=True, granted_root=str(tmp_path / "data"))]
         assert got.configs == [ConfigFile(mount_path="/app/conf.txt", value="lr=0.1")]
         assert got.env["MODE"] == "test" and got.env["ASTRAEUS_WORKER_NAME"] == "rt-0"
+        assert got.worker == f"{server['ns']}.rt-0"  # its identity: the workspace's ns and its name
         assert got.time_limit_seconds == 600 and got.desired == "Running"
         # Back the other way: the agent's report and log lines are accepted and shown.
         w = wait_for(lambda: (x := httpx.get(server["api"] + "/workers/rt-0", headers=h).json())["state"]

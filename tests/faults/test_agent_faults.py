@@ -26,12 +26,17 @@ def _all_running(c: httpx.Client, n: int):
     return len(ws) == n and all(w["state"] == "Running" and w["pid"] for w in ws.values()) and ws
 
 
+def _name(marker: str) -> str:
+    """A worker's name from its process marker, "<ns>.<name>.<attempt>" (its identity, then the attempt)."""
+    return marker.rsplit(".", 1)[0].split(".", 1)[-1]
+
+
 def _one_live_process_per_worker(state_dir, names) -> dict[str, int]:
     procs = worker_procs(state_dir)
-    by_worker = Counter(v.rsplit(".", 1)[0] for v in procs.values())
+    by_worker = Counter(_name(v) for v in procs.values())
     assert all(by_worker[n] == 1 for n in names), {n: by_worker[n] for n in names if by_worker[n] != 1}
     assert set(by_worker) == set(names), set(by_worker) ^ set(names)
-    return {v.rsplit(".", 1)[0]: p for p, v in procs.items()}
+    return {_name(v): p for p, v in procs.items()}
 
 
 def _check_logs(c: httpx.Client, name: str) -> int:
@@ -97,7 +102,7 @@ def test_agent_kill9_at_random_moments_while_workers_crash_loop(fleet):
                 assert w["restarts"] >= seen[n], f"{n}: restarts went down {seen[n]} -> {w['restarts']}"
                 assert w["attempt"] >= seen_attempt[n], f"{n}: attempt went down"
                 seen[n], seen_attempt[n] = w["restarts"], w["attempt"]
-            live = Counter(v.rsplit(".", 1)[0] for v in worker_procs(agent.state_dir).values())
+            live = Counter(_name(v) for v in worker_procs(agent.state_dir).values())
             assert all(v <= 1 for v in live.values()), f"two live copies of a worker: {live}"
 
         end = time.time() + 50
@@ -135,7 +140,12 @@ def test_agent_state_wiped_adopts_before_starting_anything(fleet):
         first = wait_for(lambda: _all_running(c, 3), timeout=60, what="3 workers running")
         pids = {n: w["pid"] for n, w in first.items()}
         agent.kill9()
-        shutil.rmtree(agent.state_dir)  # its on-disk record of the workers is gone
+        # Its on-disk record of the workers is gone. Its credential (the machine's identity, kept like a kubelet's
+        # client certificate) is put back: without it, the name stays taken until the machine is Lost.
+        credential = (agent.state_dir / "credential").read_bytes()
+        shutil.rmtree(agent.state_dir)
+        agent.state_dir.mkdir()
+        (agent.state_dir / "credential").write_bytes(credential)
         agent.start()
         wait_for(lambda: agent.log_path.read_text().count("registered") >= 2, timeout=30, what="re-registered")
         end = time.time() + 8

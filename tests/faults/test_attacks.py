@@ -141,18 +141,20 @@ def test_preemption_across_workspaces_never_names_the_other_run(app):
     r = app.client.post("/api/v1/agent/register", headers=mt, json={
         "name": "gpu-01", "gpus": 8, "cpu_cores": 64, "memory_bytes": 1 << 40, "stop_grace_seconds": 2})
     assert r.status_code == 200, r.text
+    mt = {"Authorization": f"Bearer {r.json()['credential']}"}  # the machine's own credential, for reports
+    ident = f"{app.boot['ns']}.secret-run-0"  # a worker's identity on the agent protocol
     body = run_body("secret-run", requested_resources={"gpu_requests": {"count": 8}})
     body["spec"]["priority"] = -10
     assert app.client.post(app.api + "/runs", json=body, headers=app.h()).status_code == 201
     w = _wait_worker(app, None, app.api, "secret-run-0", lambda w: w["state"] == "Starting", "placement")
     app.client.post("/api/v1/agent/report", headers=mt, json={"machine": "gpu-01", "workers": [
-        {"worker": "secret-run-0", "attempt": w["attempt"], "state": "Running", "pid": 4242}]})
+        {"worker": ident, "attempt": w["attempt"], "state": "Running", "pid": 4242}]})
     nlp = "/api/v1/o/acme/w/nlp"
     urgent = run_body("nlp-urgent", requested_resources={"gpu_requests": {"count": 8}})
     assert app.client.post(nlp + "/runs", json=urgent, headers=app.h(other)).status_code == 201
     _wait_worker(app, None, app.api, "secret-run-0", lambda w: w["state"] == "Stopping", "preemption")
     app.client.post("/api/v1/agent/report", headers=mt, json={"machine": "gpu-01", "workers": [
-        {"worker": "secret-run-0", "attempt": w["attempt"], "state": "Exited", "exit_code": 0}]})
+        {"worker": ident, "attempt": w["attempt"], "state": "Exited", "exit_code": 0}]})
     _wait_worker(app, None, app.api, "secret-run-0", lambda w: w["state"] == "Pending", "requeue")
     wait_for(lambda: app.client.get(nlp + "/workers/nlp-urgent-0", headers=app.h(other)).json()["state"]
              == "Starting", timeout=20, what="the urgent run placed")
@@ -232,15 +234,21 @@ def test_replayed_or_expired_machine_credentials_are_refused(app):
         assert r.status_code == 401, (path, r.status_code)
     assert app.client.get("/api/v1/agent/assignments?machine=gpu-07",
                           headers=app.h(exp["token"])).status_code == 401
-    rev = app.client.post("/api/v1/o/acme/tokens", headers=adm, json={"kind": "machine", "cluster": "main"}).json()
+    # a machine's own credential (gpu-08's, from a join token), revoked: refused at once
+    join = app.client.post("/api/v1/o/acme/tokens", headers=adm, json={"kind": "machine", "cluster": "main"}).json()
+    r = app.client.post("/api/v1/agent/register", headers=app.h(join["token"]), json={**reg, "name": "gpu-08"})
+    rev = {"token": r.json()["credential"]}
+    rev["id"] = next(t["id"] for t in app.client.get("/api/v1/o/acme/tokens", headers=adm).json()["items"]
+                     if t.get("machine") == "gpu-08")
     assert app.client.post("/api/v1/agent/report", headers=app.h(rev["token"]),
-                           json={"machine": "gpu-07", "workers": []}).status_code == 200
+                           json={"machine": "gpu-08", "workers": []}).status_code == 200
     app.client.delete(f"/api/v1/o/acme/tokens/{rev['id']}", headers=adm)
-    r = app.client.post("/api/v1/agent/report", headers=app.h(rev["token"]), json={"machine": "gpu-07", "workers": []})
+    r = app.client.post("/api/v1/agent/report", headers=app.h(rev["token"]), json={"machine": "gpu-08", "workers": []})
     assert r.status_code == 401
     # the list of tokens never shows a secret
     listed = app.client.get("/api/v1/o/acme/tokens", headers=adm).text
-    for secret in (exp["token"], rev["token"], app.boot["token"], app.boot["admin_token"], app.boot["machine_token"]):
+    for secret in (exp["token"], rev["token"], join["token"], app.boot["token"], app.boot["admin_token"],
+                   app.boot["machine_token"]):
         assert secret not in listed
 
 

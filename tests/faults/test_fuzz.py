@@ -34,15 +34,16 @@ def fuzz_app(tmp_path_factory):
     boot = bootstrap(cp, "acme", "vision", "main", ["/data/astraeus"])
     app = create_app(settings_, cp, run_loop=False)
     with TestClient(app) as c:
-        c.post("/api/v1/agent/register", headers={"Authorization": f"Bearer {boot['machine_token']}"},
-               json={"name": "gpu-01", "gpus": 8, "cpu_cores": 64, "memory_bytes": 1 << 40})
+        r = c.post("/api/v1/agent/register", headers={"Authorization": f"Bearer {boot['machine_token']}"},
+                   json={"name": "gpu-01", "gpus": 8, "cpu_cores": 64, "memory_bytes": 1 << 40})
+        boot["machine_credential"] = r.json()["credential"]  # gpu-01's own: the rest of the agent API
         yield app, boot
     cp.engine.dispose()
 
 
 def _token_for(path: str, boot: dict) -> str:
     if path.startswith("/api/v1/agent"):
-        return boot["machine_token"]
+        return boot["machine_token"] if path.endswith("/register") else boot["machine_credential"]
     if "/w/" in path:
         return boot["token"]
     return boot["admin_token"]
@@ -112,6 +113,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.tokens = {"vision": self.boot["token"], "nlp": self.ok(self.client.post(
             "/api/v1/o/acme/tokens", headers=adm, json={"kind": "user", "workspace": "nlp", "role": "editor"}))["token"]}
         self.n = 0
+        self.creds: dict[str, str] = {}
         for m, g in MACHINES.items():
             self.agent("/register", {"name": m, "gpus": g, "cpu_cores": 64, "memory_bytes": 1 << 40})
 
@@ -133,15 +135,20 @@ class ClusterMachine(RuleBasedStateMachine):
         return r.json()
 
     def agent(self, path, body):
-        r = self.client.post("/api/v1/agent" + path, headers=self.h(self.boot["machine_token"]), json=body)
-        return self.ok(r)
+        """As the machine's agent: a join with the join token, then the machine's own credential."""
+        machine = body.get("name") or body.get("machine")
+        token = self.creds.get(machine) or self.boot["machine_token"]
+        out = self.ok(self.client.post("/api/v1/agent" + path, headers=self.h(token), json=body))
+        if out.get("credential"):
+            self.creds[machine] = out["credential"]
+        return out
 
     def cycle(self):
         sched_loop.cycle(self.cp)
 
     def assignments(self, machine):
         r = self.client.get("/api/v1/agent/assignments", params={"machine": machine, "wait": 0},
-                            headers=self.h(self.boot["machine_token"]))
+                            headers=self.h(self.creds[machine]))
         return self.ok(r)["assignments"]
 
     def all_workers(self):

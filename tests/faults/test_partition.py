@@ -79,6 +79,7 @@ def test_partition_short_and_long(fleet):
                 assert w["machine"] == "gpu-02" and w["state"] == "Running" and w["pid"] == moved[r]["pid"]
                 assert pid_alive(w["pid"])
             live = list(worker_procs(a1.state_dir).values()) + list(worker_procs(a2.state_dir).values())
-            assert sorted(v.rsplit(".", 1)[0] for v in live) == ["p0-0", "p1-0"]  # one live copy each
+            # one live copy each (a marker is "<ns>.<name>.<attempt>")
+            assert sorted(v.rsplit(".", 1)[0].split(".", 1)[1] for v in live) == ["p0-0", "p1-0"]
     finally:
         proxy.close()

@@ -8,14 +8,20 @@ Entry point for `astraeus agent` (src/astraeus/main.py wires typer to it):
               poll_wait: float = 30.0, image_map: ImageMap | None = None) -> None
 
 blocks until SIGTERM/SIGINT. `server` is the control plane's base URL (http://127.0.0.1:8420; a URL that already
-ends in /api/v1/agent works too); `token` a machine token. gpus=None → NVML's count (0 without NVML);
-gpus=N → N simulated GPUs. cpu_cores/memory_bytes default to the machine's. state_dir, stop_grace and image_map
-default to the environment's (astraeus.settings.AgentSettings: $ASTRAEUS_STATE_DIR or $ASTRAEUS_HOME/agents/<name>,
+ends in /api/v1/agent works too); `token` a join token (an admin's machine token) or this machine's
+credential. gpus=None → NVML's count (0 without NVML); gpus=N → N simulated GPUs. cpu_cores/memory_bytes
+default to the machine's. state_dir, stop_grace and image_map default to the environment's (astraeus.settings.AgentSettings: $ASTRAEUS_STATE_DIR or $ASTRAEUS_HOME/agents/<name>,
 $ASTRAEUS_STOP_GRACE or 30 s, $ASTRAEUS_IMAGE_MAP).
 
 On exit the agent leaves its workers running (their shims keep supervising them; the next agent started with
 the same state dir adopts them), unless stop_workers_on_exit (`--stop-workers-on-exit`, used by `astraeus up`
 for local clusters): then every worker is stopped (SIGTERM, grace, SIGKILL) before it returns.
+
+Credential: the agent registers with `token`; a join token is answered with the machine's own credential, which
+the agent keeps in `<state_dir>/credential` (0600) and uses for everything after, and for registering again
+(after a restart too). When the control plane does not know that credential (a new database), the agent joins
+again with `token`; when an admin revoked it, the agent stays out (the machine goes Lost) until the file is
+deleted. Workers are keyed by their identity (`Assignment.worker`, `<workspace ns>.<name>`), never by name alone.
 
 Protocol: docs/api.md, "Agent API"; the bodies are the models of astraeus.protocol. The agent registers,
 long-polls /assignments, reconciles, reports every worker's state on each change and at least every
@@ -75,11 +81,14 @@ class Agent:
                  stop_workers_on_exit: bool = False, poll_wait: float = 30.0, image_map: ImageMap | None = None):
         base = server.rstrip("/")
         self.base = base if base.endswith("/api/v1/agent") else base + "/api/v1/agent"
-        self.token = token
+        self.token = token  # the join token (or this machine's credential, given as is)
         self.name = name
         env = AgentSettings.load() if state_dir is None or stop_grace is None or runtime is None else None
         self.state_dir = os.path.abspath(state_dir or env.state_dir_for(name))
         os.makedirs(self.state_dir, exist_ok=True)
+        self.credential_path = os.path.join(self.state_dir, "credential")
+        self.credential: str | None = self._load_credential()
+        self.ship_lock = threading.Lock()  # the log and report threads both ship lines
         self.stop_grace = env.stop_grace if stop_grace is None else float(stop_grace)
         self.runtime = runtime or ProcessRuntime(self.state_dir, stop_grace=self.stop_grace,
                                                  image_map=image_map or env.images())
@@ -113,7 +122,34 @@ class Agent:
 
     # ------------------------------------------------------------ http
     def _client(self, timeout: float = 15.0) -> httpx.Client:
-        return httpx.Client(headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout)
+        return httpx.Client(auth=self._auth, timeout=timeout)
+
+    def _auth(self, request: httpx.Request) -> httpx.Request:
+        """Every call but a join carries the machine's credential (the one current when it is sent)."""
+        if "Authorization" not in request.headers:
+            request.headers["Authorization"] = f"Bearer {self.credential or self.token}"
+        return request
+
+    def _load_credential(self) -> str | None:
+        try:
+            with open(self.credential_path) as f:
+                return f.read().strip() or None
+        except OSError:
+            return None
+
+    def _save_credential(self, secret: str | None) -> None:
+        if secret is None:
+            try:
+                os.unlink(self.credential_path)
+            except FileNotFoundError:
+                pass
+        else:
+            tmp = self.credential_path + ".tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secret + "\n")
+            os.replace(tmp, self.credential_path)
+        self.credential = secret
 
     def _post(self, client: httpx.Client, path: str, body: P.Body) -> dict:
         r = client.post(self.base + path, json=body.model_dump(mode="json"))
@@ -128,7 +164,25 @@ class Agent:
         body = P.Register(name=self.name, gpus=self.gpus.count, gpu_models=self.gpus.models,
                           cpu_cores=self.cpu_cores, memory_bytes=self.memory_bytes,
                           stop_grace_seconds=self.stop_grace, labels=self.labels)
-        ans = P.Registered.model_validate(self._post(client, "/register", body))
+        self.credential = self._load_credential()  # deleting the file is how an operator makes it join again
+        payload = body.model_dump(mode="json")
+        r = client.post(self.base + "/register", json=payload)
+        if self.credential and r.status_code in (401, 403):
+            if _code(r) == "CREDENTIAL_REVOKED":
+                log.error("this machine's credential was revoked (%s); delete %s to join again", _message(r),
+                          self.credential_path)
+                raise NeedsRegister(f"/register: {r.status_code} {_message(r)}")
+            log.warning("the control plane does not take this machine's credential (%s); joining again with the "
+                        "join token", _message(r))
+            self._save_credential(None)
+            r = client.post(self.base + "/register", json=payload)
+        if r.status_code in (401, 403, 409):
+            log.error("registering %s refused: %s %s", self.name, r.status_code, _message(r))
+            raise NeedsRegister(f"/register: {r.status_code} {_message(r)}")
+        r.raise_for_status()
+        ans = P.Registered.model_validate(r.json())
+        if ans.credential:
+            self._save_credential(ans.credential)
         self.heartbeat_seconds = ans.heartbeat_seconds
         self.cluster = ans.cluster
         with self.lock:
@@ -312,6 +366,10 @@ class Agent:
 
     def send_report(self, client: httpx.Client) -> None:
         statuses = self.statuses()
+        ended = {k for k, st in statuses.items() if st.final and k not in self.reported_final}
+        for _ in range(10):  # an ended attempt's last lines first: its end may release it from this machine
+            if not ended or not self.ship_logs(client, only=ended):
+                break
         workers = [st.report() for st in sorted(statuses.values(), key=lambda s: s.key)]
         self._post(client, "/report", P.Report(machine=self.name, workers=workers))
         self.reported_final.update(k for k, st in statuses.items() if st.final)
@@ -352,12 +410,18 @@ class Agent:
             json.dump(self.log_offsets, f)
         os.replace(tmp, self.offsets_path)
 
-    def ship_logs(self, client: httpx.Client) -> bool:
-        """Send one batch of new lines from every attempt; True when more are waiting."""
+    def ship_logs(self, client: httpx.Client, only: set[tuple[str, int]] | None = None) -> bool:
+        """Send one batch of new lines from every attempt (or those in `only`); True when more are waiting."""
+        with self.ship_lock:
+            return self._ship_logs(client, only)
+
+    def _ship_logs(self, client: httpx.Client, only: set[tuple[str, int]] | None) -> bool:
         lines: list[P.WorkerLogLine] = []
         new_offsets: dict[str, int] = {}
         more = False
         for st in self.runtime.list():
+            if only is not None and st.key not in only:
+                continue
             lk = self._log_key(st.key)
             batch, end = self.runtime.read_logs(st.worker, st.attempt, self.log_offsets.get(lk, 0),
                                                 limit=LOG_BATCH - len(lines))
@@ -424,6 +488,20 @@ class Agent:
 
     def request_exit(self) -> None:
         self.exit_requested.set()
+
+
+def _message(r: httpx.Response) -> str:
+    try:
+        return str(r.json().get("message") or r.text[:200])
+    except ValueError:
+        return r.text[:200]
+
+
+def _code(r: httpx.Response) -> str | None:
+    try:
+        return r.json().get("code")
+    except ValueError:
+        return None
 
 
 def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_cores: float | None = None,

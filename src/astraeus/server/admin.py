@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from astraeus import spec as S
 from astraeus.server import services
-from astraeus.server.db import Access, Cluster, Org, Token, Workspace
+from astraeus.server.db import Access, Cluster, Machine, Org, Token, Workspace
 from astraeus.server.services import ApiError, Caller
 
 
@@ -135,8 +135,14 @@ def issue_token(s: Session, c: Caller, body: dict) -> dict:
 
 
 def list_tokens(s: Session, c: Caller) -> list[dict]:
-    return [{"id": t.id, "kind": t.kind, "role": t.role, "revoked": t.revoked, "expires_at": services.iso(t.expires_at)}
-            for t in s.scalars(select(Token).where(Token.org_id == c.org.id))]
+    """Every token of the organisation, never a secret. A machine token is a join token (`machine` null: it only
+    registers machines) or a machine's own credential (`machine`: its name); either can be revoked."""
+    clusters = dict(s.execute(select(Cluster.id, Cluster.name).where(Cluster.org_id == c.org.id)).all())
+    machines = dict(s.execute(select(Machine.id, Machine.name).where(Machine.cluster_id.in_(clusters))).all())
+    return [{"id": t.id, "kind": t.kind, "role": t.role, "revoked": t.revoked, "expires_at": services.iso(t.expires_at),
+             **({"cluster": clusters.get(t.cluster_id), "machine": machines.get(t.machine_id)}
+                if t.kind == "machine" else {})}
+            for t in s.scalars(select(Token).where(Token.org_id == c.org.id).order_by(Token.id))]
 
 
 def revoke_token(s: Session, c: Caller, token_id: int) -> None:

@@ -1,6 +1,8 @@
 """The agent protocol: a machine registers, long-polls its assignments, reports its workers and sends their logs.
 
-Only machine tokens may call these. The bodies are `astraeus.protocol`'s models, shared with the agent.
+Only machine tokens may call these: a join token only /register, which answers the machine's own credential;
+that credential the rest, for its own machine only (astraeus.server.agents). The bodies are `astraeus.protocol`'s
+models, shared with the agent.
 """
 
 from __future__ import annotations
@@ -8,15 +10,22 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Header, Query
 
 from astraeus import protocol as P
 from astraeus.server import agents
 from astraeus.server import bodies as B
-from astraeus.server.db import Machine
-from astraeus.server.routers.deps import CP, AgentTok, Sess, tx
+from astraeus.server.db import Machine, Token
+from astraeus.server.routers.deps import CP, Sess, tx
 
 LONG_POLL_MAX = 30.0
+
+
+def machine_token(s: Sess, authorization: Annotated[str | None, Header()] = None) -> Token:
+    return agents.authenticate(s, authorization)
+
+
+AgentTok = Annotated[Token, Depends(machine_token)]
 
 router = APIRouter(prefix="/api/v1/agent", tags=["agent"], responses=B.ERRORS)
 
@@ -25,9 +34,9 @@ router = APIRouter(prefix="/api/v1/agent", tags=["agent"], responses=B.ERRORS)
 def agent_register(tok: AgentTok, s: Sess, cp: CP, body: P.Register) -> P.Registered:
     settings = cp.settings
     with tx(s):
-        m, cl, changed = agents.register(s, tok, body, time.time(), settings.heartbeat_seconds)
+        m, cl, changed, credential = agents.register(s, tok, body, time.time(), settings.heartbeat_seconds)
         out = P.Registered(machine=m.name, cluster=cl.name, heartbeat_seconds=settings.heartbeat_seconds,
-                           lost_after_seconds=cl.lost_after_seconds)
+                           lost_after_seconds=cl.lost_after_seconds, credential=credential)
         mid = m.id
     cp.notifier.bump_machines([mid])
     cp.notifier.wake_scheduler()

@@ -1,0 +1,224 @@
+"""A credential per machine (issue 13, item 2): an admin's machine token is a join token, exchanged at
+/register for the machine's own credential; a credential acts for its own machine only; a name held by a live
+machine is refused; credentials are listed and revoked. In-process control plane, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from astraeus.server import loop
+from tests.conftest import drop_postgres, make_app, postgres_url, wait_for
+
+REG = {"gpus": 8, "cpu_cores": 64, "memory_bytes": 1 << 40, "stop_grace_seconds": 1}
+
+
+def _h(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _adm(app) -> dict:
+    return _h(app.boot["admin_token"])
+
+
+def _register(app, name: str, token: str | None = None, status: int = 200, **decl):
+    r = app.client.post("/api/v1/agent/register", headers=_h(token or app.boot["machine_token"]),
+                        json={"name": name, **REG, **decl})
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def _worker(app, name: str) -> dict:
+    return app.client.get(f"{app.api}/workers/{name}", headers=app.h()).json()
+
+
+def _placed(app, run: str, gpus: int = 1) -> dict:
+    body = {"metadata": {"name": run}, "spec": {"task_template": {
+        "image": "python:3.11", "command": "sleep", "args": ["600"],
+        "env": {"SECRET_OF_VISION": "s3cr3t"}, "requested_resources": {"gpu_requests": {"count": gpus}}}}}
+    assert app.client.post(app.api + "/runs", json=body, headers=app.h()).status_code == 201
+    return wait_for(lambda: (w := _worker(app, f"{run}-0"))["state"] == "Starting" and w, timeout=20,
+                    what="the worker placed")
+
+
+def test_join_token_is_exchanged_for_the_machines_own_credential(app):
+    ans = _register(app, "gpu-01")
+    cred = ans["credential"]
+    assert cred and cred.startswith("ast_m_") and cred != app.boot["machine_token"]
+    # the join token only registers: the rest is refused, saying what to do
+    join = _h(app.boot["machine_token"])
+    for method, path, body in [("get", "/assignments?machine=gpu-01", None),
+                               ("post", "/report", {"machine": "gpu-01", "workers": []}),
+                               ("post", "/logs", {"machine": "gpu-01", "lines": []})]:
+        r = app.client.request(method.upper(), "/api/v1/agent" + path, headers=join,
+                               **({"json": body} if body is not None else {}))
+        assert r.status_code == 403, (path, r.text)
+        assert r.json()["code"] == "REGISTER_FIRST"
+        assert "POST /api/v1/agent/register" in r.json()["message"] and "credential" in r.json()["message"]
+    # the credential does
+    assert app.client.get("/api/v1/agent/assignments?machine=gpu-01", headers=_h(cred)).status_code == 200
+    assert app.client.post("/api/v1/agent/report", headers=_h(cred),
+                           json={"machine": "gpu-01", "workers": []}).status_code == 200
+    # registering again with its own credential keeps it (no new one is handed out)
+    again = _register(app, "gpu-01", cred)
+    assert again["credential"] is None and again["machine"] == "gpu-01"
+    # a credential is no user token either
+    assert app.client.get(app.api + "/runs", headers=_h(cred)).status_code == 403
+
+
+def test_a_machines_credential_is_refused_for_another_machines_assignments_reports_and_logs(app):
+    c1 = _register(app, "gpu-01")["credential"]
+    c2 = _register(app, "gpu-02", gpus=0)["credential"]  # no GPU: the run below goes to gpu-01
+    w = _placed(app, "train")
+    assert w["machine"] == "gpu-01"
+    ident = f"{app.boot['ns']}.train-0"
+    # gpu-02's credential naming gpu-01: 403, saying whose credential it is
+    for method, path, body in [
+            ("get", "/assignments?machine=gpu-01", None),
+            ("post", "/report", {"machine": "gpu-01", "workers": [
+                {"worker": ident, "attempt": w["attempt"], "state": "Exited", "exit_code": 1}]}),
+            ("post", "/logs", {"machine": "gpu-01", "lines": [
+                {"worker": ident, "attempt": w["attempt"], "seq": 0, "text": "forged"}]}),
+            ("post", "/register", {"name": "gpu-01", **REG})]:
+        r = app.client.request(method.upper(), "/api/v1/agent" + path, headers=_h(c2),
+                               **({"json": body} if body is not None else {}))
+        assert r.status_code == 403, (path, r.text)
+        assert "belongs to machine gpu-02" in r.json()["message"], r.text
+    # gpu-02 naming itself but gpu-01's worker: its assignments hold nothing of it, its report and lines for
+    # that worker are ignored
+    r = app.client.get("/api/v1/agent/assignments?machine=gpu-02", headers=_h(c2))
+    assert r.status_code == 200 and r.json()["assignments"] == [] and "s3cr3t" not in r.text
+    r = app.client.post("/api/v1/agent/report", headers=_h(c2), json={"machine": "gpu-02", "workers": [
+        {"worker": ident, "attempt": w["attempt"], "state": "Exited", "exit_code": 1}]})
+    assert r.status_code == 200
+    r = app.client.post("/api/v1/agent/logs", headers=_h(c2), json={"machine": "gpu-02", "lines": [
+        {"worker": ident, "attempt": w["attempt"], "seq": 0, "text": "forged"}]})
+    assert r.status_code == 200 and r.json()["stored"] == 0
+    assert _worker(app, "train-0")["state"] == "Starting"
+    assert app.client.get(f"{app.api}/workers/train-0/logs", headers=app.h()).text == ""
+    # gpu-01's own credential: its assignment (by identity), its report and its lines are taken
+    r = app.client.get("/api/v1/agent/assignments?machine=gpu-01", headers=_h(c1))
+    (a,) = r.json()["assignments"]
+    assert a["worker"] == ident and a["name"] == "train-0" and a["env"]["SECRET_OF_VISION"] == "s3cr3t"
+    assert app.client.post("/api/v1/agent/report", headers=_h(c1), json={"machine": "gpu-01", "workers": [
+        {"worker": ident, "attempt": a["attempt"], "state": "Running", "pid": 4242}]}).status_code == 200
+    r = app.client.post("/api/v1/agent/logs", headers=_h(c1), json={"machine": "gpu-01", "lines": [
+        {"worker": ident, "attempt": a["attempt"], "seq": 0, "text": "mine"}]})
+    assert r.json()["stored"] == 1
+    assert _worker(app, "train-0")["state"] == "Running"
+    assert app.client.get(f"{app.api}/workers/train-0/logs", headers=app.h()).text == "mine\n"
+    # the bare name is not an identity: a report naming "train-0" reaches nothing
+    app.client.post("/api/v1/agent/report", headers=_h(c1), json={"machine": "gpu-01", "workers": [
+        {"worker": "train-0", "attempt": a["attempt"], "state": "Exited", "exit_code": 3}]})
+    assert _worker(app, "train-0")["state"] == "Running"
+
+
+def test_a_name_held_by_a_live_machine_is_refused(app):
+    cred = _register(app, "gpu-01")["credential"]
+    r = app.client.post("/api/v1/agent/register", headers=_h(app.boot["machine_token"]), json={"name": "gpu-01"})
+    assert r.status_code == 409, r.text
+    msg = r.json()["message"]
+    assert "gpu-01 is held by a live machine" in msg and "another name" in msg and "revoke" in msg
+    # nothing changed: the machine keeps what it declared, its credential still works
+    m = next(m for m in app.client.get("/api/v1/o/acme/clusters/main/machines", headers=_adm(app)).json()["items"]
+             if m["name"] == "gpu-01")
+    assert m["gpus"] == 8 and m["state"] == "Ready"
+    assert app.client.post("/api/v1/agent/report", headers=_h(cred),
+                           json={"machine": "gpu-01", "workers": []}).status_code == 200
+    # once Lost (no heartbeat for the cluster's lost timeout), the name can be taken, and the old credential
+    # stops working
+    with app.cp.sessions() as s:
+        loop.detect_lost_machines(s, time.time() + 3600)
+        s.commit()
+    new = _register(app, "gpu-01", gpus=4)["credential"]
+    assert new and new != cred
+    r = app.client.post("/api/v1/agent/report", headers=_h(cred), json={"machine": "gpu-01", "workers": []})
+    assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_REVOKED"
+    assert app.client.post("/api/v1/agent/report", headers=_h(new),
+                           json={"machine": "gpu-01", "workers": []}).status_code == 200
+
+
+def test_machine_credentials_are_listed_and_revoked(app):
+    cred = _register(app, "gpu-01")["credential"]
+    items = app.client.get("/api/v1/o/acme/tokens", headers=_adm(app)).json()["items"]
+    machines = [t for t in items if t["kind"] == "machine"]
+    join = [t for t in machines if t["machine"] is None]
+    (own,) = [t for t in machines if t["machine"] == "gpu-01"]
+    assert len(join) == 1 and own["cluster"] == "main" and not own["revoked"]
+    assert cred not in str(items) and app.boot["machine_token"] not in str(items)
+    assert app.client.delete(f"/api/v1/o/acme/tokens/{own['id']}", headers=_adm(app)).status_code == 200
+    # the machine's very next calls are refused, saying it was revoked
+    for method, path, body in [("get", "/assignments?machine=gpu-01", None),
+                               ("post", "/report", {"machine": "gpu-01", "workers": []}),
+                               ("post", "/logs", {"machine": "gpu-01", "lines": []}),
+                               ("post", "/register", {"name": "gpu-01", **REG})]:
+        r = app.client.request(method.upper(), "/api/v1/agent" + path, headers=_h(cred),
+                               **({"json": body} if body is not None else {}))
+        assert r.status_code == 401, (path, r.text)
+        assert r.json()["code"] == "CREDENTIAL_REVOKED" and "revoked" in r.json()["message"]
+    listed = app.client.get("/api/v1/o/acme/tokens", headers=_adm(app)).json()["items"]
+    assert next(t for t in listed if t["id"] == own["id"])["revoked"] is True
+    # without heartbeats it goes Lost after the lost timeout
+    with app.cp.sessions() as s:
+        loop.detect_lost_machines(s, time.time() + 61)
+        s.commit()
+    m = next(m for m in app.client.get("/api/v1/o/acme/clusters/main/machines", headers=_adm(app)).json()["items"]
+             if m["name"] == "gpu-01")
+    assert m["state"] == "Lost"
+    # a revoked credential does not hold the name: the join token takes it again at once
+    assert _register(app, "gpu-01")["credential"]
+
+
+def test_revoking_the_join_token_stops_joins_not_joined_machines(app):
+    cred = _register(app, "gpu-01")["credential"]
+    join_id = next(t["id"] for t in app.client.get("/api/v1/o/acme/tokens", headers=_adm(app)).json()["items"]
+                   if t["kind"] == "machine" and t["machine"] is None)
+    assert app.client.delete(f"/api/v1/o/acme/tokens/{join_id}", headers=_adm(app)).status_code == 200
+    r = app.client.post("/api/v1/agent/register", headers=_h(app.boot["machine_token"]), json={"name": "gpu-02"})
+    assert r.status_code == 401
+    assert app.client.post("/api/v1/agent/report", headers=_h(cred),
+                           json={"machine": "gpu-01", "workers": []}).status_code == 200
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def old_database(request, tmp_path):
+    """A database the first release left (with its cluster-wide machine token), opened by this code."""
+    import json
+
+    from tests.migrations.test_migrations import FIXTURES, load_into_postgres
+
+    release = "release_5a64dc1"
+    facts = json.loads((FIXTURES / f"{release}.json").read_text())
+    url = None
+    if request.param == "sqlite":
+        (tmp_path / "home").mkdir()
+        shutil.copyfile(FIXTURES / f"{release}.db", tmp_path / "home" / "astraeus.db")
+    else:
+        url = postgres_url()
+        load_into_postgres(release, url)
+    client, _boot, cp, _ = make_app(tmp_path, url, run_loop=False)
+    try:
+        with client:
+            yield client, facts["tokens"]
+    finally:
+        cp.engine.dispose()
+        if url:
+            drop_postgres(url)
+
+
+def test_an_old_cluster_wide_machine_token_is_a_join_token(old_database):
+    client, tokens = old_database
+    old = _h(tokens["machine"])
+    # its machines have no credential yet: the old token re-registers them and gets each its own
+    r = client.post("/api/v1/agent/register", headers=old, json={"name": "gpu-01", **REG})
+    assert r.status_code == 200, r.text
+    cred = r.json()["credential"]
+    assert cred
+    r = client.get("/api/v1/agent/assignments?machine=gpu-01", headers=old)
+    assert r.status_code == 403 and r.json()["code"] == "REGISTER_FIRST"
+    assert client.get("/api/v1/agent/assignments?machine=gpu-01", headers=_h(cred)).status_code == 200
+    assert client.get("/api/v1/agent/assignments?machine=gpu-02", headers=_h(cred)).status_code == 403
+    # gpu-01 now has a live credential: the old token cannot take its name again
+    assert client.post("/api/v1/agent/register", headers=old, json={"name": "gpu-01"}).status_code == 409

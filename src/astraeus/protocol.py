@@ -10,6 +10,22 @@ some without breaking older agents):
   GET /assignments → `Assignments`: a version and one `Assignment` per worker attempt that belongs here.
 
 Integers are bounded by what the database columns hold.
+
+Worker identity. A worker is named to the agent, in its reports and in its log lines by a cluster-unique
+identity, `<workspace ns>.<worker name>` (`worker_identity()`; ns is `ws-<12 hex>`, a worker name a DNS label,
+so the first dot splits it unambiguously), never by its name alone: two workspaces' runs both named `train` on
+one machine are two folders, two processes, two sets of log lines. `Assignment.name` is the bare name, for
+display. The ns-and-name form was chosen over the worker's database id because it is readable in the agent's
+folders and process markers, needs no database to interpret, and can be derived from what an older agent
+recorded (the worker's ASTRAEUS_JOB_NAME is `<ns>.<run>`), so an agent upgraded while its workers run adopts them
+under their identity instead of restarting them. (Like a name, it is reused when a run is deleted and created
+again under the same name; attempts, counted per worker row, tell the agent's records apart only within a run.)
+
+Credentials. `POST /register` is called with a join token (an admin's token of kind "machine", not bound to any
+machine) or with the machine's own credential. With a join token, the answer carries `credential`: the
+machine's own token, shown this once; the agent keeps it (0600, in its state dir) and uses it for everything
+else. A machine credential reads only its own machine's assignments and reports and ships logs only for
+workers placed on its machine.
 """
 
 from __future__ import annotations
@@ -54,6 +70,14 @@ class Registered(Answer):
     cluster: str
     heartbeat_seconds: float = Field(description="Report at least this often")
     lost_after_seconds: float | None = None
+    credential: str | None = Field(
+        None, description="The machine's own credential (a token bound to this machine), shown this once: given "
+        "when the agent registered with a join token, None when it registered with its credential (keep it)")
+
+
+def worker_identity(ns: str, name: str) -> str:
+    """The cluster-unique identity the agent and the control plane name a worker by (see the module docstring)."""
+    return f"{ns}.{name}"
 
 
 # --------------------------------------------------------------------------------------- assignments
@@ -79,7 +103,8 @@ class ConfigFile(Answer):
 class Assignment(Answer):
     """Everything the agent needs to start or stop one worker attempt."""
 
-    worker: str
+    worker: str = Field(description="The worker's identity, `<workspace ns>.<worker name>`: the agent's key")
+    name: str = Field("", description="The worker's name in its workspace, for display")
     attempt: Annotated[int, Field(ge=0, le=INT32)]
     run: str = ""
     workspace: str = ""
@@ -111,7 +136,7 @@ class Assignments(Answer):
 class WorkerReport(Body):
     """One worker attempt's state as the agent sees it."""
 
-    worker: str
+    worker: str = Field(description="The worker's identity, as its assignment named it")
     attempt: Annotated[int, Field(ge=0, le=INT32)]
     state: WorkerState
     pid: Annotated[int, Field(ge=0, le=INT32)] | None = None
@@ -138,7 +163,7 @@ class Ack(Answer):
 
 # ----------------------------------------------------------------------------------------------- logs
 class WorkerLogLine(Body):
-    worker: str
+    worker: str = Field(description="The worker's identity, as its assignment named it")
     attempt: Annotated[int, Field(ge=0, le=INT32)] = 0
     seq: Annotated[int, Field(ge=0, le=INT32)]
     time: float = 0.0

@@ -1,4 +1,10 @@
-"""The agent side of the API: machines join, heartbeat, receive the workers that should run, report back."""
+"""The agent side of the API: machines join, heartbeat, receive the workers that should run, report back.
+
+Tokens of kind "machine" are of two sorts. A join token (an admin's, `machine_id` NULL; every machine token made
+before revision 0004 is one) can only register: the answer gives the machine its own credential (a new token
+row, kind "machine", `machine_id` set), which is what assignments, reports and logs accept. A credential acts for
+its own machine only. Workers are named by their identity (`astraeus.protocol.worker_identity`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,13 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, selectinload
 
 from astraeus import protocol as P
-from astraeus.server import lifecycle
-from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Run, Token, Worker, Workspace
+from astraeus.server import lifecycle, services
+from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
 from astraeus.spec import path_within
+
+REGISTER_FIRST = ("this is a join token: it can only register a machine. POST /api/v1/agent/register with it; the "
+                  "answer's `credential` is the machine's own token, for its assignments, reports and logs")
 
 
 def machine_token(tok: Token) -> Token:
@@ -20,8 +29,40 @@ def machine_token(tok: Token) -> Token:
     return tok
 
 
+def authenticate(session: Session, authorization: str | None) -> Token:
+    """The caller's machine token (a join token or a machine's credential). A revoked credential gets a 401
+    that says so, which the agent tells apart from an unknown one (a new database: it joins again)."""
+    try:
+        tok = services.authenticate(session, authorization)
+    except ApiError as e:
+        if e.status == 401 and authorization and len(authorization.split(None, 1)) == 2:
+            t = session.scalar(select(Token).where(Token.digest == services.digest(authorization.split(None, 1)[1]
+                                                                                   .strip())))
+            if t is not None and t.kind == "machine" and t.machine_id is not None and t.revoked:
+                raise ApiError(401, "CREDENTIAL_REVOKED",
+                               "this machine's credential was revoked by an admin: the machine stays out of the "
+                               "cluster. To join it again, delete the agent's credential file (<state dir>/"
+                               "credential) and start the agent with a join token") from None
+        raise
+    return machine_token(tok)
+
+
+def live_credential(session: Session, m: Machine, at: float) -> Token | None:
+    """The machine's credential that keeps its name taken: the machine is Ready and the credential is neither
+    revoked nor expired. None when the name can be taken (a Lost machine, or one whose credential is revoked)."""
+    if m.state != lifecycle.MachineState.READY:
+        return None
+    for t in session.scalars(select(Token).where(Token.machine_id == m.id, Token.kind == "machine",
+                                                 Token.revoked.is_(False)).order_by(Token.id)):
+        if t.expires_at is None or t.expires_at > at:
+            return t
+    return None
+
+
 def register(session: Session, tok: Token, body: P.Register, at: float,
-             heartbeat: float) -> tuple[Machine, Cluster, bool]:
+             heartbeat: float) -> tuple[Machine, Cluster, bool, str | None]:
+    """Join (a join token: returns the machine's new credential's secret) or come back (the machine's own
+    credential: returns None for it)."""
     cluster = session.get(Cluster, tok.cluster_id)
     name = body.name
     from astraeus.spec import check_dns_label
@@ -31,6 +72,19 @@ def register(session: Session, tok: Token, body: P.Register, at: float,
     except ValueError as e:
         raise ApiError(422, "INVALID", str(e)) from None
     m = session.scalar(select(Machine).where(Machine.cluster_id == cluster.id, Machine.name == name))
+    if tok.machine_id is not None:  # the machine's own credential
+        if m is None or m.id != tok.machine_id:
+            own = session.get(Machine, tok.machine_id)
+            raise ApiError(403, "FORBIDDEN", f"this credential belongs to machine {own.name if own else '?'}: it "
+                                             f"cannot register as {name}")
+    elif m is not None:
+        held = live_credential(session, m, at)
+        if held is not None:
+            raise ApiError(409, "NAME_TAKEN", (
+                f"machine name {name} is held by a live machine of cluster {cluster.name} (Ready, with its own "
+                f"credential, token {held.id}): give this machine another name (--name); if it is this machine and "
+                f"its credential was lost, wait until it is Lost ({cluster.lost_after_seconds:.0f} s without a "
+                f"heartbeat) or have an admin revoke token {held.id}"))
     m, changed = lifecycle.machine_registered(session, m, cluster, name, at)
     m.gpus = body.gpus
     m.gpu_models = list(body.gpu_models)
@@ -39,13 +93,27 @@ def register(session: Session, tok: Token, body: P.Register, at: float,
     m.stop_grace_seconds = body.stop_grace_seconds  # 0 s is a real answer: stop at once
     m.labels = dict(body.labels)
     session.flush()
-    return m, cluster, changed
+    secret = None
+    if tok.machine_id is None:
+        # The name changes hands (or is taken for the first time): earlier credentials of it stop working.
+        for old in session.scalars(select(Token).where(Token.machine_id == m.id, Token.revoked.is_(False))):
+            old.revoked = True
+        cred, secret = services.create_token(session, session.get(Org, tok.org_id), "machine", cluster=cluster)
+        cred.machine_id = m.id
+        session.flush()
+    return m, cluster, changed, secret
 
 
 def machine_for(session: Session, tok: Token, name: str) -> Machine:
-    m = session.scalar(select(Machine).where(Machine.cluster_id == tok.cluster_id, Machine.name == name))
+    """The machine a credential acts for, which must be the one the request names."""
+    if tok.machine_id is None:
+        raise ApiError(403, "REGISTER_FIRST", REGISTER_FIRST)
+    m = session.get(Machine, tok.machine_id)
     if m is None:
         raise ApiError(404, "NOT_FOUND", f"machine {name} has not registered: POST /api/v1/agent/register first")
+    if m.name != name:
+        raise ApiError(403, "FORBIDDEN", f"this credential belongs to machine {m.name}: it cannot act for machine "
+                                         f"{name}")
     return m
 
 
@@ -92,7 +160,7 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
                                   granted_root=granted))
         configs = [P.ConfigFile(mount_path=mp, value=c["value"]) for c in tt.get("configs") or [] for mp in c["mounts"]]
         out.append(P.Assignment(
-            worker=w.name, attempt=w.attempt, run=run.name, workspace=ws.ns,
+            worker=P.worker_identity(ws.ns, w.name), name=w.name, attempt=w.attempt, run=run.name, workspace=ws.ns,
             desired=w.desired or "Running", stop_reason=w.stop_reason,
             image=tt["image"], command=tt["command"], args=list(tt.get("args") or []), env=env,
             gpu_indices=list(w.gpu_indices or []), cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
@@ -101,12 +169,20 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     return out
 
 
+def _placed_here(session: Session, m: Machine) -> dict[str, Worker]:
+    """The workers placed on machine `m`, by identity."""
+    rows = session.execute(select(Worker, Workspace.ns).join(Run, Worker.run_id == Run.id)
+                           .join(Workspace, Run.workspace_id == Workspace.id).where(Worker.machine_id == m.id)
+                           .options(selectinload(Worker.run).selectinload(Run.workers))).all()
+    return {P.worker_identity(ns, w.name): w for w, ns in rows}
+
+
 def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
     """Heartbeat and worker states. Returns True when room was freed or a machine returned: what the
-    scheduler, the machines' assignments and log followers must see."""
+    scheduler, the machines' assignments and log followers must see. A worker is found by its identity among
+    the workers placed on this machine only: a report never reaches another machine's worker."""
     changed = lifecycle.machine_heartbeat(session, m, at)
-    here = {w.name: w for w in session.scalars(select(Worker).where(Worker.machine_id == m.id)
-                                               .options(selectinload(Worker.run).selectinload(Run.workers)))}
+    here = _placed_here(session, m)
     for r in body.workers:
         w = here.get(r.worker)
         if w is None or w.attempt != r.attempt or w.state not in lifecycle.ACTIVE:
@@ -130,11 +206,16 @@ def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
 
 
 def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine]) -> int:
+    """Store the lines of workers placed on machine `m` (by identity); lines naming any other worker are
+    dropped. The agent ships an ended attempt's lines before it reports the end (which may release the worker
+    from the machine)."""
     if not lines:
         return 0
-    names = {ln.worker for ln in lines}
-    ids = dict(session.execute(select(Worker.name, Worker.id).join(Run).where(
-        Worker.name.in_(names), Run.cluster_id == m.cluster_id, Run.live_key == "")).all())
+    names = {ln.worker.partition(".")[2] for ln in lines}
+    ids = {P.worker_identity(ns, n): i for ns, n, i in session.execute(
+        select(Workspace.ns, Worker.name, Worker.id).join(Run, Worker.run_id == Run.id)
+        .join(Workspace, Run.workspace_id == Workspace.id)
+        .where(Worker.machine_id == m.id, Run.live_key == "", Worker.name.in_(names)))}
     rows = [{"worker_id": ids[ln.worker], "attempt": ln.attempt, "seq": ln.seq, "time": ln.time,
              "stream": ln.stream, "text": ln.text.replace("\x00", "\ufffd")}  # PostgreSQL text holds no NUL
             for ln in lines if ln.worker in ids]

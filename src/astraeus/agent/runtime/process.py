@@ -1,6 +1,9 @@
 """ProcessRuntime: runs each worker attempt's command on the host (like Slurm without containers).
 
-Layout under `state_dir/workers/<worker>.<attempt>/`:
+Layout under `state_dir/workers/<worker>.<attempt>/`, where <worker> is the worker's identity (`Assignment.worker`,
+`<workspace ns>.<name>`: two workspaces' workers of one name are two folders; astraeus.protocol). A folder an
+older agent made, `<name>.<attempt>`, is found again under the identity its spec.json's ASTRAEUS_JOB_NAME gives
+(`<ns>.<run>`), so workers started before an upgrade are adopted, not restarted:
   spec.json     what the shim runs (written by the runtime; the shim rewrites it if the folder is wiped)
   shim.json     the shim's pid and create time (written first thing by the shim)
   started.json  the command's pid, create time, pgid, cgroup (the command's PID is the worker's main process)
@@ -141,15 +144,18 @@ class ProcessRuntime(Runtime):
         self._gpu_minors: dict[int, int] | None = None
         self.start_timeout = start_timeout
         self._final: dict[tuple[str, int], WorkerStatus] = {}
+        self._legacy: dict[tuple[str, int], str] = {}  # (identity, attempt) -> an older agent's folder name
         self._lock = threading.RLock()
         self._events_fd: int | None = None
 
     # ------------------------------------------------------------ helpers
     def dir(self, worker: str, attempt: int) -> str:
-        return os.path.join(self.workers_dir, f"{worker}.{int(attempt)}")
+        """The attempt's folder, `<identity>.<attempt>` (or the folder an older agent made for it)."""
+        legacy = self._legacy.get((worker, int(attempt)))
+        return os.path.join(self.workers_dir, legacy or f"{worker}.{int(attempt)}")
 
     def marker(self, worker: str, attempt: int) -> str:
-        return f"{self.owner}:{worker}.{int(attempt)}"
+        return f"{self.owner}:{os.path.basename(self.dir(worker, attempt))}"
 
     @staticmethod
     def _parse_dirname(name: str) -> tuple[str, int] | None:
@@ -157,6 +163,21 @@ class ProcessRuntime(Runtime):
         if not worker or not attempt.isdigit():
             return None
         return worker, int(attempt)
+
+    def _key_of(self, dirname: str) -> tuple[str, int] | None:
+        """The (worker identity, attempt) a folder holds. An identity always has a dot (`<ns>.<name>`); a name
+        alone is an older agent's folder, whose identity comes from the job name it recorded (`<ns>.<run>`)."""
+        parsed = self._parse_dirname(dirname)
+        if parsed is None or "." in parsed[0]:
+            return parsed
+        spec = _read_json(os.path.join(self.workers_dir, dirname, "spec.json")) or {}
+        job = str((spec.get("env") or {}).get("ASTRAEUS_JOB_NAME") or "")
+        ns = job.partition(".")[0] if "." in job else ""
+        if not ns:
+            return parsed  # no workspace known: keyed by its name, which nothing assigns (so it is stopped)
+        key = (f"{ns}.{parsed[0]}", parsed[1])
+        self._legacy[key] = dirname
+        return key
 
     def build_env(self, assignment: Assignment) -> tuple[dict[str, str], str]:
         env: dict[str, str] = {"PATH": os.environ.get("PATH", os.defpath), "HOME": os.environ.get("HOME", "/root")}
@@ -227,7 +248,7 @@ class ProcessRuntime(Runtime):
                 "PATH": os.environ.get("PATH", os.defpath),
                 "PYTHONPATH": _PKG_PARENT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
                 "ASTRAEUS_SHIM_OWNER": self.owner,
-                "ASTRAEUS_SHIM_ID": f"{worker}.{attempt}",
+                "ASTRAEUS_SHIM_ID": os.path.basename(d),
                 "ASTRAEUS_SHIM_DIR": d,
             }
             with open(os.path.join(d, "shim.log"), "ab") as errf:
@@ -352,8 +373,10 @@ class ProcessRuntime(Runtime):
             os.makedirs(self.workers_dir, exist_ok=True)
             names = []
         for name in names:
-            parsed = self._parse_dirname(name)
-            if parsed is None or not os.path.isdir(os.path.join(self.workers_dir, name)):
+            if not os.path.isdir(os.path.join(self.workers_dir, name)):
+                continue
+            parsed = self._key_of(name)
+            if parsed is None:
                 continue
             st = self.status(*parsed)
             if st is not None:
@@ -466,7 +489,8 @@ class ProcessRuntime(Runtime):
                 mains = [p for p, v in workers.items() if v == wid]
                 pid = min(mains, key=lambda p: psutil.Process(p).create_time() if psutil.pid_exists(p) else 0)
                 _write_json(os.path.join(d, "started.json"), {"pid": pid, "pid_create_time": None, "pgid": pid})
-            self._stop_orphan(parsed[0], parsed[1], self.stop_grace)
+            key = self._key_of(wid) or parsed
+            self._stop_orphan(key[0], key[1], self.stop_grace)
         self._sweep_cgroups(shim_ids)
         return self.list()
 
@@ -522,3 +546,4 @@ class ProcessRuntime(Runtime):
             raise RuntimeError(f"{worker} attempt {attempt} is still {st.state}")
         shutil.rmtree(self.dir(worker, attempt), ignore_errors=True)
         self._final.pop((worker, int(attempt)), None)
+        self._legacy.pop((worker, int(attempt)), None)

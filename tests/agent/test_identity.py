@@ -116,3 +116,29 @@ def test_agent_keeps_its_credential_and_registers_again_with_it(server, tmp_path
         assert path.read_text().strip() not in ("", cred)
     finally:
         a2.shutdown()
+
+
+def test_a_worker_an_older_agent_started_is_adopted_under_its_identity(tmp_path):
+    """An older agent named a worker's folder and marker by its name alone (`train-0.1`); after the upgrade the
+    runtime finds it under its identity (the ns from its ASTRAEUS_JOB_NAME), running, with its logs, and stops
+    it by that identity: an upgrade mid-run restarts nothing."""
+    from astraeus.agent.runtime.process import ProcessRuntime
+
+    state = str(tmp_path / "state")
+    old = ProcessRuntime(state, stop_grace=1)
+    a = {"worker": "train-0", "attempt": 1, "run": "train", "image": "python:3.11", "command": "python",
+         "args": ["-c", "import time; print('old', flush=True); time.sleep(600)"],
+         "env": {"ASTRAEUS_JOB_NAME": "ws-0123456789ab.train"}}
+    st = old.start(a)
+    assert os.path.isdir(os.path.join(state, "workers", "train-0.1"))
+    try:
+        new = ProcessRuntime(state, stop_grace=1)  # the upgraded agent
+        adopted = {s.key: s for s in new.adopt()}
+        ident = ("ws-0123456789ab.train-0", 1)
+        assert set(adopted) == {ident} and adopted[ident].state == "Running" and adopted[ident].pid == st.pid
+        wait_for(lambda: [ln.text for ln in new.logs(*ident)] == ["old"], timeout=10, what="its log line")
+        assert new.marker(*ident).endswith(":train-0.1")  # the marker its processes carry
+        ended = new.stop(*ident, grace=1)
+        assert ended.final and not _pid_alive(st.pid)
+    finally:
+        old.stop("train-0", 1, grace=0)

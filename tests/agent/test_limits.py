@@ -331,3 +331,31 @@ def test_cgroup_v2_files_written_for_a_worker(tmp_path):
     assert cg.oom_kills() == 1
     assert cgroups.WorkerCgroup.from_json(cg.to_json()) == cg
     assert cgroups.cpu_quota_us(0.001) == 1000 and cgroups.cpu_quota_us(32) == 3_200_000
+
+
+@pytest.mark.parametrize("wiped", [False, True], ids=["records", "state-wiped"])
+def test_a_lost_shims_cgroup_is_removed_on_adoption(tmp_path, assignment, wiped):
+    """The shim is SIGKILLed (and, in one variant, the state dir wiped too): the restarted agent stops the
+    worker and removes its cgroup(s), from its records or by its name."""
+    import shutil
+    import signal as sig
+
+    state = str(tmp_path / "state")
+    rt1 = ProcessRuntime(state, stop_grace=1)
+    if rt1.cgroup_root is None:
+        pytest.skip("no cgroup on this machine")
+    a = assignment(SLEEPER, args=[str(tmp_path)], memory_bytes=256 * MIB)
+    pid = rt1.start(a).pid
+    wait_for(lambda: (tmp_path / "ready").exists())
+    cg = worker_cgroup(rt1, a["worker"])
+    with open(os.path.join(rt1.dir(a["worker"], 1), "shim.json")) as f:
+        shim = json.load(f)["shim_pid"]
+    os.kill(shim, sig.SIGKILL)
+    wait_for(lambda: not pid_alive(shim))
+    if wiped:
+        shutil.rmtree(rt1.workers_dir)
+    assert cg.exists() and pid in cg.pids()
+    rt2 = ProcessRuntime(state, stop_grace=1)
+    rt2.adopt()
+    wait_for(lambda: not pid_alive(pid), timeout=10, what="the worker stopped")
+    assert_removed(rt2, cg)

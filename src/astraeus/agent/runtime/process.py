@@ -194,8 +194,12 @@ class ProcessRuntime(Runtime):
         return env, local.name
 
     def cgroup_name(self, worker: str, attempt: int) -> str:
-        """`<owner>-<the attempt's folder name>` in every cgroup hierarchy (the folder name is its shim's id)."""
-        return f"{self.owner}-{os.path.basename(self.dir(worker, attempt))}"
+        """`<owner>-<the attempt's folder name>` in every cgroup hierarchy (the folder name is its shim's id); a
+        name too long for a cgroup folder is hashed."""
+        name = os.path.basename(self.dir(worker, attempt))
+        if len(name) > 200:
+            name = hashlib.sha1(name.encode()).hexdigest()
+        return f"{self.owner}-{name}"
 
     def limits(self, assignment: Assignment) -> cgroups.Limits:
         """What the worker's cgroup enforces: its memory (none when unspecified or 0), CPU cores, the machine's

@@ -431,7 +431,8 @@ class ProcessRuntime(Runtime):
             d = self.dir(worker, attempt)
             started = _read_json(os.path.join(d, "started.json")) or {}
             main = started.get("pid")
-            cg = cgroups.WorkerCgroup.from_json(started.get("cgroups") or started.get("cgroup")) or                 (self.cgroups.worker(self.cgroup_name(worker, attempt)) if self.cgroup_root else None)
+            cg = cgroups.WorkerCgroup.from_json(started.get("cgroups") or started.get("cgroup")) or \
+                (self.cgroups.worker(self.cgroup_name(worker, attempt)) if self.cgroup_root else None)
             if _alive(main, started.get("pid_create_time")):
                 os.kill(main, signal.SIGTERM)
             end = time.monotonic() + grace

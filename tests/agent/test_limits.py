@@ -172,9 +172,9 @@ def test_a_fork_bomb_stops_at_its_pids_limit(tmp_path, assignment):
     n = int(failed[0].split()[3])
     assert 0 < n < 64, failed  # the main process and its children: 64 at most
     assert end.exit_code == 0  # the bomb's main process went on (the machine too) and ended on its own
-    children = [int(x) for x in (tmp_path / "children").read_text().split()]
-    for pid in children:  # what it left behind was killed with its tree
-        wait_for(lambda pid=pid: not pid_alive(pid), timeout=5, what=f"child {pid} gone")
+    assert len((tmp_path / "children").read_text().split()) == n
+    # what it left behind was killed with its tree: its cgroup is empty, and removed (the children's pids are
+    # not checked by number: in the worker's own PID namespace they are not the host's)
     assert_removed(rt, cg)
     # the machine is fine: the next worker starts and runs
     b = assignment("print('still fine')")

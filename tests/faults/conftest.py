@@ -82,16 +82,22 @@ def reap(state_dir: Path) -> None:
                 pass
         time.sleep(0.1)
     owner = owner_of(state_dir)
-    for root in CGROUP_ROOTS:
-        try:
-            for d in os.listdir(root):
-                if d.startswith(owner + "-"):
-                    try:
-                        os.rmdir(os.path.join(root, d))
-                    except OSError:
-                        pass
-        except OSError:
-            pass
+    end = time.time() + 5  # a killed process leaves its cgroup only once it has exited: retry until then
+    while True:
+        left = 0
+        for root in CGROUP_ROOTS:
+            try:
+                for d in os.listdir(root):
+                    if d.startswith(owner + "-"):
+                        try:
+                            os.rmdir(os.path.join(root, d))
+                        except OSError:
+                            left += 1
+            except OSError:
+                pass
+        if not left or time.time() > end:
+            break
+        time.sleep(0.1)
 
 
 # ------------------------------------------------------------------------------------ processes

@@ -147,6 +147,16 @@ class AgentSettings(HomeSettings):
     state_dir: Path | None = setting(
         None, "Where the agent records its workers (adopted again after a restart). Unset: "
         "`<home>/agents/<name>`; `--state-dir` overrides it.", "a directory path")
+    worker_uid_base: int = setting(
+        200000, "Workers run as an unprivileged user, one per workspace: uid = gid = this base + a number derived "
+        "from the workspace's namespace (`ws-<12 hex>`) modulo ASTRAEUS_WORKER_UID_RANGE. Never root, no "
+        "capabilities.", "a whole number from 1000 to 4000000000", ge=1000, le=4_000_000_000)
+    worker_uid_range: int = setting(
+        65536, "How many uids workspaces are spread over (from ASTRAEUS_WORKER_UID_BASE).",
+        "a whole number from 1 to 100000000", ge=1, le=100_000_000)
+    worker_user: str | None = setting(
+        None, "Run every worker as this existing user (a name or a uid; its primary group) instead of one uid per "
+        "workspace. It must not be root.", "the name or uid of an existing user other than root")
     stop_grace: float = setting(
         30.0, "Seconds between SIGTERM and SIGKILL when this machine stops a worker (0: at once). Declared to the "
         "control plane, which counts it when it promises when a run starts.",
@@ -167,6 +177,16 @@ class AgentSettings(HomeSettings):
     @classmethod
     def _server_url(cls, v: str | None) -> str | None:
         return _http_url(v)
+
+    @field_validator("worker_user")
+    @classmethod
+    def _worker_user(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from astraeus.agent.runtime.mounts import resolve_user
+
+        resolve_user(v)  # a ValueError names what is wrong
+        return v
 
     @field_validator("image_map", "image_map_file")
     @classmethod

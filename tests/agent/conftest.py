@@ -48,10 +48,16 @@ def assignment(tmp_path):
             path = tmp_path / f"script{n[0]}.py"
             path.write_text(script)
             args = [str(path)] + list(args or [])
+        # Workers see the host read-only with a private /tmp: the test's folder (its scripts, and what the worker
+        # writes for the test to read) is shared with them as a ReadWrite drive at the same path, writable by the
+        # workspace's unprivileged user (the agent's state dir inside it stays hidden).
+        os.chmod(tmp_path, 0o777)
+        share = {"host_path": str(tmp_path), "mount_path": str(tmp_path), "read_only": False, "create": False,
+                 "granted_root": str(tmp_path)}
         a = {"worker": kw.pop("worker", f"job-{n[0]}"), "attempt": kw.pop("attempt", 1), "run": "job",
              "desired": "Running", "image": kw.pop("image", "pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime"),
              "command": command, "args": args or [], "env": kw.pop("env", {"TMPDIR_TEST": str(tmp_path)}),
-             "gpu_indices": [], "mounts": kw.pop("mounts", []), "configs": kw.pop("configs", [])}
+             "gpu_indices": [], "mounts": [share, *kw.pop("mounts", [])], "configs": kw.pop("configs", [])}
         a.update(kw)
         return a
 

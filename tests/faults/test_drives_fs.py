@@ -47,9 +47,13 @@ def rt(tmp_path):
 def _assignment(tmp_path, worker: str, code: str, args: list[str], mounts: list[dict]) -> dict:
     script = tmp_path / f"{worker}.py"
     script.write_text(code)
+    # workers see the host read-only with a private /tmp: the test's folder is shared as a ReadWrite drive
+    os.chmod(tmp_path, 0o777)
+    share = {"host_path": str(tmp_path), "mount_path": str(tmp_path), "read_only": False, "create": False,
+             "granted_root": str(tmp_path)}
     return {"worker": worker, "attempt": 1, "run": "fs", "desired": "Running", "image": "python:3.11",
-            "command": "python", "args": [str(script), *args], "env": {}, "gpu_indices": [], "mounts": mounts,
-            "configs": []}
+            "command": "python", "args": [str(script), *args], "env": {}, "gpu_indices": [],
+            "mounts": [share, *mounts], "configs": []}
 
 
 def _result(rt, worker: str) -> tuple[object, list[str]]:
@@ -173,6 +177,7 @@ def test_read_only_stays_read_only_and_worker_mounts_stay_inside(rt, tmp_path):
     (granted / "ro").mkdir(parents=True)
     (granted / "ro" / "hello").write_text("hi")
     ro, scratch = tmp_path / "mnt" / "ro", tmp_path / "scratch"
+    ro.parent.mkdir()  # (its mount point is made in the worker's view, never here)
     a = _assignment(tmp_path, "remount", REMOUNT, [str(ro), str(scratch)], [
         {"host_path": str(granted / "ro"), "mount_path": str(ro), "read_only": True, "create": False,
          "granted_root": str(granted)}])

@@ -1,9 +1,27 @@
-"""Mount-namespace helpers used by the shim (stdlib only: ctypes around libc).
+"""The worker's own view of the machine, and the unprivileged user it runs as (stdlib only: ctypes around libc).
 
-A worker's drives and configs are bind mounts made inside a private mount namespace, so nothing is mounted
-on the host. Drives are resolved WITHOUT following symlinks: every component below the granted root is
-opened with O_PATH|O_NOFOLLOW|O_DIRECTORY, and the final descriptor is bind-mounted through
-/proc/self/fd/N, so a symlink swapped in between the check and the mount cannot redirect it.
+Workers are never root on the host. The shim's child (the PID 1 of the worker's own PID namespace) builds the
+worker's view in its own mount namespace, then forks the command, which drops to the workspace's user:
+
+- the view's root is a fresh tmpfs holding a recursive bind of each of the host's top-level folders, every one
+  of them read-only; /proc is a new proc for the worker's PID namespace (no other process is visible);
+  /tmp and /dev/shm are private, empty and writable; /root, the agent's state dir (every worker's folder, spec
+  and log) and the Astraeus home (`env` with tokens, the SQLite database) are empty tmpfs;
+- drives and configs are bind mounts inside that view. Their mount points are made in the view only: a missing
+  entry in a host folder is made by "exploding" that folder there (a tmpfs over it holding a bind of each of
+  its entries, plus the new one), so no path a spec names creates anything on the host. A ReadOnly drive is
+  read-only at its mount path and at its host path (the whole host is read-only in the view);
+- the worker's working folder (`work/` in its attempt's folder) is bound at its own path and owned by it.
+
+Drives are resolved WITHOUT following symlinks: every component below the granted root is opened with
+O_PATH|O_NOFOLLOW|O_DIRECTORY, and the final descriptor is bind-mounted through /proc/self/fd/N, so a symlink
+swapped in between the check and the mount cannot redirect it. A ReadWrite drive's host folder is handed over
+to the workspace's user (owner uid:gid, mode 0700) when it is owned by root and either `create` is set or it
+is empty; otherwise it keeps its owner and mode (files in it stay readable across attempts: one uid per
+workspace).
+
+The command runs as that user (setgroups([]), setresgid, setresuid), with an empty capability bounding set and
+no capabilities (effective, permitted, inheritable, ambient), and no_new_privs.
 """
 
 from __future__ import annotations
@@ -15,17 +33,27 @@ import os
 import stat
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
+MS_MOVE = 8192
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203}
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 _libc.unshare.argtypes = [ctypes.c_int]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 class MountError(Exception):
@@ -112,58 +140,283 @@ def open_drive_dir(host_path: str, granted_root: str | None, create: bool) -> in
     return fd
 
 
-def ensure_mountpoint(path: str, is_dir: bool) -> None:
-    """Make `path` exist so something can be mounted on it, touching the host as little as possible.
+# ------------------------------------------------------------------------------------------- the worker's user
+def resolve_user(user: str) -> tuple[int, int]:
+    """(uid, gid) of a configured user (a name or a number); ValueError if unknown or root."""
+    import pwd
 
-    If the path exists, nothing is made. If only the last component is missing, it is made on the host (an
-    empty folder, or an empty file for a config). If a parent is missing too, the topmost missing folder is
-    made on the host (empty) and a tmpfs is mounted on it inside the namespace, so the rest is built in
-    memory and never shows on the host."""
-    if not os.path.isabs(path):
-        raise MountError(f"mount path {path!r} is not absolute")
-    path = os.path.normpath(path)
-    if os.path.lexists(path):
-        if is_dir and not os.path.isdir(path):
-            raise MountError(f"mount path {path} exists and is not a folder")
-        if not is_dir and os.path.isdir(path):
-            raise MountError(f"config mount path {path} is a folder")
-        return
-    parts = _components(path)
-    top = "/"
-    for i in range(len(parts)):
-        top = "/" + "/".join(parts[: i + 1])
-        if not os.path.lexists(top):
-            break
-    if top != path:
-        os.makedirs(top, exist_ok=True)
-        mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    if is_dir:
-        os.makedirs(path, exist_ok=True)
+    try:
+        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        uid, gid = pw.pw_uid, pw.pw_gid
+    except KeyError:
+        if not user.isdigit():
+            raise ValueError(f"no user named {user!r} on this machine") from None
+        uid = gid = int(user)
+    if uid == 0 or gid == 0:
+        raise ValueError(f"{user!r} is root (uid or gid 0); workers must run as an unprivileged user")
+    return uid, gid
+
+
+def workspace_of(worker: str, env: dict) -> str:
+    """The worker's workspace namespace (`ws-<12 hex>`): from ASTRAEUS_JOB_NAME (`<ns>.<run>`) or its identity
+    (`<ns>.<name>`); "" when neither names one."""
+    job = str(env.get("ASTRAEUS_JOB_NAME") or "")
+    if "." in job:
+        return job.partition(".")[0]
+    return worker.partition(".")[0] if "." in worker else ""
+
+
+def workspace_uid(ns: str, base: int = 200000, span: int = 65536) -> int:
+    """One uid per workspace, deterministic: base + (the namespace's 12 hex digits, or a hash of it) mod span."""
+    import hashlib
+
+    h = ns[3:] if ns.startswith("ws-") else ""
+    try:
+        n = int(h, 16) if h else int(hashlib.sha256(ns.encode()).hexdigest()[:12], 16)
+    except ValueError:
+        n = int(hashlib.sha256(ns.encode()).hexdigest()[:12], 16)
+    return int(base) + n % int(span)
+
+
+def isolation_spec(state_dir: str, worker: str, env: dict) -> dict:
+    """What the shim needs to isolate a worker (written into spec.json by the agent): its uid/gid and the host
+    paths its view hides. Read from AgentSettings (ASTRAEUS_WORKER_USER or ASTRAEUS_WORKER_UID_BASE/RANGE)."""
+    from astraeus.settings import AgentSettings
+
+    s = AgentSettings.load()
+    if s.worker_user:
+        uid, gid = resolve_user(s.worker_user)
     else:
-        with open(path, "a"):
-            pass
+        uid = gid = workspace_uid(workspace_of(worker, env), s.worker_uid_base, s.worker_uid_range)
+    hide = sorted({os.path.realpath(state_dir), os.path.realpath(os.path.expanduser(str(s.home)))})
+    return {"uid": uid, "gid": gid, "hide": hide}
 
 
-def bind_drive(host_path: str, mount_path: str, read_only: bool, create: bool, granted_root: str | None) -> None:
-    fd = open_drive_dir(host_path, granted_root, create)
+def drop_privileges(uid: int, gid: int) -> None:
+    """Become uid:gid for good: no supplementary groups, an empty bounding set, no capabilities, no_new_privs."""
     try:
-        ensure_mountpoint(mount_path, is_dir=True)
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    os.setgroups([])
+    for cap in range(last + 1):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # from root to non-root: permitted, effective and ambient sets are cleared
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    hdr, data = Header(0x20080522, 0), (Data * 2)()
+    if _libc.capset(ctypes.byref(hdr), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    if os.getuid() == 0 or os.geteuid() == 0:
+        raise OSError(1, "still root after setresuid")
+
+
+def unshare_pid_namespace() -> None:
+    """The next child this process forks is PID 1 of a new PID namespace."""
+    if _libc.unshare(CLONE_NEWPID) != 0:
+        e = ctypes.get_errno()
+        raise MountError(f"cannot create a PID namespace (unshare CLONE_NEWPID): {os.strerror(e)}")
+
+
+def hand_over(fd: int, uid: int, gid: int, created: bool) -> None:
+    """Give a ReadWrite drive's host folder to the workspace's user when it is root's and new or empty."""
+    st = os.stat(fd)
+    if st.st_uid != 0 or st.st_uid == uid:
+        return
+    if not created and os.listdir(f"/proc/self/fd/{fd}"):
+        return
+    os.chown(f"/proc/self/fd/{fd}", uid, gid)
+    os.chmod(f"/proc/self/fd/{fd}", 0o700)
+
+
+# ------------------------------------------------------------------------------------------- the worker's view
+_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+
+
+def _unescape(p: str) -> str:
+    return p.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def _mounts() -> list[tuple[str, int]]:
+    """(mount point, nosuid/nodev/noexec flags) of every mount in this namespace, as /proc/self/mountinfo says."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            flags = 0
+            for o in parts[5].split(","):
+                flags |= _FLAGS.get(o, 0)
+            out.append((_unescape(parts[4]), flags))
+    return out
+
+
+def _pivot_root(new_root: str, put_old: str) -> None:
+    import platform
+
+    nr = SYS_PIVOT_ROOT.get(platform.machine())
+    if nr is None or _libc.syscall(nr, _b(new_root), _b(put_old)) != 0:
+        e = ctypes.get_errno() if nr is not None else 38
+        raise OSError(e, f"pivot_root: {os.strerror(e)}")
+
+
+def umount(path: str) -> None:
+    if _libc.umount2(_b(path), MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"umount {path}: {os.strerror(e)}")
+
+
+OLD = "/.astraeus-host"
+
+
+class WorkerView:
+    """Builds a worker's view (see the module's docstring). Used in the worker's PID 1, as root, in this order:
+    open() the sources while the host is still visible, enter(), mount drives/configs/the working folder,
+    seal()."""
+
+    def __init__(self, root_dir: str, hide: list[str]):
+        self.root_dir = root_dir
+        self.hide = [os.path.normpath(h) for h in hide]
+        self.ours: set[int] = set()  # st_dev of the tmpfs made here (entries may be made in them)
+        self.read_only_later: list[str] = []
+        self.n = 0
+
+    def tmpfs(self, path: str, mode: str, uid: int = 0, gid: int = 0, size: str | None = None) -> None:
+        opts = f"mode={mode},uid={uid},gid={gid}" + (f",size={size}" if size else "")
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+        self.ours.add(os.stat(path).st_dev)
+
+    def private(self) -> None:
+        """Enter a private mount namespace (open the drives' and configs' sources next, then enter())."""
+        if _libc.unshare(CLONE_NEWNS) != 0:
+            e = ctypes.get_errno()
+            raise MountError(f"cannot create a mount namespace (unshare CLONE_NEWNS): {os.strerror(e)}; "
+                             "the agent must run as root")
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+    def enter(self) -> None:
+        """Make the root the read-only host, with a new /proc, private /tmp and /dev/shm, and the hidden paths."""
+        r = self.root_dir
+        os.makedirs(r, mode=0o700, exist_ok=True)
+        self.tmpfs(r, "755")
+        for e in os.scandir("/"):
+            dst = os.path.join(r, e.name)
+            if e.name in ("proc", "tmp", "root"):
+                os.mkdir(dst, 0o755)
+            elif e.is_symlink():
+                os.symlink(os.readlink(e.path), dst)
+            elif e.is_dir(follow_symlinks=False):
+                os.mkdir(dst, 0o755)
+                mount(e.path, dst, None, MS_BIND | MS_REC)
+            else:
+                with open(dst, "w"):
+                    pass
+                mount(e.path, dst, None, MS_BIND)
+        os.mkdir(os.path.join(r, OLD.lstrip("/")), 0o700)
+        _pivot_root(r, os.path.join(r, OLD.lstrip("/")))
+        os.chdir("/")
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        for mp, flags in _mounts():  # everything of the host's is read-only here
+            if mp in ("/", "/proc") or mp == OLD or mp.startswith(OLD + "/"):
+                continue
+            try:
+                mount(None, mp, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+            except OSError as e:
+                raise MountError(f"cannot make the host's {mp} read-only in the worker's view: {e.strerror}") from None
+        self.tmpfs("/tmp", "1777")
+        self.tmpfs("/root", "755")
+        if os.path.isdir("/dev/shm"):
+            self.tmpfs("/dev/shm", "1777")
+        self.hide_again()
+
+    def hide_again(self) -> None:
+        """An empty tmpfs over each hidden path that shows (again: a drive may hold the agent's state dir)."""
+        for h in self.hide:
+            if h not in ("/", "/tmp", "/root") and os.path.isdir(h) and os.stat(h).st_dev not in self.ours:
+                self.tmpfs(h, "755")
+
+    # ---------------------------------------------------------------- entries in the view
+    def _explode(self, d: str) -> None:
+        """Replace host folder `d` (in the view) by a tmpfs holding a bind of each of its entries."""
+        self.n += 1
+        stage = f"/.astraeus-stage-{self.n}"
+        os.mkdir(stage, 0o700)
+        st = os.stat(d)
+        mount(d, stage, None, MS_BIND | MS_REC)
+        self.tmpfs(d, f"{stat.S_IMODE(st.st_mode):o}", st.st_uid, st.st_gid)
+        for e in os.scandir(stage):
+            dst = os.path.join(d, e.name)
+            if e.is_symlink():
+                os.symlink(os.readlink(e.path), dst)
+                continue
+            if e.is_dir(follow_symlinks=False):
+                os.mkdir(dst, 0o755)
+                mount(e.path, dst, None, MS_BIND | MS_REC)
+            else:
+                with open(dst, "w"):
+                    pass
+                mount(e.path, dst, None, MS_BIND)
+        umount(stage)
+        os.rmdir(stage)
+        self.read_only_later.append(d)
+
+    def _writable_here(self, d: str) -> bool:
+        return os.stat(d).st_dev in self.ours
+
+    def make(self, path: str, is_dir: bool, what: str = "mount path") -> str:
+        """Make `path` exist in the view (never on the host) so something can be mounted on it."""
+        if not os.path.isabs(path):
+            raise MountError(f"{what} {path!r} is not absolute")
+        path = os.path.normpath(path)
+        if os.path.lexists(path):
+            if is_dir and not os.path.isdir(path):
+                raise MountError(f"{what} {path} exists and is not a folder")
+            if not is_dir and os.path.isdir(path):
+                raise MountError(f"config mount path {path} is a folder")
+            return path
+        cur = "/"
+        parts = _components(path)
+        for i, part in enumerate(parts):
+            nxt = os.path.join(cur, part)
+            last = i == len(parts) - 1
+            if os.path.lexists(nxt):
+                nxt = os.path.realpath(nxt)
+                if not last and not os.path.isdir(nxt):
+                    raise MountError(f"{what} {path}: {nxt} is not a folder")
+                cur = nxt
+                continue
+            if not self._writable_here(cur):
+                self._explode(cur)
+            if last and not is_dir:
+                with open(nxt, "w"):
+                    pass
+            else:
+                os.mkdir(nxt, 0o755)
+            cur = nxt
+        return path
+
+    def bind(self, fd: int, path: str, is_dir: bool, read_only: bool, what: str) -> None:
+        target = self.make(path, is_dir, what)
         try:
-            mount(f"/proc/self/fd/{fd}", mount_path, None, MS_BIND)
+            mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
             if read_only:
-                mount(None, mount_path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+                mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         except OSError as e:
-            raise MountError(f"cannot mount drive {host_path} at {mount_path}: {e.strerror}") from None
-    finally:
-        os.close(fd)
+            raise MountError(f"cannot mount {what} at {path}: {e.strerror}") from None
 
-
-def bind_config(source_file: str, mount_path: str) -> None:
-    """Bind a file (the config's value, written by the shim) read-only at mount_path."""
-    ensure_mountpoint(mount_path, is_dir=False)
-    try:
-        mount(source_file, mount_path, None, MS_BIND)
-        mount(None, mount_path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-    except OSError as e:
-        raise MountError(f"cannot mount config at {mount_path}: {e.strerror}") from None
+    def seal(self) -> None:
+        """Let go of the host's tree and make the view's own folders read-only."""
+        umount(OLD)
+        os.rmdir(OLD)
+        for d in self.read_only_later:
+            mount(None, d, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)

@@ -22,10 +22,11 @@ environment (inherited by every descendant) so escaped processes are found even 
 `owner` is derived from the state dir, so several agents on one host (a local cluster) never touch each
 other's workers.
 
-Mount paths: a missing mount point is created on the host when only its last component is missing (an empty
-folder such as /ckpt, or an empty file for a config); when a parent is missing too, its topmost missing folder
-is created empty on the host and a tmpfs is mounted there inside the worker's namespace. Configs are written
-under the worker folder and bind-mounted read-only.
+Isolation (spec.json "isolation", astraeus.agent.runtime.mounts): the command runs as its workspace's
+unprivileged user, with no capabilities and no_new_privs, in its own PID namespace and its own view of the
+machine (the host read-only, a private /tmp, the agent's state dir and home hidden). Mount points are made in
+that view only, never on the host. Configs are written under the worker folder (0440, root:the worker's group)
+and bind-mounted read-only.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import psutil
 from pydantic import ValidationError
 
 from astraeus.agent.gpus import gpu_deny_rules, gpu_device_nodes, nvml_minor_numbers
-from astraeus.agent.runtime import cgroups
+from astraeus.agent.runtime import cgroups, mounts
 from astraeus.agent.runtime.base import (
     EXITED,
     RUNNING,
@@ -246,6 +247,7 @@ class ProcessRuntime(Runtime):
                 else None,
                 "limits": self.limits(assignment).to_json(),
                 "stop_grace": self.stop_grace, "created_at": time.time(),
+                "isolation": mounts.isolation_spec(self.state_dir, worker, env),  # the worker's user and view
             }
             _write_json(os.path.join(d, "spec.json"), spec)
             shim_env = {

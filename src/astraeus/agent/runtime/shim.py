@@ -48,13 +48,37 @@ PARTIAL_FLUSH_SECONDS = 1.0
 MAX_LINE = 64 * 1024
 
 
+# The worker's PID 1 (python -I -S -c REAPER <ack fd> <status fd> <command pid>, or exec'd in-process): it
+# waits until the shim has found the command, reaps every process of the namespace and writes the command's
+# wait status and how many processes are left when it ends; when PID 1 exits, the kernel kills the rest.
+REAPER = """
+import os, sys
+args = ARGS if "ARGS" in globals() else sys.argv[1:]
+ack, status, cmd = (int(a) for a in args)
+os.read(ack, 1)
+while True:
+    try:
+        pid, st = os.waitpid(-1, 0)
+    except ChildProcessError:
+        break
+    except InterruptedError:
+        continue
+    if pid == cmd:
+        left = sum(1 for n in os.listdir("/proc") if n.isdigit() and n != "1")
+        try:
+            os.write(status, f"{st} {left}\\n".encode())
+        except OSError:
+            pass
+"""
+
+
 NOTIFY = ("started.json", "exit.json", "failed.json")  # a worker started, ended or failed to start
 
 
 def write_json(path: str, obj: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # env values: 0600
         json.dump(obj, f)
         f.flush()
         os.fsync(f.fileno())
@@ -104,7 +128,10 @@ class Shim:
             self.spec: dict = json.load(f)
         self.marker: str = self.spec["marker"]
         self.cg = None  # the worker's cgroup(s): astraeus.agent.runtime.cgroups.WorkerCgroup, made by setup_cgroup
-        self.pid: int | None = None
+        self.pid: int | None = None  # the command (the worker's main process), as the host sees it
+        self.init_pid: int | None = None  # our child: the worker's PID 1 (the command itself when not isolated)
+        self.status_r: int | None = None
+        self.iso: dict | None = None  # uid, gid, hidden paths (spec "isolation"); None: an agent that is not root
         self.pid_ctime: float | None = None
         self.status: int | None = None  # raw wait status of the main process
         self.stop_requested = False
@@ -128,7 +155,7 @@ class Shim:
     def open_log(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
         old = self.log_f
-        self.log_f = open(self.path("log.jsonl"), "a", buffering=1)
+        self.log_f = open(self.path("log.jsonl"), "a", buffering=1, opener=lambda p, fl: os.open(p, fl, 0o600))
         if old is not None:
             try:
                 if os.fstat(old.fileno()).st_nlink == 0 and os.fstat(self.log_f.fileno()).st_size == 0:
@@ -194,37 +221,105 @@ class Shim:
         sys.exit(0)
 
     def setup_mounts(self) -> None:
-        from astraeus.agent.runtime import mounts
-
-        wants = bool(self.spec.get("mounts") or self.spec.get("configs"))
-        try:
-            mounts.unshare_mount_namespace()
-        except (mounts.MountError, OSError) as e:
-            if wants:
-                self.fail(str(e))
-            log(f"no private mount namespace: {e}")
-            return
-        for m in self.spec.get("mounts") or []:
+        """Host-side preparation of the worker's view (built later by its PID 1: build_view): the config files
+        (0440, root:the worker's group), the working folder (the worker's), our own files 0600."""
+        self.iso = self.spec.get("isolation") if os.geteuid() == 0 else None
+        for name in ("spec.json", "log.jsonl", "shim.log"):
             try:
-                mounts.bind_drive(m["host_path"], m["mount_path"], bool(m.get("read_only")), bool(m.get("create")),
-                                  m.get("granted_root"))
-            except mounts.MountError as e:
-                self.fail(f"drive at {m.get('mount_path')}: {e}")
-            except OSError as e:
-                self.fail(f"drive at {m.get('mount_path')}: {e.strerror or e}")
+                os.chmod(self.path(name), 0o600)
+            except OSError:
+                pass
+        if not self.iso and (self.spec.get("mounts") or self.spec.get("configs")):
+            self.fail("drives and configs need the agent to run as root (it builds each worker's own view)")
+        cwd = self.spec.get("cwd") or "/"
+        try:
+            if cwd == self.dir or cwd.startswith(self.dir + os.sep):  # the attempt's own folder: made here
+                os.makedirs(cwd, exist_ok=True)
+                if self.iso:
+                    os.chown(cwd, self.iso["uid"], self.iso["gid"])
+                    os.chmod(cwd, 0o700)
+        except OSError as e:
+            self.fail(f"working folder {cwd}: {e.strerror or e}")
         cdir = self.path("configs")
         for i, c in enumerate(self.spec.get("configs") or []):
             src = os.path.join(cdir, str(i))
             try:
-                os.makedirs(cdir, exist_ok=True)
-                with open(src, "w") as f:
+                os.makedirs(cdir, mode=0o700, exist_ok=True)
+                fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "w") as f:
                     f.write(c.get("value") or "")
-                os.chmod(src, 0o644)
-                mounts.bind_config(src, c["mount_path"])
-            except mounts.MountError as e:
-                self.fail(f"config at {c.get('mount_path')}: {e}")
+                if self.iso:
+                    os.chown(src, 0, self.iso["gid"])
+                    os.chmod(src, 0o440)
             except OSError as e:
                 self.fail(f"config at {c.get('mount_path')}: {e.strerror or e}")
+
+    def build_view(self, cwd: str) -> None:
+        """In the worker's PID 1 (root, before the command forks): its own view of the machine
+        (astraeus.agent.runtime.mounts.WorkerView): drives, configs and the working folder inside it."""
+        from astraeus.agent.runtime import mounts
+
+        iso = self.iso
+        view = mounts.WorkerView(self.path("root"), iso.get("hide") or [])
+        view.private()
+        drives = []
+        for m in self.spec.get("mounts") or []:
+            what = f"drive at {m.get('mount_path')}"
+            try:
+                fd = mounts.open_drive_dir(m["host_path"], m.get("granted_root"), bool(m.get("create")))
+                if not m.get("read_only"):
+                    mounts.hand_over(fd, iso["uid"], iso["gid"], bool(m.get("create")))
+            except mounts.MountError as e:
+                raise mounts.MountError(f"{what}: {e}") from None
+            except OSError as e:
+                raise mounts.MountError(f"{what}: {e.strerror or e}") from None
+            drives.append((fd, m["mount_path"], bool(m.get("read_only")), what))
+        configs = []
+        for i, c in enumerate(self.spec.get("configs") or []):
+            configs.append((os.open(os.path.join(self.path("configs"), str(i)), os.O_PATH | os.O_CLOEXEC),
+                            c["mount_path"], f"config at {c.get('mount_path')}"))
+        work = os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if os.path.isdir(cwd) else None
+        # the worker's Python environment and the interpreter it is built on, read-only, even where they lie
+        # under a hidden folder (/root/.pyenv, a temporary folder); never anything of the agent's state or home
+        hidden = [os.path.realpath(h) for h in iso.get("hide") or []]
+        expose = []
+        for p in dict.fromkeys(os.path.realpath(x) for x in (self.spec.get("environment"), sys.prefix,
+                                                             sys.base_prefix) if x and os.path.isabs(x)):
+            if os.path.isdir(p) and p != "/" and not any(p == h or p.startswith(h + "/") or h.startswith(p + "/")
+                                                         for h in hidden):
+                expose.append((os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), p))
+        try:
+            view.enter()
+        except OSError as e:
+            raise mounts.MountError(f"cannot build the worker's view: {e.strerror or e}") from None
+        for fd, path, ro, what in drives:
+            try:
+                view.bind(fd, path, True, ro, what)
+            except mounts.MountError as e:
+                raise mounts.MountError(f"{what}: {e}") from None
+            except OSError as e:
+                raise mounts.MountError(f"{what}: {e.strerror or e}") from None
+        view.hide_again()
+        for fd, path, what in configs:
+            try:
+                view.bind(fd, path, False, True, what)
+            except mounts.MountError as e:
+                raise mounts.MountError(f"{what}: {e}") from None
+            except OSError as e:
+                raise mounts.MountError(f"{what}: {e.strerror or e}") from None
+        for fd, p in expose:
+            try:
+                view.bind(fd, p, True, True, "the worker's environment")
+            except (mounts.MountError, OSError) as e:
+                raise mounts.MountError(f"the worker's environment {p}: {e}") from None
+        try:
+            if work is not None:
+                view.bind(work, cwd, True, False, "working folder")
+            else:
+                view.make(cwd, True, "working folder")
+            view.seal()
+        except OSError as e:
+            raise mounts.MountError(f"cannot build the worker's view: {e.strerror or e}") from None
 
     def setup_cgroup(self) -> None:
         """Create the worker's cgroup(s) and write its limits (memory, CPU quota, pids, GPU nodes)."""
@@ -248,49 +343,90 @@ class Shim:
     def start(self) -> None:
         spec = self.spec
         cwd = spec.get("cwd") or "/"
-        try:
-            os.makedirs(cwd, exist_ok=True)
-        except OSError:
-            pass
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         go_r, go_w = os.pipe()
         res_r, res_w = os.pipe2(os.O_CLOEXEC)
+        self.status_r, status_w = os.pipe2(os.O_CLOEXEC)  # the worker's PID 1 writes the command's wait status
+        ack_r, ack_w = os.pipe2(os.O_CLOEXEC)  # we found the command's pid: PID 1 may reap it
         argv = [spec["command"], *[str(a) for a in spec.get("args") or []]]
         env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        pid = os.fork()
-        if pid == 0:  # the worker
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)  # forks: before unshare
+        iso = self.iso
+        if iso:
+            h = env.get("HOME") or "/root"
+            if h == "/root" or h.startswith("/root/") or any(h == x or h.startswith(x + "/") for x in iso["hide"]):
+                env["HOME"] = cwd  # a folder of its own, writable
+            from astraeus.agent.runtime import mounts
+
             try:
-                os.close(out_r)
-                os.close(err_r)
-                os.close(go_w)
-                os.close(res_r)
-                os.setsid()
-                os.read(go_r, 1)  # wait until the shim has put us in the cgroup
-                os.close(go_r)
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                for fd in (null, out_w, err_w):
-                    if fd > 2:
-                        os.close(fd)
+                mounts.unshare_pid_namespace()  # the next child is PID 1 of the worker's own PID namespace
+            except mounts.MountError as e:
+                self.fail(str(e))
+        pid = os.fork()
+        if pid == 0:  # the worker's PID 1 (or, not isolated, the command itself)
+            try:
+                for fd in (out_r, err_r, go_w, res_r, self.status_r, ack_w):
+                    os.close(fd)
+                signal.set_wakeup_fd(-1)
                 for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,
                           signal.SIGCHLD, signal.SIGHUP):
                     signal.signal(s, signal.SIG_DFL)
                 signal.pthread_sigmask(signal.SIG_SETMASK, [])
-                # No CAP_SYS_ADMIN after exec, even as root: the worker cannot remount a ReadOnly drive
-                # read-write nor mount over its drives (the bounding set also bounds setuid binaries).
-                libc.prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0)
-                os.chdir(cwd)
-                os.execvpe(argv[0], argv, env)
+                if not os.read(go_r, 1):  # wait until the shim has put us in the cgroup
+                    os._exit(0)  # the shim is gone
+                os.close(go_r)
+                if iso:
+                    from astraeus.agent.runtime import mounts
+
+                    try:
+                        self.build_view(cwd)
+                    except (mounts.MountError, OSError) as e:
+                        os.write(res_w, b"FAIL:" + str(e).encode()[:4000])
+                        os._exit(126)
+                    cmd = os.fork()
+                else:
+                    cmd = 0
+                if cmd == 0:  # the command
+                    os.setsid()
+                    null = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(null, 0)
+                    os.dup2(out_w, 1)
+                    os.dup2(err_w, 2)
+                    for fd in (null, out_w, err_w):
+                        if fd > 2:
+                            os.close(fd)
+                    if iso:  # the workspace's user: no capabilities at all, no_new_privs
+                        os.close(ack_r)
+                        os.close(status_w)
+                        mounts.drop_privileges(int(iso["uid"]), int(iso["gid"]))
+                    else:
+                        # an agent that is not root: no CAP_SYS_ADMIN after exec either
+                        libc.prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0)
+                    os.chdir(cwd)
+                    os.execvpe(argv[0], argv, env)
+                # PID 1: a small, clean process (not a copy of the shim, nor its environment) that reports the
+                # command's wait status and how many processes it left, and reaps the rest
+                for fd in (res_w, out_w, err_w):
+                    os.close(fd)
+                os.set_inheritable(ack_r, True)
+                os.set_inheritable(status_w, True)
+                args = [str(ack_r), str(status_w), str(cmd)]
+                try:
+                    os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", REAPER, *args], {})
+                except OSError:
+                    exec(REAPER, {"__name__": "reaper", "ARGS": args})
+                os._exit(0)
             except BaseException as e:  # noqa: BLE001
                 msg = f"{argv[0]}: {e.strerror}" if isinstance(e, OSError) and e.strerror else f"{argv[0]}: {e!r}"
                 try:
                     os.write(res_w, msg.encode()[:4000])
                 finally:
                     os._exit(127)
+        os.close(status_w)
+        os.close(ack_r)
+        os.set_blocking(self.status_r, False)
+        self.init_pid = pid
         os.close(out_w)
         os.close(err_w)
         os.close(go_r)
@@ -310,9 +446,16 @@ class Shim:
             err += chunk
         os.close(res_r)
         if err:
+            os.close(ack_w)  # PID 1 (waiting for it) reaps the failed command and exits
             os.waitpid(pid, 0)
             self.cleanup_cgroup()
+            if err.startswith(b"FAIL:"):  # the worker's view could not be built (a drive or config)
+                self.fail(err[5:].decode(errors="replace"))
             self.fail(f"cannot start the command: {err.decode(errors='replace')}")
+        if iso:
+            pid = self.find_command(pid)
+            os.write(ack_w, b"x")
+        os.close(ack_w)
         self.pid = pid
         try:
             self.pid_ctime = psutil.Process(pid).create_time()
@@ -324,6 +467,51 @@ class Shim:
                         "cgroups": self.cg.to_json() if self.cg else None, "limits": self.spec.get("limits")}
         write_json(self.path("started.json"), self.started)
         self.out_r, self.err_r = out_r, err_r
+
+    def find_command(self, init_pid: int) -> int:
+        """The command's pid as the host sees it: the child of the worker's PID 1 that is PID 2 inside."""
+        for _ in range(200):
+            try:
+                kids = psutil.Process(init_pid).children()
+            except psutil.Error:
+                kids = []
+            for k in kids:
+                try:
+                    with open(f"/proc/{k.pid}/status") as f:
+                        ns = next((ln.split()[1:] for ln in f if ln.startswith("NSpid:")), [])
+                except OSError:
+                    continue
+                if ns and ns[-1] == "2":
+                    return k.pid
+            time.sleep(0.005)
+        self.sig(init_pid, signal.SIGKILL)
+        self.fail("cannot find the worker's main process in its PID namespace")
+        raise AssertionError  # not reached
+
+    def read_status(self) -> None:
+        """What the worker's PID 1 wrote when the command ended: its wait status and how many it left."""
+        if self.status_r is None:
+            return
+        try:
+            data = os.read(self.status_r, 256)
+        except BlockingIOError:
+            return
+        if not data:
+            os.close(self.status_r)
+            self.status_r = None
+            return
+        st, _, left = data.decode().partition(" ")
+        if self.status is None:
+            self.status = int(st)
+            self.finished_at = time.time()
+        if left.strip() == "0":  # nothing left: PID 1 exits at once
+            for _ in range(200):
+                try:
+                    if os.waitpid(self.init_pid, os.WNOHANG)[0]:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.005)
 
     # ---------------------------------------------------------------- tree
     def cgroup_pids(self) -> list[int]:
@@ -382,6 +570,8 @@ class Shim:
             pass
 
     def reap(self) -> None:
+        if self.status is None and self.status_r is not None:
+            self.read_status()
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -389,9 +579,11 @@ class Shim:
                 return
             if pid == 0:
                 return
-            if pid == self.pid and self.status is None:
-                self.status = status
-                self.finished_at = time.time()
+            if pid == self.init_pid:
+                self.read_status()  # PID 1 has ended: what it wrote is all there
+                if self.status is None:
+                    self.status = status
+                    self.finished_at = time.time()
 
     def cleanup_cgroup(self) -> None:
         if self.cg and not self.cg.remove(timeout=1.0):

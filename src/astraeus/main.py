@@ -70,9 +70,11 @@ def write_env(home: Path, base: str, boot: dict) -> str:
         f"export ASTRAEUS_MACHINE_TOKEN={boot['machine_token']}",
         f"export ASTRAEUS_SERVER={base}",
     ]
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    home.chmod(0o700)
     envf = home / "env"
-    envf.write_text("\n".join(lines) + "\n")
+    with os.fdopen(os.open(envf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # 0600 from the start
+        f.write("\n".join(lines) + "\n")
     os.chmod(envf, 0o600)
     return "\n".join(lines)
 

@@ -136,9 +136,30 @@ class DatavolumeRef(Strict):
         return v
 
 
+class EnvValue(Strict):
+    """An env entry given as an object: `{"value": "...", "secret": true}`. A secret value reaches the worker
+    but is never shown back (API, console, CLI): it reads "******" there."""
+
+    value: str
+    secret: bool = False
+
+
+def env_values(env: dict | None) -> dict[str, str]:
+    """NAME → value, whether each entry was given as a string or as {"value": ..., "secret": ...}."""
+    out = {}
+    for k, v in (env or {}).items():
+        if isinstance(v, EnvValue):
+            v = v.value
+        elif isinstance(v, dict):
+            v = v.get("value", "")
+        out[k] = v
+    return out
+
+
 class ConfigFile(Strict):
     mounts: list[str] = Field(min_length=1)
     value: str
+    secret: bool = False  # never shown back (API, console, CLI); the worker still gets the file
 
     @field_validator("mounts")
     @classmethod
@@ -154,7 +175,7 @@ class TaskTemplate(Strict):
     image: str = Field(min_length=1, max_length=512)
     command: str = Field(min_length=1, max_length=4096)
     args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str | EnvValue] = Field(default_factory=dict)
     restart_policy: Literal["OnFailure", "Never"] = "OnFailure"
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = DEFAULT_RESTART_BUDGET
     time_limit_seconds: Annotated[int, Field(gt=0, le=365 * 86400)] | None = None
@@ -175,10 +196,10 @@ class TaskTemplate(Strict):
 
     @field_validator("env")
     @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+    def _env(cls, v: dict[str, str | EnvValue]) -> dict[str, str | EnvValue]:
         if len(v) > MAX_ENV_ENTRIES:
             raise ValueError(f"at most {MAX_ENV_ENTRIES} env entries")
-        for k, val in v.items():
+        for k, val in env_values(v).items():
             if not ENV_NAME.match(k):
                 raise ValueError(f"env name {k!r} is not a valid variable name (letters, digits, _)")
             if k in RESERVED_ENV:

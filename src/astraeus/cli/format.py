@@ -262,14 +262,17 @@ def describe_run(run: dict[str, Any]) -> str:
     ]
     env = tt.get("env") or {}
     if env:
-        fields.append(("Env", ", ".join(f"{k}={v}" for k, v in env.items())))
+        fields.append(("Env", ", ".join(f"{k}={v.get('value') if isinstance(v, dict) else v}"
+                                        + (" (secret)" if isinstance(v, dict) and v.get("secret") else "")
+                                        for k, v in env.items())))
     drives = tt.get("datavolume_refs") or []
     if drives:
         fields.append(("Drives", ", ".join(f"{d.get('name')} at {d.get('mount_path')} ({d.get('mode', 'ReadWrite')})"
                                            for d in drives)))
     configs = tt.get("configs") or []
     if configs:
-        fields.append(("Configs", ", ".join(m for c in configs for m in (c.get("mounts") or []))))
+        fields.append(("Configs", ", ".join(m + (" (secret)" if c.get("secret") else "") for c in configs
+                                            for m in (c.get("mounts") or []))))
     if status.get("preemptions"):
         fields.append(("Preemptions", status["preemptions"]))
 

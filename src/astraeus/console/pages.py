@@ -313,7 +313,7 @@ def runs_rows(request: Request, s: Session, p: Page, state: str | None) -> list[
     clusters = {cl.id: cl for cl in s.scalars(select(Cluster))}
     rows = []
     for run in services.list_runs(s, p.caller, state or None):
-        v = services.run_view(run, p.org, p.ws, clusters[run.cluster_id], base_url(request), None, {})
+        v = services.run_view(run, p.org, p.ws, clusters[run.cluster_id], base_url(request), None, {}, p.role)
         tt = v["spec"]["task_template"]
         rows.append({"v": v, "age": _age(run.created_at, at),
                      "gpus": tt.get("requested_resources", {}).get("gpu_requests", {}).get("count", 0),
@@ -403,7 +403,8 @@ def run_ctx(request: Request, s: Session, p: Page, cluster: str, name: str) -> d
     cl = s.get(Cluster, run.cluster_id)
     if cl.name != cluster:
         raise ApiError(404, "NOT_FOUND", f"run {name} not found in workspace {p.ws.name} on cluster {cluster}")
-    v = services.run_view(run, p.org, p.ws, cl, base_url(request), services.run_history(s, run), machine_names(s))
+    v = services.run_view(run, p.org, p.ws, cl, base_url(request), services.run_history(s, run), machine_names(s),
+                          p.role)
     return {"v": v, "run_url": f"{p.base}/jobs/{cl.name}/{run.name}", "age": _age(run.created_at, now())}
 
 

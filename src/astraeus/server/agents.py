@@ -17,7 +17,7 @@ from astraeus import protocol as P
 from astraeus.server import lifecycle, services
 from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
-from astraeus.spec import path_within
+from astraeus.spec import env_values, path_within
 
 REGISTER_FIRST = ("this is a join token: it can only register a machine. POST /api/v1/agent/register with it; the "
                   "answer's `credential` is the machine's own token, for its assignments, reports and logs")
@@ -134,7 +134,7 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
         run = w.run
         ws = spaces[run.workspace_id]
         tt = run.spec["task_template"]
-        env = dict(tt.get("env") or {})
+        env = env_values(tt.get("env"))  # a secret entry's value too: the worker gets it, no view shows it
         env.update({
             "ASTRAEUS_JOB_NAME": f"{ws.ns}.{run.name}",
             "ASTRAEUS_RUN_NAME": run.name,

@@ -48,6 +48,7 @@ class Settings:
         if self.database_url:
             return self.database_url
         self.home.mkdir(parents=True, exist_ok=True)
+        self.home.chmod(0o700)  # the database, the env file with tokens, the agents' state
         return f"sqlite:///{self.home / 'astraeus.db'}"
 
     def console_base(self) -> str:

@@ -5,6 +5,7 @@ SQLite (WAL) under the home by default; PostgreSQL through ASTRAEUS_DATABASE_URL
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -234,8 +235,23 @@ class Drive(Base):
 # ------------------------------------------------------------------------------------------- the engine
 
 
+def private_sqlite(url: str) -> None:
+    """The SQLite file (tokens' digests, every run's env and configs) and its -wal/-shm: 0600. SQLite makes the
+    -wal and -shm with the database file's mode, so making the file first at 0600 covers them too."""
+    from sqlalchemy.engine import make_url
+
+    path = make_url(url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for p in (path, path + "-wal", path + "-shm"):
+        if os.path.exists(p):
+            os.chmod(p, 0o600)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        private_sqlite(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20,
                                max_overflow=40)
 

@@ -215,8 +215,27 @@ def worker_view(w: Worker, machine_names: dict[int, str] | None = None) -> dict:
     }
 
 
+HIDDEN = "******"  # what a value the caller may not see reads as (docs/api.md, "Secrets")
+
+
+def shown_template(tt: dict, role: str | None) -> dict:
+    """A task template as `role` may see it: env and config values only for editors and admins, and a value
+    marked secret for nobody; the names, mounts and the secret flags stay."""
+    reveal = role in ("editor", "admin")
+    env = {}
+    for k, v in (tt.get("env") or {}).items():
+        if isinstance(v, dict):
+            env[k] = {**v, "value": HIDDEN if v.get("secret") or not reveal else v.get("value")}
+        else:
+            env[k] = v if reveal else HIDDEN
+    configs = [{**c, "value": HIDDEN if c.get("secret") or not reveal else c.get("value")}
+               for c in tt.get("configs") or []]
+    return {**tt, "env": env, "configs": configs}
+
+
 def run_view(run: Run, org: Org, ws: Workspace, cluster: Cluster, base: str, history: list[History] | None = None,
-             machine_names: dict[int, str] | None = None) -> dict:
+             machine_names: dict[int, str] | None = None, role: str | None = None) -> dict:
+    """A run as the API shows it to a caller with `role` (None: as to a viewer; see shown_template)."""
     status = {
         "state": run.state, "reason": lifecycle.run_reason(run, time.time()), "queue_reason": run.queue_reason,
         "workers": [worker_view(w, machine_names) for w in run.workers],
@@ -231,6 +250,7 @@ def run_view(run: Run, org: Org, ws: Workspace, cluster: Cluster, base: str, his
         status["history"] = [{"time": iso(h.time), "state": h.state, "reason": h.reason} for h in history]
     spec = dict(run.spec)
     spec["cluster"] = cluster.name
+    spec["task_template"] = shown_template(spec["task_template"], role)
     return {
         "metadata": {"name": run.name, "labels": run.labels or {}, "uid": run.uid, "workspace": ws.name,
                      "namespace": ws.ns, "cluster": cluster.name, "created_at": iso(run.created_at)},

@@ -77,7 +77,7 @@ def _read_json(path: str) -> dict | None:
 
 def _write_json(path: str, obj: dict) -> None:
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # env values: 0600
         json.dump(obj, f)
     os.replace(tmp, path)
 
@@ -129,7 +129,9 @@ class ProcessRuntime(Runtime):
                  device_dir: str = "/dev"):
         self.state_dir = os.path.abspath(state_dir)
         self.workers_dir = os.path.join(self.state_dir, "workers")
-        os.makedirs(self.workers_dir, exist_ok=True)
+        os.makedirs(self.workers_dir, mode=0o700, exist_ok=True)
+        for folder in (self.state_dir, self.workers_dir):  # workers' env, configs and logs: the agent's only
+            os.chmod(folder, 0o700)
         self.owner = hashlib.sha1(os.path.realpath(self.state_dir).encode()).hexdigest()[:12]
         self.image_map = image_map or ImageMap.from_env()
         self.stop_grace = float(stop_grace)
@@ -233,7 +235,7 @@ class ProcessRuntime(Runtime):
                     raise StartFailed(existing.message or "start failed")
                 return existing  # never two of the same attempt
             d = self.dir(worker, attempt)
-            os.makedirs(d, exist_ok=True)
+            os.makedirs(d, mode=0o700, exist_ok=True)
             env, env_name = self.build_env(assignment)
             spec = {
                 "worker": worker, "attempt": attempt, "run": assignment.run,
@@ -257,7 +259,8 @@ class ProcessRuntime(Runtime):
                 "ASTRAEUS_SHIM_ID": os.path.basename(d),
                 "ASTRAEUS_SHIM_DIR": d,
             }
-            with open(os.path.join(d, "shim.log"), "ab") as errf:
+            with os.fdopen(os.open(os.path.join(d, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                           "ab") as errf:
                 p = subprocess.Popen([sys.executable, "-m", SHIM_MODULE, os.path.join(d, "spec.json")],
                                      env=shim_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
                                      cwd="/", start_new_session=True, close_fds=True)

@@ -19,7 +19,8 @@ router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
 def create_run(c: WsCaller, s: Sess, cp: CP, base: Base, body: S.RunCreate):
     with tx(s):
         run = services.submit_run(s, c, body, now())
-        out = services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base, [], {})
+        out = services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base, [], {},
+                                c.role)
     cp.notifier.wake_scheduler()
     return out
 
@@ -29,7 +30,7 @@ def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None):
     names = machine_names(s)
     clusters = {cl.id: cl for cl in s.scalars(select(Cluster))}
     runs = services.list_runs(s, c, state)
-    return {"items": [services.run_view(r, c.org, c.workspace, clusters[r.cluster_id], base, None, names)
+    return {"items": [services.run_view(r, c.org, c.workspace, clusters[r.cluster_id], base, None, names, c.role)
                       for r in runs]}
 
 
@@ -37,7 +38,7 @@ def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None):
 def get_run(name: str, c: WsCaller, s: Sess, base: Base):
     run = services.get_run(s, c, name)
     return services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base,
-                             services.run_history(s, run), machine_names(s))
+                             services.run_history(s, run), machine_names(s), c.role)
 
 
 @router.delete("/runs/{name}")

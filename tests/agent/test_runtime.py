@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -388,3 +389,82 @@ def test_worker_whose_shim_died_is_stopped_on_adoption(tmp_path, assignment):
     st = wait_for(lambda: (s := rt2.status(a["worker"], 1)).final and s, timeout=5)
     assert st.state == EXITED and "supervisor" in st.message
     assert not pid_alive(pid)
+
+
+ISOLATION_PROBE = r"""
+import json, os, sys
+state, cfg_host = sys.argv[1], sys.argv[2]
+status = {ln.split(":")[0]: ln.split()[1] for ln in open("/proc/self/status") if ":" in ln and ln.split()[1:]}
+out = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "pid": os.getpid(),
+       "CapEff": status["CapEff"], "CapBnd": status["CapBnd"], "CapPrm": status["CapPrm"],
+       "NoNewPrivs": status["NoNewPrivs"], "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+       "state": sorted(os.listdir(state)) if os.path.isdir(state) else None, "config": open("/etc/astraeus-t/c").read(),
+       "home": os.environ["HOME"], "job": os.environ.get("ASTRAEUS_JOB_NAME")}
+with open(os.path.join(os.environ["HOME"], "h"), "w") as f:  # HOME is the worker's own, writable
+    f.write("x")
+for name, path in (("etc", "/etc/astraeus-t-w"), ("usr", "/usr/astraeus-t-w"), ("tmp", "/tmp/ok")):
+    try:
+        open(path, "w").close()
+        out[name] = "written"
+    except OSError as e:
+        out[name] = e.strerror
+out["ckpt_owner"] = os.stat("/ckpt").st_uid
+with open("/ckpt/a" + os.environ["ASTRAEUS_ATTEMPT"], "w") as f:
+    f.write("attempt")
+out["ckpt"] = sorted(os.listdir("/ckpt"))
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_the_worker_is_unprivileged_in_its_own_namespaces_and_view(rt, assignment, tmp_path):
+    """Its workspace's uid (not root), no capabilities, no_new_privs, PID 2 of its own PID namespace seeing only
+    its own processes, the agent's state dir hidden, a config at /etc/… made in its view only; its ReadWrite
+    drive's new folder is handed to the workspace and what one attempt wrote is there for the next."""
+    granted = tmp_path / "data"
+    granted.mkdir()
+    ws = "ws-0123456789ab"
+    ckpt = {"host_path": str(granted / "ckpt"), "mount_path": "/ckpt", "read_only": False, "create": True,
+            "granted_root": str(granted)}
+    outs = []
+    for attempt in (1, 2):
+        a = assignment(ISOLATION_PROBE, args=[rt.state_dir, "/etc/astraeus-t/c"], worker=f"{ws}.probe",
+                       attempt=attempt, env={"ASTRAEUS_JOB_NAME": f"{ws}.probe", "ASTRAEUS_ATTEMPT": str(attempt)},
+                       mounts=[ckpt], configs=[{"mount_path": "/etc/astraeus-t/c", "value": "conf"}])
+        rt.start(a)
+        st = wait_for(lambda a=a: (s := rt.status(a["worker"], a["attempt"])).final and s)
+        text = [ln.text for ln in rt.logs(a["worker"], attempt)]
+        assert st.exit_code == 0, text
+        outs.append(json.loads(text[-1]))
+    out = outs[0]
+    uid = 200000 + 0x0123456789AB % 65536  # ASTRAEUS_WORKER_UID_BASE + the namespace's hex mod the range
+    assert (out["uid"], out["gid"], out["groups"]) == (uid, uid, [])
+    assert out["CapEff"] == out["CapBnd"] == out["CapPrm"] == "0000000000000000" and out["NoNewPrivs"] == "1"
+    assert out["pid"] == 2 and out["procs"] == [1, 2]  # PID 1 is its reaper; nothing of the host's
+    assert out["state"] in (None, ["workers"])  # the agent's state dir: empty but for the way to its own cwd
+    assert out["config"] == "conf" and out["job"] == f"{ws}.probe"
+    assert out["etc"] == out["usr"] == "Read-only file system" and out["tmp"] == "written"
+    assert not os.path.exists("/etc/astraeus-t") and not os.path.exists("/etc/astraeus-t-w")
+    assert out["home"].startswith(rt.state_dir) and out["ckpt_owner"] == uid
+    st = os.stat(granted / "ckpt")
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (uid, uid, 0o700)  # handed over to the workspace
+    assert outs[1]["ckpt"] == ["a1", "a2"]  # the next attempt reads and writes what the first left
+    assert (granted / "ckpt" / "a1").stat().st_uid == uid
+    spec = os.path.join(rt.dir(f"{ws}.probe", 1), "spec.json")
+    assert os.stat(spec).st_mode & 0o777 == 0o600
+
+
+def test_a_configured_worker_user(tmp_path, assignment, monkeypatch):
+    monkeypatch.setenv("ASTRAEUS_WORKER_USER", "nobody")
+    r = ProcessRuntime(str(tmp_path / "state"), stop_grace=1)
+    a = assignment(command="python", args=["-c", "import os; print(os.getuid(), os.getgid())"])
+    r.start(a)
+    st = wait_for(lambda: (s := r.status(a["worker"], 1)).final and s)
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    assert st.exit_code == 0 and [ln.text for ln in r.logs(a["worker"], 1)] == [f"{nobody.pw_uid} {nobody.pw_gid}"]
+    monkeypatch.setenv("ASTRAEUS_WORKER_USER", "root")
+    from astraeus.settings import AgentSettings, SettingsError
+
+    with pytest.raises((SettingsError, ValueError), match="root"):
+        AgentSettings.load()

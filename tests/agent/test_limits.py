@@ -359,3 +359,10 @@ def test_a_lost_shims_cgroup_is_removed_on_adoption(tmp_path, assignment, wiped)
     rt2.adopt()
     wait_for(lambda: not pid_alive(pid), timeout=10, what="the worker stopped")
     assert_removed(rt2, cg)
+
+
+def test_a_cgroup_that_cannot_be_made_is_an_error_not_a_silent_miss(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    cg = cgroups.WorkerCgroup("owner-job.1", v2=str(tmp_path / "file" / "owner-job.1"), v2_controllers=["memory"])
+    with pytest.raises(OSError, match="cannot create the worker's cgroup owner-job.1"):
+        cg.create(cgroups.Limits(memory_bytes=256 * MIB))

@@ -201,15 +201,15 @@ class WorkerCgroup:
     def create(self, limits: Limits) -> list[str]:
         """Make the folders and write the limits. Returns warnings (limits that could not be enforced); a
         folder that cannot be made is dropped (OSError only when none could)."""
-        made = []
-        for d in self.dirs:
+        made, wanted = [], self.dirs
+        for d in wanted:
             try:
                 os.makedirs(d, exist_ok=True)
                 made.append(d)
             except OSError:
                 self._drop(d)
-        if not made and (self.v2 or self.v1):
-            raise OSError(f"cannot create the worker's cgroup {self.name}")
+        if wanted and not made:
+            raise OSError(f"cannot create the worker's cgroup {self.name} in {wanted}")
         warnings: list[str] = []
 
         def put(controller: str, what: str, files: list[tuple[str, str, bool]]) -> None:

@@ -109,6 +109,17 @@ class ServerSettings(HomeSettings):
         10.0, "Crash-loop backoff: a failed worker that restarts waits this many seconds, doubling with each "
         "failure in a row up to 5 minutes (10 s, 20 s, 40 s, …); the count starts again once an attempt has run "
         "for 10 minutes. A preemption never waits.", "a number of seconds from 0 to 300", ge=0, le=300)
+    max_body_bytes: int = setting(
+        4 * 1024 * 1024, "The largest request body the control plane reads, in bytes (every route, before "
+        "authentication); a larger one is answered 413 before it is read. A run's configs may hold 1 MiB.",
+        "a whole number of bytes from 65536 to 1073741824", ge=65536, le=1 << 30)
+    log_max_bytes_per_worker: int = setting(
+        8 * 1024 * 1024, "The most log text kept per worker (all its attempts), in bytes; beyond it the oldest "
+        "lines are dropped and reading the log starts with `… N earlier lines dropped (log limit 8 MiB)`.",
+        "a whole number of bytes from 1024 to 1073741824", ge=1024, le=1 << 30)
+    log_max_lines_per_worker: int = setting(
+        100_000, "The most log lines kept per worker (all its attempts), as ASTRAEUS_LOG_MAX_BYTES_PER_WORKER.",
+        "a whole number from 100 to 100000000", ge=100, le=100_000_000)
 
     @field_validator("database_url")
     @classmethod
@@ -172,6 +183,10 @@ class AgentSettings(HomeSettings):
     image_map_file: Path | None = setting(
         None, "The path of a JSON file holding the image map (as ASTRAEUS_IMAGE_MAP).",
         "the path of a readable JSON file holding an object {\"image glob\": \"environment dir\"}")
+    log_lines_per_second: int = setting(
+        1000, "The most log lines per second (by the lines' own times) that the agent ships for one worker; it "
+        "drops the rest and ships one line saying how many it dropped, so a flood cannot slow the control plane.",
+        "a whole number from 1 to 1000000", ge=1, le=1_000_000)
 
     @field_validator("server")
     @classmethod

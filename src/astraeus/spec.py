@@ -18,10 +18,21 @@ MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_ARGS = 1024
 MAX_ARG_BYTES = 128 * 1024
 MAX_LABELS = 64
+MAX_LABEL_NAME = 63  # a label key's name part, and a label value (as Kubernetes)
+MAX_LABEL_PREFIX = 253  # a label key's optional DNS-subdomain prefix
+MAX_ENV_BYTES = 256 * 1024  # all env values of a run together
+MAX_ENV_NAME = 256
+MAX_CONFIGS = 64
+MAX_CONFIG_MOUNTS = 16  # mount paths of one config
+MAX_DATAVOLUME_REFS = 32
+MAX_PATH = 4096  # any path in a spec
+MAX_NODE_NAMES = 256  # node_selection.names
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 DEFAULT_RESTART_BUDGET = 10  # the pages: "The preemption does not count against its 10 restarts"
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+LABEL_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by Astraeus for every worker; a spec cannot override them.
 RESERVED_ENV = frozenset({"ASTRAEUS_JOB_NAME", "ASTRAEUS_RUN_NAME", "ASTRAEUS_WORKER_NAME", "ASTRAEUS_WORKER_INDEX",
@@ -38,8 +49,41 @@ def check_dns_label(value: str, what: str = "name") -> str:
     return value
 
 
+def _shown(value: str, n: int = 40) -> str:
+    """A value for an error message: quoted, and cut short (a 20 MB label value is not echoed back)."""
+    return repr(value) if len(value) <= n else repr(value[:n]) + f"… ({len(value)} characters)"
+
+
+def check_labels(labels: dict[str, str], what: str = "labels") -> dict[str, str]:
+    """Kubernetes' rules: at most 64; a key is an optional DNS-subdomain prefix (≤ 253) and '/', then a name of
+    1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit; a value is empty or
+    such a name."""
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"{len(labels)} {what}: at most {MAX_LABELS} are allowed")
+    for k, v in labels.items():
+        prefix, slash, name = k.rpartition("/")
+        if slash and not (len(prefix) <= MAX_LABEL_PREFIX and DNS_SUBDOMAIN.match(prefix)):
+            raise ValueError(f"{what} key {_shown(k)}: the prefix before '/' must be a DNS subdomain of at most "
+                             f"{MAX_LABEL_PREFIX} characters (lowercase letters, digits, '-' and '.')")
+        if len(name) > MAX_LABEL_NAME:
+            raise ValueError(f"{what} key {_shown(k)}: the name is {len(name)} characters, over the limit of "
+                             f"{MAX_LABEL_NAME}")
+        if not LABEL_NAME.match(name):
+            raise ValueError(f"{what} key {_shown(k)}: use 1-{MAX_LABEL_NAME} letters, digits, '-', '_' and '.', "
+                             "starting and ending with a letter or digit (with an optional 'prefix/')")
+        if len(v) > MAX_LABEL_NAME:
+            raise ValueError(f"{what} value of {_shown(k)} is {len(v)} characters, over the limit of "
+                             f"{MAX_LABEL_NAME}")
+        if v and not LABEL_NAME.match(v):
+            raise ValueError(f"{what} value of {_shown(k)} ({_shown(v)}): use at most {MAX_LABEL_NAME} letters, "
+                             "digits, '-', '_' and '.', starting and ending with a letter or digit (or leave it empty)")
+    return labels
+
+
 def check_absolute_path(value: str, what: str) -> str:
-    """Lexical checks on a path from a user: absolute, normalised, no NUL, no '..'."""
+    """Lexical checks on a path from a user: absolute, normalised, no NUL, no '..', at most 4096 bytes."""
+    if len(value.encode()) > MAX_PATH:
+        raise ValueError(f"{what} {_shown(value)} is longer than {MAX_PATH} bytes")
     if "\x00" in value:
         raise ValueError(f"{what} must not contain a NUL byte")
     if not value.startswith("/"):
@@ -87,9 +131,7 @@ class Metadata(Strict):
     @field_validator("labels")
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        if len(v) > MAX_LABELS:
-            raise ValueError(f"at most {MAX_LABELS} labels")
-        return v
+        return check_labels(v)
 
 
 class GpuRequests(Strict):
@@ -104,8 +146,20 @@ class PerGpu(Strict):
 
 class NodeSelection(Strict):
     mode: Literal["Any", "Names", "Labels"] = "Any"
-    names: list[str] = Field(default_factory=list)
+    names: list[str] = Field(default_factory=list, max_length=MAX_NODE_NAMES)
     labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("names")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for n in v:
+            check_dns_label(n, "machine name")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
 
 
 class RequestedResources(Strict):
@@ -157,7 +211,7 @@ def env_values(env: dict | None) -> dict[str, str]:
 
 
 class ConfigFile(Strict):
-    mounts: list[str] = Field(min_length=1)
+    mounts: list[str] = Field(min_length=1, max_length=MAX_CONFIG_MOUNTS)
     value: str
     secret: bool = False  # never shown back (API, console, CLI); the worker still gets the file
 
@@ -180,8 +234,8 @@ class TaskTemplate(Strict):
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = DEFAULT_RESTART_BUDGET
     time_limit_seconds: Annotated[int, Field(gt=0, le=365 * 86400)] | None = None
     requested_resources: RequestedResources = Field(default_factory=RequestedResources)
-    datavolume_refs: list[DatavolumeRef] = Field(default_factory=list)
-    configs: list[ConfigFile] = Field(default_factory=list)
+    datavolume_refs: list[DatavolumeRef] = Field(default_factory=list, max_length=MAX_DATAVOLUME_REFS)
+    configs: list[ConfigFile] = Field(default_factory=list, max_length=MAX_CONFIGS)
 
     @field_validator("args")
     @classmethod
@@ -200,6 +254,8 @@ class TaskTemplate(Strict):
         if len(v) > MAX_ENV_ENTRIES:
             raise ValueError(f"at most {MAX_ENV_ENTRIES} env entries")
         for k, val in env_values(v).items():
+            if len(k) > MAX_ENV_NAME:
+                raise ValueError(f"env name {_shown(k)} is longer than {MAX_ENV_NAME} characters")
             if not ENV_NAME.match(k):
                 raise ValueError(f"env name {k!r} is not a valid variable name (letters, digits, _)")
             if k in RESERVED_ENV:
@@ -208,6 +264,10 @@ class TaskTemplate(Strict):
                 raise ValueError(f"env {k} is larger than {MAX_ENV_VALUE_BYTES // 1024} KiB: put it in configs")
             if "\x00" in val:
                 raise ValueError(f"env {k} must not contain NUL bytes")
+        total = sum(len(val.encode()) for val in env_values(v).values())
+        if total > MAX_ENV_BYTES:
+            raise ValueError(f"env values are {total} bytes in all, over the limit of {MAX_ENV_BYTES // 1024} KiB: "
+                             "put large values in configs")
         return v
 
     @field_validator("configs")

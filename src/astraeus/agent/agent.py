@@ -55,6 +55,7 @@ from astraeus.settings import AgentSettings
 log = logging.getLogger("astraeus.agent")
 
 LOG_BATCH = 2000
+LOG_POST_BYTES = 1 << 20  # one POST /logs carries at most about this much text
 
 
 class NeedsRegister(Exception):
@@ -90,6 +91,8 @@ class Agent:
         self.credential: str | None = self._load_credential()
         self.ship_lock = threading.Lock()  # the log and report threads both ship lines
         self.stop_grace = env.stop_grace if stop_grace is None else float(stop_grace)
+        self.log_rate = (env or AgentSettings.load()).log_lines_per_second  # per worker: the rest are dropped
+        self.log_limits: dict[str, list] = {}  # attempt's log key -> [second, shipped in it, dropped, seq, time]
         self.runtime = runtime or ProcessRuntime(self.state_dir, stop_grace=self.stop_grace,
                                                  image_map=image_map or env.images())
         self.gpus = discover_gpus(gpus)
@@ -340,6 +343,7 @@ class Agent:
                 continue  # logs not shipped yet
             self.runtime.forget(*key)
             self.log_offsets.pop(lk, None)
+            self.log_limits.pop(lk, None)
             self.reported_final.discard(key)
             self.last_states.pop(key, None)
 
@@ -418,25 +422,65 @@ class Agent:
     def _ship_logs(self, client: httpx.Client, only: set[tuple[str, int]] | None) -> bool:
         lines: list[P.WorkerLogLine] = []
         new_offsets: dict[str, int] = {}
+        new_limits: dict[str, list] = {}
         more = False
+        read = 0
         for st in self.runtime.list():
             if only is not None and st.key not in only:
                 continue
             lk = self._log_key(st.key)
-            batch, end = self.runtime.read_logs(st.worker, st.attempt, self.log_offsets.get(lk, 0),
-                                                limit=LOG_BATCH - len(lines))
-            if batch or end != self.log_offsets.get(lk, 0):
-                lines += [ln.shipped() for ln in batch]
+            want = LOG_BATCH - read
+            batch, end = self.runtime.read_logs(st.worker, st.attempt, self.log_offsets.get(lk, 0), limit=want)
+            limit = self.log_limits.get(lk, [0, 0, 0, 0, 0.0])
+            if batch or end != self.log_offsets.get(lk, 0) or limit[2]:
+                read += len(batch)
+                new_limits[lk] = list(limit)
+                lines += self._rate_limited(st.worker, st.attempt, batch, new_limits[lk], at_end=len(batch) < want)
                 new_offsets[lk] = end
-            if len(lines) >= LOG_BATCH:
+            if read >= LOG_BATCH:
                 more = True
                 break
-        if lines:
-            self._post(client, "/logs", P.Logs(machine=self.name, lines=lines))
+        part: list[P.WorkerLogLine] = []
+        size = 0
+        for ln in lines:  # bounded posts: a flood of long lines is several, each about LOG_POST_BYTES
+            part.append(ln)
+            size += len(ln.text) + 100
+            if size >= LOG_POST_BYTES:
+                self._post(client, "/logs", P.Logs(machine=self.name, lines=part))
+                part, size = [], 0
+        if part:
+            self._post(client, "/logs", P.Logs(machine=self.name, lines=part))
         if new_offsets:
             self.log_offsets.update(new_offsets)
+            self.log_limits.update(new_limits)
             self._save_offsets()
         return more
+
+    def _rate_limited(self, worker: str, attempt: int, batch, state: list, at_end: bool) -> list[P.WorkerLogLine]:
+        """The lines of one attempt's batch to ship: at most log_rate per second of the lines' own times. The
+        rest are dropped, and one line says how many, at the next second's first line or at the end of what
+        the worker has written so far (so a flood adds at most one such line a second)."""
+
+        def dropped() -> P.WorkerLogLine:
+            n, state[2] = state[2], 0
+            return P.WorkerLogLine(worker=worker, attempt=attempt, seq=state[3], time=state[4],
+                                   stream="stderr", text=f"… {n} lines dropped (over {self.log_rate} lines/s)")
+
+        out = []
+        for ln in batch:
+            second = int(ln.time)
+            if second != state[0]:
+                state[0], state[1] = second, 0
+            if state[1] < self.log_rate:
+                if state[2]:
+                    out.append(dropped())
+                state[1] += 1
+                out.append(ln.shipped())
+            else:
+                state[2], state[3], state[4] = state[2] + 1, ln.seq, ln.time  # the marker takes a dropped seq
+        if state[2] and at_end:
+            out.append(dropped())
+        return out
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:

@@ -205,23 +205,27 @@ def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
     return changed
 
 
-def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine]) -> int:
-    """Store the lines of workers placed on machine `m` (by identity); lines naming any other worker are
-    dropped. The agent ships an ended attempt's lines before it reports the end (which may release the worker
-    from the machine)."""
+def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine], max_bytes: int = 8 << 20,
+               max_lines: int = 100_000) -> int:
+    """Store the lines of workers placed on machine `m` (by identity); lines naming any other worker, or a
+    deleted run's, are dropped, as are lines past services.LOG_LINES_PER_REQUEST; each worker then keeps
+    within its log limits (services.trim_logs). The agent ships an ended attempt's lines before it reports
+    the end (which may release the worker from the machine)."""
     if not lines:
         return 0
     names = {ln.worker.partition(".")[2] for ln in lines}
     ids = {P.worker_identity(ns, n): i for ns, n, i in session.execute(
         select(Workspace.ns, Worker.name, Worker.id).join(Run, Worker.run_id == Run.id)
         .join(Workspace, Run.workspace_id == Workspace.id)
-        .where(Worker.machine_id == m.id, Run.live_key == "", Worker.name.in_(names)))}
+        .where(Worker.machine_id == m.id, Run.live_key == "", Run.deleting.is_(False), Worker.name.in_(names)))}
     rows = [{"worker_id": ids[ln.worker], "attempt": ln.attempt, "seq": ln.seq, "time": ln.time,
              "stream": ln.stream, "text": ln.text.replace("\x00", "\ufffd")}  # PostgreSQL text holds no NUL
-            for ln in lines if ln.worker in ids]
+            for ln in lines if ln.worker in ids][:services.LOG_LINES_PER_REQUEST]
     if not rows:
         return 0
     dialect = session.get_bind().dialect.name
     ins = pg_insert(LogLine) if dialect == "postgresql" else sqlite_insert(LogLine)
     session.execute(ins.values(rows).on_conflict_do_nothing(index_elements=["worker_id", "attempt", "seq"]))
+    for wid in sorted({r["worker_id"] for r in rows}):
+        services.trim_logs(session, wid, max_bytes, max_lines)
     return len(rows)

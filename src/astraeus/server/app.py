@@ -6,6 +6,7 @@ Every route lives in `astraeus.server.routers` (one module per resource); they r
 
 from __future__ import annotations
 
+import json
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
@@ -18,11 +19,78 @@ from astraeus.server.services import tx
 
 __all__ = ["create_app", "tx"]
 
-# Long-polls and log follows each hold a worker thread; allow many (one per agent, plus followers).
+# Long-polls each hold a worker thread; allow many (one per agent). Log follows hold none while they wait.
 THREADS = 400
 
 # In the order /openapi.json lists them.
 ROUTERS = (health, workspace, runs, workers, drives, events, machines, admin, agent)
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n / 1024:g} KiB"
+
+
+class BodyLimit:
+    """Refuse a request body over `limit` bytes with 413 TOO_LARGE before reading it: at once when its
+    Content-Length says so, else as soon as the streamed bytes pass the limit (what was read is dropped). Pure
+    ASGI, ahead of every route and of authentication, so an unauthenticated 50 MB POST costs nothing."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    def _too_large(self, what: str) -> dict:
+        return {"code": "TOO_LARGE",
+                "message": f"request body over {mib(self.limit)}: {what}; send a smaller body (a run's large files "
+                           "belong on a drive; the limit is the server's ASTRAEUS_MAX_BODY_BYTES)"}
+
+    async def _answer(self, send, body: dict) -> None:
+        raw = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": raw})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", ()):
+            if k == b"content-length":
+                try:
+                    n = int(v)
+                except ValueError:
+                    n = 0
+                if n > self.limit:
+                    return await self._answer(send, self._too_large(f"Content-Length is {n} bytes"))
+        seen = 0
+        over = False
+        started = False
+
+        async def counted():
+            nonlocal seen, over
+            if over:
+                return {"type": "http.disconnect"}
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    over = True  # the app sees a client that left; this answers for it
+                    return {"type": "http.disconnect"}
+            return msg
+
+        async def guarded(msg):
+            nonlocal started
+            if over:
+                return  # the app's own answer to the "disconnect": dropped, the 413 goes instead
+            started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except Exception:
+            if not over:
+                raise
+        if over and not started:
+            await self._answer(send, self._too_large(f"more than {self.limit} bytes were sent"))
 
 
 def create_app(settings: Settings | None = None, cp: ControlPlane | None = None, run_loop: bool = True) -> FastAPI:
@@ -45,6 +113,7 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     app.state.cp = cp
     app.state.loop = loop
     errors.install(app)
+    app.add_middleware(BodyLimit, limit=cp.settings.max_body_bytes)
     for module in ROUTERS:
         app.include_router(module.router)
 

@@ -32,6 +32,10 @@ class Settings:
     # Debounce: a burst of submits within this many seconds is scheduled in one cycle.
     schedule_debounce: float = 0.005  # 5 ms
     heartbeat_seconds: float = field(default_factory=lambda: _env().heartbeat)
+    # Request and log bounds (docs/api.md, "Limits").
+    max_body_bytes: int = field(default_factory=lambda: _env().max_body_bytes)
+    log_max_bytes: int = field(default_factory=lambda: _env().log_max_bytes_per_worker)
+    log_max_lines: int = field(default_factory=lambda: _env().log_max_lines_per_worker)
     console_session_hours: float = field(default_factory=lambda: _env().console_session_hours)
 
     @classmethod
@@ -41,6 +45,8 @@ class Settings:
         kw = {"home": env.home, "database_url": env.database_url, "public_url": env.public_url,
               "schedule_interval": env.schedule_interval, "heartbeat_seconds": env.heartbeat,
               "console_session_hours": env.console_session_hours}
+        kw.update(max_body_bytes=env.max_body_bytes, log_max_bytes=env.log_max_bytes_per_worker,
+                  log_max_lines=env.log_max_lines_per_worker)
         kw.update({k: v for k, v in given.items() if v is not None})
         return cls(**kw)
 

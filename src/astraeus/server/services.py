@@ -9,7 +9,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import LargeBinary, cast, delete, func, select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
@@ -349,6 +349,7 @@ def delete_run(session: Session, caller: Caller, name: str, at: float) -> tuple[
     run = get_run(session, caller, name)
     machines = [w.machine_id for w in run.workers if w.state in lifecycle.ACTIVE]
     lifecycle.delete(session, run, at)
+    delete_logs(session, run)  # and the agent's later lines for it are not stored (agents.store_logs)
     lifecycle.event(session, caller.workspace.id, "RunDeleted", name, f"{name} deleted", at)
     return run, machines
 
@@ -368,12 +369,81 @@ def list_workers(session: Session, caller: Caller, run: str | None = None) -> li
     return list(session.scalars(q.order_by(Run.id, Worker.index)))
 
 
-def read_logs(session: Session, worker: Worker, after_id: int = 0, tail: int | None = None) -> list[LogLine]:
-    q = select(LogLine).where(LogLine.worker_id == worker.id, LogLine.id > after_id)
+# ------------------------------------------------------------------------------------------------ logs
+#
+# A worker keeps at most `max_bytes` of log text and `max_lines` lines, all its attempts together (the
+# server's ASTRAEUS_LOG_MAX_BYTES_PER_WORKER / _LINES_): past either, its oldest lines are deleted, down to 7/8
+# of the limits so that a flood trims once in a while rather than on every batch. How many were dropped is
+# kept in one row of its own (attempt -1, seq = the count), which goes with the worker's lines.
+
+LOG_LINES_PER_REQUEST = 10_000  # the most lines one POST /agent/logs stores (the agent sends ≤ 1 MiB batches)
+DROPPED = -1  # the attempt of a worker's dropped-lines row
+INT32 = 2**31 - 1
+
+
+def _log_bytes(session: Session):
+    """SQL for a line's size in bytes (as shown: with its newline)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.octet_length(LogLine.text) + 1
+    return func.length(cast(LogLine.text, LargeBinary)) + 1
+
+
+def trim_logs(session: Session, worker_id: int, max_bytes: int, max_lines: int) -> int:
+    """Drop a worker's oldest lines while it is over a limit; returns how many were dropped."""
+    size = _log_bytes(session)
+    mine = (LogLine.worker_id == worker_id, LogLine.attempt != DROPPED)
+    n, total = session.execute(select(func.count(), func.coalesce(func.sum(size), 0)).where(*mine)).one()
+    if n <= max_lines and total <= max_bytes:
+        return 0
+    keep_lines, keep_bytes = max_lines * 7 // 8, max_bytes * 7 // 8
+    cut, dropped = None, 0
+    for lid, b in session.execute(select(LogLine.id, size).where(*mine).order_by(LogLine.id)
+                                  .execution_options(yield_per=5000)):
+        if n <= keep_lines and total <= keep_bytes:
+            break
+        cut, dropped, n, total = lid, dropped + 1, n - 1, total - b
+    if cut is None:
+        return 0
+    session.execute(delete(LogLine).where(*mine, LogLine.id <= cut))
+    marker = session.scalar(select(LogLine).where(LogLine.worker_id == worker_id, LogLine.attempt == DROPPED))
+    if marker is None:
+        session.add(LogLine(worker_id=worker_id, attempt=DROPPED, seq=min(dropped, INT32), time=time.time(),
+                            stream="stdout", text=""))
+    else:
+        marker.seq = min(marker.seq + dropped, INT32)
+    session.flush()
+    return dropped
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n / 1024:g} KiB"
+
+
+def logs_dropped_line(session: Session, worker: Worker, max_bytes: int, max_lines: int) -> str | None:
+    """`… N earlier lines dropped (log limit 8 MiB)`, shown first when a worker's log was trimmed; else None."""
+    n = session.scalar(select(LogLine.seq).where(LogLine.worker_id == worker.id, LogLine.attempt == DROPPED))
+    if not n:
+        return None
+    return f"… {n} earlier lines dropped (log limit {mib(max_bytes)} or {max_lines} lines)"
+
+
+def read_logs(session: Session, worker: Worker, after_id: int = 0, tail: int | None = None) -> list:
+    """The worker's lines after `after_id` (the last `tail` of them), oldest first: rows with .id, .time and
+    .text (not ORM objects: a full log is 100,000 of them)."""
+    q = select(LogLine.id, LogLine.time, LogLine.text).where(LogLine.worker_id == worker.id,
+                                                            LogLine.attempt != DROPPED, LogLine.id > after_id)
     if tail is not None:
-        rows = list(session.scalars(q.order_by(LogLine.id.desc()).limit(tail)))
+        rows = list(session.execute(q.order_by(LogLine.id.desc()).limit(tail)))
         return rows[::-1]
-    return list(session.scalars(q.order_by(LogLine.id)))
+    return list(session.execute(q.order_by(LogLine.id)))
+
+
+def delete_logs(session: Session, run: Run) -> int:
+    """Remove every log line of a run's workers (the run is being deleted)."""
+    ids = [w.id for w in run.workers]
+    if not ids:
+        return 0
+    return session.execute(delete(LogLine).where(LogLine.worker_id.in_(ids))).rowcount or 0
 
 
 # ---------------------------------------------------------------------------------------------- drives

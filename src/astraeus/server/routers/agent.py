@@ -72,7 +72,7 @@ def agent_report(tok: AgentTok, s: Sess, cp: CP, body: P.Report) -> P.Ack:
 def agent_logs(tok: AgentTok, s: Sess, cp: CP, body: P.Logs) -> P.LogsStored:
     with tx(s):
         m = agents.machine_for(s, tok, body.machine)
-        n = agents.store_logs(s, m, body.lines)
+        n = agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines)
     if n:
         cp.notifier.bump_logs()
     return P.LogsStored(stored=n)

@@ -1,12 +1,14 @@
-"""Workers and their logs (plain text; `follow` streams until the worker ends)."""
+"""Workers and their logs (plain text; `follow` streams until the worker ends or its client leaves)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+import anyio.to_thread
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from astraeus.server import bodies as B
@@ -39,35 +41,85 @@ def _line(ln, timestamps: bool) -> str:
 
 
 @router.get("/workers/{name}/logs", responses=LOGS_200)
-def worker_logs(name: str, c: WsCaller, s: Sess, cp: CP,
+def worker_logs(name: str, c: WsCaller, s: Sess, cp: CP, request: Request,
                 tail: Annotated[int | None, Query(ge=0, le=B.INT32)] = None,
                 follow: bool = False, timestamps: bool = False):
     worker = services.get_worker(s, c, name)
+    limits = cp.settings.log_max_bytes, cp.settings.log_max_lines
     if not follow:
-        return PlainTextResponse("".join(_line(ln, timestamps) for ln in services.read_logs(s, worker, tail=tail)))
-    return StreamingResponse(_follow(cp, worker.id, tail, timestamps), media_type="text/plain")
+        lines = services.read_logs(s, worker, tail=tail)
+        head = _dropped(s, worker, limits, tail, lines)
+        return PlainTextResponse(head + "".join(_line(ln, timestamps) for ln in lines))
+    wid = worker.id
+    s.close()  # the stream reads in short sessions of its own: this one's connection goes back to the pool now
+    return StreamingResponse(_follow(request, cp, wid, tail, timestamps, limits), media_type="text/plain")
 
 
-def _follow(cp, wid: int, tail: int | None, timestamps: bool) -> Iterator[str]:
+def _dropped(s, worker: Worker, limits: tuple[int, int], tail: int | None, lines: list) -> str:
+    """The retention marker line, when the log was trimmed and what is shown reaches back to its start."""
+    if tail is not None and len(lines) >= tail:
+        return ""
+    marker = services.logs_dropped_line(s, worker, *limits)
+    return marker + "\n" if marker else ""
+
+
+# A follower waits without a thread: it looks at the notifier's log version (an in-memory counter) every
+# POLL seconds, and at the database only when that changed, or every RECHECK seconds; each look is a short
+# session in a worker thread. It ends when the worker's attempt has ended, when the control plane stops, or
+# when its client has gone (checked at every look, so an abandoned follow of a quiet worker ends too).
+POLL = 0.25
+RECHECK = 5.0
+FOLLOWING = 0  # follow streams open now, in this process (/metrics: astraeus_log_follows_open)
+
+
+async def _follow(request: Request, cp, wid: int, tail: int | None, timestamps: bool,
+                  limits: tuple[int, int]) -> AsyncIterator[str]:
     """The last `tail` lines, then each new one as it arrives, until the worker's attempt is over."""
-    last = 0
-    with cp.sessions() as s2:
-        wk = s2.get(Worker, wid)
-        lines = services.read_logs(s2, wk, tail=tail)
-    for ln in lines:
-        last = ln.id
-        yield _line(ln, timestamps)
-    while True:
-        v = cp.notifier.logs_version()
+
+    def first():
         with cp.sessions() as s2:
             wk = s2.get(Worker, wid)
             if wk is None:
-                return
-            new = services.read_logs(s2, wk, after_id=last)
-            done = wk.state in lifecycle.ENDED or (wk.state == "Pending" and wk.attempt > 0)
-        for ln in new:
-            last = ln.id
-            yield _line(ln, timestamps)
+                return "", []
+            lines = services.read_logs(s2, wk, tail=tail)
+            return _dropped(s2, wk, limits, tail, lines), lines
+
+    def more(after: int):
+        with cp.sessions() as s2:
+            wk = s2.get(Worker, wid)
+            if wk is None:
+                return [], True
+            new = services.read_logs(s2, wk, after_id=after)
+            return new, wk.state in lifecycle.ENDED or (wk.state == "Pending" and wk.attempt > 0)
+
+    global FOLLOWING
+    FOLLOWING += 1
+    try:
+        async for chunk in _stream(request, cp, timestamps, first, more):
+            yield chunk
+    finally:
+        FOLLOWING -= 1
+
+
+async def _stream(request: Request, cp, timestamps: bool, first, more) -> AsyncIterator[str]:
+    v = cp.notifier.logs_version()
+    head, lines = await anyio.to_thread.run_sync(first)
+    last = lines[-1].id if lines else 0
+    if head or lines:
+        yield head + "".join(_line(ln, timestamps) for ln in lines)
+    while True:
+        new, done = await anyio.to_thread.run_sync(more, last)
+        if new:
+            last = new[-1].id
+            yield "".join(_line(ln, timestamps) for ln in new)
         if done and not new:
             return
-        cp.notifier.wait_logs(v, 1.0)
+        waited = 0.0
+        while cp.notifier.logs_version() == v and waited < RECHECK:
+            if cp.notifier.closing or await request.is_disconnected():
+                return
+            await asyncio.sleep(POLL)
+            waited += POLL
+        if cp.notifier.closing or await request.is_disconnected():
+            return
+        v = cp.notifier.logs_version()

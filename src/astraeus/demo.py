@@ -93,9 +93,9 @@ def main() -> int:
     for f in ("drive.json", "finetune.json", "urgent.json", "finetune.py"):
         shutil.copy(EXAMPLE / f, work / f)
     Path("/data/astraeus").mkdir(parents=True, exist_ok=True)
-    old = Path("/data/astraeus/ft-ckpt/finetune-r50")
-    if old.exists():  # a previous demo's checkpoint would make this one start by resuming
-        say(f"(removing the checkpoint a previous demo left in {old})")
+    old = Path("/data/astraeus/ft-ckpt")
+    if old.exists():  # a previous demo's checkpoint (and owner: its workspace's uid) would be in the way
+        say(f"(removing the checkpoint drive a previous demo left in {old})")
         shutil.rmtree(old)
     port = free_port()
     up = None

@@ -17,6 +17,8 @@ DRIVE = {"metadata": {"name": "checkpoints"},
 
 def test_ft_lowprio_resumes_from_latest_pt(cluster, tmp_path):
     code = Path("/data/astraeus/checkpoints/code")
+    # a new cluster's workspace is a new owner (its own uid): the drive's folder starts afresh, handed to it
+    shutil.rmtree(code.parent, ignore_errors=True)
     code.mkdir(parents=True, exist_ok=True)
     shutil.copy(EXAMPLE / "train.py", code / "train.py")
     shutil.rmtree("/data/astraeus/checkpoints/ft-lowprio", ignore_errors=True)

@@ -26,8 +26,8 @@ def test_the_recipe_end_to_end(cluster, tmp_path):
     for f in ("drive.json", "finetune.json", "urgent.json", "finetune.py"):
         shutil.copy(EXAMPLE / f, tmp_path / f)
     ckpt = Path("/data/astraeus/ft-ckpt/finetune-r50")
-    if ckpt.exists():
-        shutil.rmtree(ckpt)
+    # a new cluster's workspace is a new owner (its own uid): the drive's folder starts afresh, handed to it
+    shutil.rmtree(ckpt.parent, ignore_errors=True)
 
     # 1. Create the checkpoint drive
     out = sh(cluster, tmp_path, """curl -fsS -X POST "$API/drives" -H "Authorization: Bearer $ASTRAEUS_TOKEN" \\

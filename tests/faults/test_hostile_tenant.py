@@ -231,6 +231,23 @@ def _has_env(pid: int, prefix: bytes) -> bool:
         return False
 
 
+@pytest.fixture
+def cluster():
+    """A real `astraeus up` whose home (env with tokens, the database, the agent's state dir) is NOT under /tmp,
+    so that hiding them is what keeps them from the worker (not its private /tmp)."""
+    import tempfile
+
+    from tests.conftest import start_cluster
+
+    top = Path(tempfile.mkdtemp(prefix="astraeus-hostile-", dir="/var/tmp"))
+    c = start_cluster(top / "home")
+    try:
+        yield c
+    finally:
+        c.stop()
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster):
     tag = f"astraeus-hostile-{uuid.uuid4().hex[:8]}"
     base = Path("/data/astraeus") / tag

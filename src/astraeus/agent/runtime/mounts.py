@@ -18,7 +18,9 @@ O_PATH|O_NOFOLLOW|O_DIRECTORY, and the final descriptor is bind-mounted through 
 swapped in between the check and the mount cannot redirect it. A ReadWrite drive's host folder is handed over
 to the workspace's user (owner uid:gid, mode 0700) when it is owned by root and either `create` is set or it
 is empty; otherwise it keeps its owner and mode (files in it stay readable across attempts: one uid per
-workspace).
+workspace). A folder another workspace owns is never handed over (a new workspace, e.g. of a new cluster, is a
+new owner: remove or chown such a folder). A host folder on the way to the working folder that the worker may
+not search (0700, another owner) is covered by an empty tmpfs in the view.
 
 The command runs as that user (setgroups([]), setresgid, setresuid), with an empty capability bounding set and
 no capabilities (effective, permitted, inheritable, ambient), and no_new_privs.
@@ -188,7 +190,12 @@ def isolation_spec(state_dir: str, worker: str, env: dict) -> dict:
         uid, gid = resolve_user(s.worker_user)
     else:
         uid = gid = workspace_uid(workspace_of(worker, env), s.worker_uid_base, s.worker_uid_range)
-    hide = sorted({os.path.realpath(state_dir), os.path.realpath(os.path.expanduser(str(s.home)))})
+    hide = {os.path.realpath(state_dir), os.path.realpath(os.path.expanduser(str(s.home)))}
+    parent = os.path.dirname(os.path.realpath(state_dir))
+    home = os.path.dirname(parent)  # `astraeus up --home H` gives its agents --state-dir H/agents/<name>
+    if os.path.basename(parent) == "agents" and any(os.path.exists(os.path.join(home, f)) for f in ("env", "astraeus.db")):
+        hide.add(home)
+    hide = sorted(hide)
     return {"uid": uid, "gid": gid, "hide": hide}
 
 
@@ -368,6 +375,22 @@ class WorkerView:
         umount(stage)
         os.rmdir(stage)
         self.read_only_later.append(d)
+
+    def reach(self, path: str, uid: int) -> None:
+        """Let the worker (uid) reach `path`: a host folder on the way that it may not search (mode 0700 of
+        another owner) is covered by an empty tmpfs (its contents were out of the worker's reach anyway)."""
+        cur = "/"
+        for part in _components(os.path.normpath(path))[:-1]:
+            cur = os.path.join(cur, part)
+            try:
+                st = os.stat(cur)
+            except OSError:
+                return
+            if not stat.S_ISDIR(st.st_mode) or st.st_dev in self.ours:
+                continue
+            if st.st_uid != uid and not st.st_mode & 0o001:
+                self.tmpfs(cur, "755")
+                return
 
     def _writable_here(self, d: str) -> bool:
         return os.stat(d).st_dev in self.ours

@@ -313,6 +313,7 @@ class Shim:
             except (mounts.MountError, OSError) as e:
                 raise mounts.MountError(f"the worker's environment {p}: {e}") from None
         try:
+            view.reach(cwd, int(iso["uid"]))
             if work is not None:
                 view.bind(work, cwd, True, False, "working folder")
             else:

@@ -24,9 +24,19 @@ def _run_body(name: str, tmp_path) -> dict:
     )
     return {"metadata": {"name": name}, "spec": {"task_template": {
         "image": "pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime", "command": "python", "args": ["/app/w.py"],
-        "env": {"OUT": str(tmp_path)}, "restart_policy": "Never",
+        "env": {"OUT": "/out"}, "restart_policy": "Never",
         "requested_resources": {"cpu_cores": 1, "memory_bytes": 1 << 30, "gpu_requests": {"count": 1}},
+        "datavolume_refs": [{"name": "out", "mount_path": "/out"}],
         "configs": [{"mounts": ["/app/w.py"], "value": script}]}}}
+
+
+def _out_drive(c: httpx.Client, tmp_path):
+    """The worker writes its checkpoint to a ReadWrite drive (it sees the host read-only); its host folder."""
+    drive = {"metadata": {"name": "out"}, "spec": {"sources": [
+        {"node": "gpu-01", "path": str(tmp_path / "data" / "out"), "mount_path": "/out", "mode": "ReadWrite"}],
+        "permissions": {"create": True}}}
+    assert c.post("/drives", json=drive).status_code == 201
+    return tmp_path / "data" / "out"
 
 
 def _agent(server, tmp_path, **kw) -> Agent:
@@ -41,6 +51,7 @@ def test_agent_runs_reports_ships_logs_and_stops(server, tmp_path):
         h = {"Authorization": f"Bearer {server['token']}"}
         with httpx.Client(base_url=server["api"], headers=h, timeout=10) as c:
             wait_for(lambda: c.get("/machines").json()["items"], timeout=20, what="the machine to join")
+            out = _out_drive(c, tmp_path)
             r = c.post("/runs", json=_run_body("agent-e2e", tmp_path))
             assert r.status_code == 201, r.text
             w = wait_for(lambda: (x := c.get("/workers/agent-e2e-0").json()).get("state") == "Running" and x,
@@ -52,9 +63,9 @@ def test_agent_runs_reports_ships_logs_and_stops(server, tmp_path):
             pid = w["pid"]
             t0 = time.time()
             assert c.delete("/runs/agent-e2e").status_code == 200
-            wait_for(lambda: (tmp_path / "ckpt").exists(), timeout=20, what="the SIGTERM checkpoint")
+            wait_for(lambda: (out / "ckpt").exists(), timeout=20, what="the SIGTERM checkpoint")
             assert time.time() - t0 < 5
-            assert (tmp_path / "ckpt").read_text() == "agent-e2e"
+            assert (out / "ckpt").read_text() == "agent-e2e"
             wait_for(lambda: not pid_alive(pid), timeout=20, what="the worker to end")
     finally:
         agent.request_exit()
@@ -66,6 +77,7 @@ def test_agent_restart_adopts_and_stop_workers_on_exit(server, tmp_path):
     a1.start()
     h = {"Authorization": f"Bearer {server['token']}"}
     with httpx.Client(base_url=server["api"], headers=h, timeout=10) as c:
+        out = _out_drive(c, tmp_path)
         assert c.post("/runs", json=_run_body("adopt-me", tmp_path)).status_code == 201
         w = wait_for(lambda: (x := c.get("/workers/adopt-me-0").json()).get("state") == "Running" and x, timeout=20)
         pid = w["pid"]
@@ -80,4 +92,4 @@ def test_agent_restart_adopts_and_stop_workers_on_exit(server, tmp_path):
         assert c.get("/workers/adopt-me-0").json()["pid"] == pid
         a2.shutdown()  # --stop-workers-on-exit: nothing is left running
         assert not pid_alive(pid)
-        assert (tmp_path / "ckpt").read_text() == "adopt-me"
+        assert (out / "ckpt").read_text() == "adopt-me"

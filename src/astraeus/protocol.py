@@ -108,6 +108,9 @@ class Assignment(Answer):
     attempt: Annotated[int, Field(ge=0, le=INT32)]
     run: str = ""
     workspace: str = ""
+    workspace_number: Annotated[int, Field(ge=1, le=INT32)] | None = Field(
+        None, description="The workspace's number in this control plane, unique: the worker's uid is "
+                          "ASTRAEUS_WORKER_UID_BASE + this number, so no two workspaces ever share a uid")
     desired: Literal["Running", "Stopped"] = Field(
         "Running", description="Stopped: SIGTERM the main process, stop grace, SIGKILL the group")
     stop_reason: str | None = None

@@ -159,11 +159,11 @@ class AgentSettings(HomeSettings):
         None, "Where the agent records its workers (adopted again after a restart). Unset: "
         "`<home>/agents/<name>`; `--state-dir` overrides it.", "a directory path")
     worker_uid_base: int = setting(
-        200000, "Workers run as an unprivileged user, one per workspace: uid = gid = this base + a number derived "
-        "from the workspace's namespace (`ws-<12 hex>`) modulo ASTRAEUS_WORKER_UID_RANGE. Never root, no "
-        "capabilities.", "a whole number from 1000 to 4000000000", ge=1000, le=4_000_000_000)
+        200000, "Workers run as an unprivileged user, one per workspace: uid = gid = this base + the workspace's "
+        "number in the control plane (unique: no two workspaces share a uid). Never root, no capabilities.", "a whole number from 1000 to 4000000000", ge=1000, le=4_000_000_000)
     worker_uid_range: int = setting(
-        65536, "How many uids workspaces are spread over (from ASTRAEUS_WORKER_UID_BASE).",
+        65536, "How many uids are kept for workspaces (from ASTRAEUS_WORKER_UID_BASE); a workspace whose number "
+        "is outside it cannot start workers on this machine (its worker's reason says so).",
         "a whole number from 1 to 100000000", ge=1, le=100_000_000)
     worker_user: str | None = setting(
         None, "Run every worker as this existing user (a name or a uid; its primary group) instead of one uid per "

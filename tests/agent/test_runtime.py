@@ -468,3 +468,21 @@ def test_a_configured_worker_user(tmp_path, assignment, monkeypatch):
 
     with pytest.raises((SettingsError, ValueError), match="root"):
         AgentSettings.load()
+
+
+def test_each_workspace_number_is_its_own_uid(rt, assignment):
+    """The control plane numbers workspaces uniquely; the uid is the base plus that number, so two workspaces
+    never share a uid. A number outside ASTRAEUS_WORKER_UID_RANGE is refused with a reason, and nothing starts."""
+    seen = []
+    for number, ws in ((7, "ws-00000000000a"), (8, "ws-00000000000b")):
+        a = assignment(command="python", args=["-c", "import os; print(os.getuid(), os.getgid())"],
+                       worker=f"{ws}.who-0", workspace_number=number, env={"ASTRAEUS_JOB_NAME": f"{ws}.who"})
+        rt.start(a)
+        st = wait_for(lambda a=a: (s := rt.status(a["worker"], 1)).final and s)
+        assert st.exit_code == 0
+        seen.append([ln.text for ln in rt.logs(a["worker"], 1)])
+    assert seen == [["200007 200007"], ["200008 200008"]]
+    a = assignment(command="true", worker="ws-00000000000c.who-0", workspace_number=70000)
+    with pytest.raises(StartFailed, match="workspace number 70000 is outside ASTRAEUS_WORKER_UID_RANGE"):
+        rt.start(a)
+    assert not os.path.exists(rt.dir("ws-00000000000c.who-0", 1))

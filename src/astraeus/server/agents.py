@@ -160,7 +160,7 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
                                   granted_root=granted))
         configs = [P.ConfigFile(mount_path=mp, value=c["value"]) for c in tt.get("configs") or [] for mp in c["mounts"]]
         out.append(P.Assignment(
-            worker=P.worker_identity(ws.ns, w.name), name=w.name, attempt=w.attempt, run=run.name, workspace=ws.ns,
+            worker=P.worker_identity(ws.ns, w.name), name=w.name, attempt=w.attempt, run=run.name, workspace=ws.ns, workspace_number=ws.id,
             desired=w.desired or "Running", stop_reason=w.stop_reason,
             image=tt["image"], command=tt["command"], args=list(tt.get("args") or []), env=env,
             gpu_indices=list(w.gpu_indices or []), cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,

@@ -168,8 +168,15 @@ def workspace_of(worker: str, env: dict) -> str:
     return worker.partition(".")[0] if "." in worker else ""
 
 
-def workspace_uid(ns: str, base: int = 200000, span: int = 65536) -> int:
-    """One uid per workspace, deterministic: base + (the namespace's 12 hex digits, or a hash of it) mod span."""
+def workspace_uid(ns: str, number: int | None, base: int = 200000, span: int = 65536) -> int:
+    """One uid per workspace: base + the workspace's number in the control plane (unique, so no two workspaces
+    ever share a uid). Without a number (an assignment that names none) the uid is derived from the namespace's
+    hex digits instead, which is unique only with high probability. A number outside the span is refused."""
+    if number is not None:
+        if not 0 < number < int(span):
+            raise ValueError(f"workspace number {number} is outside ASTRAEUS_WORKER_UID_RANGE ({span}): "
+                             "raise the range on this machine")
+        return int(base) + int(number)
     import hashlib
 
     h = ns[3:] if ns.startswith("ws-") else ""
@@ -180,7 +187,7 @@ def workspace_uid(ns: str, base: int = 200000, span: int = 65536) -> int:
     return int(base) + n % int(span)
 
 
-def isolation_spec(state_dir: str, worker: str, env: dict) -> dict:
+def isolation_spec(state_dir: str, worker: str, env: dict, workspace_number: int | None = None) -> dict:
     """What the shim needs to isolate a worker (written into spec.json by the agent): its uid/gid and the host
     paths its view hides. Read from AgentSettings (ASTRAEUS_WORKER_USER or ASTRAEUS_WORKER_UID_BASE/RANGE)."""
     from astraeus.settings import AgentSettings
@@ -189,7 +196,8 @@ def isolation_spec(state_dir: str, worker: str, env: dict) -> dict:
     if s.worker_user:
         uid, gid = resolve_user(s.worker_user)
     else:
-        uid = gid = workspace_uid(workspace_of(worker, env), s.worker_uid_base, s.worker_uid_range)
+        uid = gid = workspace_uid(workspace_of(worker, env), workspace_number, s.worker_uid_base,
+                                  s.worker_uid_range)
     hide = {os.path.realpath(state_dir), os.path.realpath(os.path.expanduser(str(s.home)))}
     parent = os.path.dirname(os.path.realpath(state_dir))
     home = os.path.dirname(parent)  # `astraeus up --home H` gives its agents --state-dir H/agents/<name>

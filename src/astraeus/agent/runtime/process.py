@@ -234,9 +234,13 @@ class ProcessRuntime(Runtime):
                 if existing.state == START_FAILED:
                     raise StartFailed(existing.message or "start failed")
                 return existing  # never two of the same attempt
+            env, env_name = self.build_env(assignment)
+            try:
+                isolation = mounts.isolation_spec(self.state_dir, worker, env, assignment.workspace_number)
+            except ValueError as e:
+                raise StartFailed(str(e)) from None
             d = self.dir(worker, attempt)
             os.makedirs(d, mode=0o700, exist_ok=True)
-            env, env_name = self.build_env(assignment)
             spec = {
                 "worker": worker, "attempt": attempt, "run": assignment.run,
                 "marker": self.marker(worker, attempt),
@@ -249,7 +253,7 @@ class ProcessRuntime(Runtime):
                 else None,
                 "limits": self.limits(assignment).to_json(),
                 "stop_grace": self.stop_grace, "created_at": time.time(),
-                "isolation": mounts.isolation_spec(self.state_dir, worker, env),  # the worker's user and view
+                "isolation": isolation,  # the worker's user and view
             }
             _write_json(os.path.join(d, "spec.json"), spec)
             shim_env = {

@@ -336,6 +336,12 @@ def priority_allowed(priority: int, maximum: int) -> bool:
     return priority < 0 or priority <= maximum
 
 
+def highest_priority_allowed(maximum: int) -> int:
+    """The highest priority a run may ask for under `maximum` (what the console's hint shows): the maximum, or
+    -1 where an admin set a negative maximum, since negative priorities are always allowed."""
+    return max(maximum, -1)
+
+
 class RunSpecBody(Strict):
     priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = 0
     start: Literal["Gang", "Independent"] = "Gang"

@@ -382,3 +382,21 @@ def test_the_access_form_saves_through_the_api_service(console_cluster):
         r = a.patch("/workspaces/vision", json={"clusters": {"main": {"weight": before["weight"],
                                                                       "quota": before["quota"]}}})
         assert r.status_code == 200, r.text
+
+
+def test_the_priority_hint_under_a_negative_maximum_says_minus_one(console_cluster):
+    """Negative priorities are always allowed, so under a negative maximum the highest a run may ask for is -1:
+    the hint says the highest priority the workspace may ask for, the panel repeats the maximum as set."""
+    c = console_cluster
+    with c.admin() as a:
+        before = a.get("/workspaces/vision").json()["clusters"]["main"]["max_priority"]
+        assert a.patch("/workspaces/vision", json={"clusters": {"main": {"max_priority": -5}}}).status_code == 200
+    try:
+        with httpx.Client(base_url=c.server, headers=bearer(c.token), timeout=30) as h:
+            html = h.get("/o/acme/w/vision/runs/new").text
+        assert "Higher runs first and may preempt lower. Up to -1 here." in more_options(html)
+        assert '<dd id="max-priority">-5</dd>' in html
+    finally:
+        with c.admin() as a:
+            r = a.patch("/workspaces/vision", json={"clusters": {"main": {"max_priority": before}}})
+            assert r.status_code == 200

@@ -344,7 +344,7 @@ def new_run_page(request: Request, s: Session, p: Page, *, mode: str = "form", v
     vals = {**forms.RUN_DEFAULTS, **(values or {})}
     return render(request, "new_run.html", p, status=status, nav="runs", mode=mode, values=vals,
                   spec_json=spec_json, error=error, errors=errors or [], access=acc,
-                  max_priority=acc["max_priority"] if acc else 0, cannot_submit=p.cannot("editor"),
+                  max_priority=S.highest_priority_allowed(acc["max_priority"] if acc else 0), cannot_submit=p.cannot("editor"),
                   machines=services.machines_view(s, services.granted_cluster_ids(s, p.caller)),
                   drives=[d.name for d in services.list_drives(s, p.caller)])
 

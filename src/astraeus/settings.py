@@ -187,6 +187,11 @@ class AgentSettings(HomeSettings):
         1000, "The most log lines per second (by the lines' own times) that the agent ships for one worker; it "
         "drops the rest and ships one line saying how many it dropped, so a flood cannot slow the control plane.",
         "a whole number from 1 to 1000000", ge=1, le=1_000_000)
+    worker_log_file_bytes: int = setting(
+        64 * 1024**2, "The most bytes of output one worker attempt keeps on its machine: the shim writes it to two "
+        "files of half this size in turn (log.jsonl, then log.jsonl.1), so a flood cannot fill the machine's disk; "
+        "lines the agent had not shipped when their file was dropped are lost.",
+        "a whole number of bytes from 65536 to 1099511627776", ge=65536, le=1024**4)
 
     @field_validator("server")
     @classmethod

@@ -486,3 +486,30 @@ def test_each_workspace_number_is_its_own_uid(rt, assignment):
     with pytest.raises(StartFailed, match="workspace number 70000 is outside ASTRAEUS_WORKER_UID_RANGE"):
         rt.start(a)
     assert not os.path.exists(rt.dir("ws-00000000000c.who-0", 1))
+
+
+def test_a_flooding_worker_keeps_at_most_its_log_bytes_on_the_machine(rt, assignment, monkeypatch):
+    """The shim keeps an attempt's output in two files of half ASTRAEUS_WORKER_LOG_FILE_BYTES in turn: a flood
+    cannot fill the machine's disk, and a reader that keeps up (the agent) gets every line once, in order."""
+    monkeypatch.setenv("ASTRAEUS_WORKER_LOG_FILE_BYTES", str(64 * 1024))
+    a = assignment(command="python", args=["-c", "import sys\nfor i in range(1, 3001): print(f'line {i:05d} ' + 'x' * 90)"])
+    rt.start(a)
+    shipped, offset = [], 0
+    while True:  # read as the agent does, while the worker writes
+        batch, offset = rt.read_logs(a["worker"], 1, offset, limit=200)
+        shipped += batch
+        st = rt.status(a["worker"], 1)
+        if st.final and not batch:
+            break
+        if not batch:
+            time.sleep(0.01)
+    d = rt.dir(a["worker"], 1)
+    kept = sum(os.path.getsize(os.path.join(d, f)) for f in ("log.jsonl", "log.jsonl.1"))
+    assert kept <= 64 * 1024
+    seqs = [ln.seq for ln in shipped]
+    assert seqs == sorted(set(seqs)) and seqs[-1] == 3000  # in order, no repeat, up to the last line
+    assert shipped[-1].text.startswith("line 03000 ")
+    # A reader from the start gets what is kept: the newest lines, contiguous up to the last.
+    kept_lines = rt.logs(a["worker"], 1)
+    assert 0 < len(kept_lines) < 3000
+    assert [ln.seq for ln in kept_lines] == list(range(3001 - len(kept_lines), 3001))

@@ -61,6 +61,7 @@ from astraeus.agent.runtime.base import (
 )
 from astraeus.agent.runtime.images import ImageMap
 from astraeus.protocol import Assignment
+from astraeus.settings import AgentSettings
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 SHIM_MODULE = "astraeus.agent.runtime.shim"
@@ -139,8 +140,6 @@ class ProcessRuntime(Runtime):
         self.cgroups = cgroups.detect() if use_cgroups else cgroups.Hierarchies()
         self.cgroup_root = self.cgroups.root
         if pids_max is None:
-            from astraeus.settings import AgentSettings
-
             pids_max = AgentSettings.load().worker_pids_max
         self.pids_max = int(pids_max)  # 0: no limit
         self.device_dir = device_dir  # where the GPU device nodes are (/dev/nvidia<N>)
@@ -253,6 +252,7 @@ class ProcessRuntime(Runtime):
                 else None,
                 "limits": self.limits(assignment).to_json(),
                 "stop_grace": self.stop_grace, "created_at": time.time(),
+                "log_file_bytes": AgentSettings.load().worker_log_file_bytes,
                 "isolation": isolation,  # the worker's user and view
             }
             _write_json(os.path.join(d, "spec.json"), spec)
@@ -521,27 +521,48 @@ class ProcessRuntime(Runtime):
 
     # ------------------------------------------------------------ logs
     def read_logs(self, worker: str, attempt: int, offset: int = 0, limit: int = 1000) -> tuple[list[LogLine], int]:
-        path = os.path.join(self.dir(worker, attempt), "log.jsonl")
+        """Up to `limit` lines from `offset`, a byte offset in the attempt's whole log, and the offset after them.
+
+        The shim keeps the log in log.jsonl.1 (older) and log.jsonl (newer, its header line giving the offset
+        where it starts); an offset in a dropped file resumes at the oldest line still kept."""
+        d = self.dir(worker, attempt)
         out: list[LogLine] = []
-        try:
-            size = os.path.getsize(path)
-            if offset > size:  # the file was replaced (state wiped): start over; the server dedups by seq
-                offset = 0
-            with open(path, "rb") as f:
-                f.seek(offset)
-                while len(out) < limit:
-                    raw = f.readline()
-                    if not raw or not raw.endswith(b"\n"):
-                        break
-                    offset += len(raw)
-                    try:
-                        d = json.loads(raw)
-                    except ValueError:
-                        continue
-                    out.append(LogLine(worker, int(attempt), int(d["seq"]), float(d["time"]), d.get("stream", "stdout"),
-                                       d.get("text", "")))
-        except FileNotFoundError:
-            pass
+        for name in ("log.jsonl.1", "log.jsonl"):
+            path = os.path.join(d, name)
+            try:
+                with open(path, "rb") as f:
+                    first = f.readline(256)
+                    base = 0
+                    if first.startswith(b'{"base":'):
+                        try:
+                            base = int(json.loads(first)["base"])
+                        except (ValueError, KeyError, TypeError):
+                            base = 0
+                    size = os.fstat(f.fileno()).st_size
+                    if name == "log.jsonl.1" and offset >= base + size:
+                        continue  # everything in the older file was read
+                    if offset < base or offset > base + size:
+                        # lines dropped before they were read, or the file was replaced (state wiped): from its
+                        # start (the server keeps one copy per seq)
+                        offset = base
+                    f.seek(offset - base)
+                    while len(out) < limit:
+                        raw = f.readline()
+                        if not raw or not raw.endswith(b"\n"):
+                            break
+                        offset += len(raw)
+                        try:
+                            rec = json.loads(raw)
+                            out.append(LogLine(worker, int(attempt), int(rec["seq"]), float(rec["time"]),
+                                               rec.get("stream", "stdout"), rec.get("text", "")))
+                        except (ValueError, KeyError, TypeError):
+                            continue  # a header line, or a torn one
+                    if len(out) >= limit or name == "log.jsonl":
+                        return out, offset
+                    # the older file is read to its end: go on in the newer one, where it starts
+                    offset = base + size
+            except FileNotFoundError:
+                continue
         return out, offset
 
     def logs(self, worker: str, attempt: int) -> list[LogLine]:

@@ -104,6 +104,17 @@ def notify_agent(state_dir: str) -> None:
         os.close(fd)
 
 
+def read_log_base(path: str) -> int:
+    """Where a log file starts in the worker's whole log (bytes): its header line's "base", or 0 without one."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+        head = json.loads(first) if first.startswith(b'{"base":') else None
+        return int(head["base"]) if head else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def read_json(path: str) -> dict | None:
     try:
         with open(path) as f:
@@ -140,6 +151,8 @@ class Shim:
         self.leftovers_killed = False
         self.seq = 0
         self.log_f = None
+        # The log is kept in two files of at most half this size each (see rotate_log).
+        self.log_half = max(32 * 1024, int(self.spec.get("log_file_bytes") or 64 * 1024**2) // 2)
         self.started: dict | None = None
         self.partial: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self.partial_since: dict[str, float] = {}
@@ -167,6 +180,16 @@ class Shim:
             except OSError as e:
                 log(f"cannot carry the old log over: {e}")
 
+    def rotate_log(self) -> None:
+        """log.jsonl is full: it becomes log.jsonl.1 (the older .1 is dropped) and a new log.jsonl starts with a
+        header line {"base": N}, N being the log's byte offset where the new file starts (its older files' bytes
+        before it), so the agent's offsets keep counting across files."""
+        base = read_log_base(self.path("log.jsonl")) + self.log_f.tell()
+        self.log_f.close()
+        os.replace(self.path("log.jsonl"), self.path("log.jsonl.1"))
+        self.log_f = open(self.path("log.jsonl"), "a", buffering=1, opener=lambda p, fl: os.open(p, fl, 0o600))
+        self.log_f.write(json.dumps({"base": base}) + "\n")
+
     def ensure_files(self) -> None:
         """Rewrite our files if the worker folder was wiped (a restarted agent adopts us from them)."""
         try:
@@ -188,6 +211,8 @@ class Shim:
         self.seq += 1
         line = json.dumps({"seq": self.seq, "time": round(now, 6), "stream": stream, "text": text})
         try:
+            if self.log_f.tell() + len(line) + 1 > self.log_half and self.log_f.tell() > 0:
+                self.rotate_log()
             self.log_f.write(line + "\n")
         except OSError as e:
             log(f"cannot write log: {e}")

@@ -6,7 +6,11 @@ test_early_exit_never_gets_sigkill.)"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -62,19 +66,44 @@ def _preempt_once(c, cl, victim: str, urgent: str) -> None:
                 timeout=30, what=f"{victim} preempted and queued again")
 
 
+def host_pid(main: int, ns_pid: int) -> int:
+    """The host's pid of the process that the worker's own PID namespace (the one `main` is in) calls `ns_pid`."""
+    ns = os.readlink(f"/proc/{main}/ns/pid")
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != ns:
+                continue
+            with open(f"/proc/{name}/status") as f:
+                nspid = next(ln.split()[1:] for ln in f if ln.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            continue
+        if nspid[-1] == str(ns_pid):
+            return int(name)
+    raise AssertionError(f"no process of the worker's namespace is pid {ns_pid} there")
+
+
 @pytest.mark.faults
 def test_stop_timing_tree_kill_and_preemption_counts(cluster, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
+    # Workers see the host read-only: the stubborn one writes what the test reads to a ReadWrite drive, under the
+    # host path `astraeus up` grants its workspace.
+    out = Path("/data/astraeus") / f"test-stop-{uuid.uuid4().hex[:12]}"
     with cluster.client() as c:
-        assert c.post("/runs", json=sleeper_run("stubborn", gpus=4, priority=-10, code=STUBBORN,
-                                                env={"OUT": str(out)})).status_code == 201
+        drive = {"metadata": {"name": "out"}, "spec": {"sources": [
+            {"node": "gpu-01", "path": str(out), "mount_path": "/out", "mode": "ReadWrite"}],
+            "permissions": {"create": True}}}
+        assert c.post("/drives", json=drive).status_code == 201
+        stubborn = sleeper_run("stubborn", gpus=4, priority=-10, code=STUBBORN, env={"OUT": "/out"})
+        stubborn["spec"]["task_template"]["datavolume_refs"] = [{"name": "out", "mount_path": "/out"}]
+        assert c.post("/runs", json=stubborn).status_code == 201
         assert c.post("/runs", json=sleeper_run("polite", gpus=4, priority=-10, code=POLITE)).status_code == 201
         for r in ("stubborn", "polite"):
             cluster.wait_for(lambda r=r: cluster.worker(r + "-0")["state"] == "Running", timeout=30, what=r)
         cluster.wait_for(lambda: (out / "grandchild").exists() and (out / "child").exists(), what="children")
         main = cluster.worker("stubborn-0")["pid"]
-        gc, child = int((out / "grandchild").read_text()), int((out / "child").read_text())
+        # the worker wrote its children's pids as its own PID namespace numbers them
+        gc, child = (host_pid(main, int((out / f).read_text())) for f in ("grandchild", "child"))
         polite_pid = cluster.worker("polite-0")["pid"]
         assert all(pid_alive(p) for p in (main, gc, child, polite_pid))
 
@@ -120,3 +149,4 @@ def test_stop_timing_tree_kill_and_preemption_counts(cluster, tmp_path):
         assert cluster.run("stubborn")["status"]["restarts"] == 0
     # nothing of the stubborn tree survived any of it
     assert not any(pid_alive(p) for p in (main, gc, child))
+    shutil.rmtree(out, ignore_errors=True)

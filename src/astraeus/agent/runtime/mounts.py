@@ -207,6 +207,20 @@ def isolation_spec(state_dir: str, worker: str, env: dict, workspace_number: int
     return {"uid": uid, "gid": gid, "hide": hide}
 
 
+def _bind_entry(e: os.DirEntry, dst: str) -> None:
+    """Make `dst` show the directory entry `e`: the same symlink, or a bind mount of its folder (recursive) or
+    file over a mount point made for it."""
+    if e.is_symlink():
+        os.symlink(os.readlink(e.path), dst)
+    elif e.is_dir(follow_symlinks=False):
+        os.mkdir(dst, 0o755)
+        mount(e.path, dst, None, MS_BIND | MS_REC)
+    else:
+        with open(dst, "w"):
+            pass
+        mount(e.path, dst, None, MS_BIND)
+
+
 def drop_privileges(uid: int, gid: int) -> None:
     """Become uid:gid for good: no supplementary groups, an empty bounding set, no capabilities, no_new_privs."""
     try:
@@ -327,15 +341,8 @@ class WorkerView:
             dst = os.path.join(r, e.name)
             if e.name in ("proc", "tmp", "root"):
                 os.mkdir(dst, 0o755)
-            elif e.is_symlink():
-                os.symlink(os.readlink(e.path), dst)
-            elif e.is_dir(follow_symlinks=False):
-                os.mkdir(dst, 0o755)
-                mount(e.path, dst, None, MS_BIND | MS_REC)
             else:
-                with open(dst, "w"):
-                    pass
-                mount(e.path, dst, None, MS_BIND)
+                _bind_entry(e, dst)
         os.mkdir(os.path.join(r, OLD.lstrip("/")), 0o700)
         _pivot_root(r, os.path.join(r, OLD.lstrip("/")))
         os.chdir("/")
@@ -369,17 +376,7 @@ class WorkerView:
         mount(d, stage, None, MS_BIND | MS_REC)
         self.tmpfs(d, f"{stat.S_IMODE(st.st_mode):o}", st.st_uid, st.st_gid)
         for e in os.scandir(stage):
-            dst = os.path.join(d, e.name)
-            if e.is_symlink():
-                os.symlink(os.readlink(e.path), dst)
-                continue
-            if e.is_dir(follow_symlinks=False):
-                os.mkdir(dst, 0o755)
-                mount(e.path, dst, None, MS_BIND | MS_REC)
-            else:
-                with open(dst, "w"):
-                    pass
-                mount(e.path, dst, None, MS_BIND)
+            _bind_entry(e, os.path.join(d, e.name))
         umount(stage)
         os.rmdir(stage)
         self.read_only_later.append(d)

@@ -34,7 +34,9 @@ class LocalEnvironment:
         """Put this environment first on env["PATH"]."""
         if not self.path:
             return
-        env["PATH"] = os.path.join(self.path, "bin") + os.pathsep + env.get("PATH", os.defpath)
+        # The real path: a worker's view shows the environment at its real path (a venv reached through a
+        # symlink, say from a folder the view hides, is bound back where it really is).
+        env["PATH"] = os.path.join(os.path.realpath(self.path), "bin") + os.pathsep + env.get("PATH", os.defpath)
         if os.path.exists(os.path.join(self.path, "pyvenv.cfg")):
             env.setdefault("VIRTUAL_ENV", self.path)
 

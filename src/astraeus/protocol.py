@@ -63,6 +63,9 @@ class Register(Body):
     stop_grace_seconds: Annotated[float, Field(ge=0, le=86400)] = Field(
         30.0, description="Seconds between SIGTERM and SIGKILL when this machine stops a worker (0: at once)")
     labels: dict[str, str] = Field(default_factory=dict)
+    runtime: Annotated[str, Field(max_length=64)] | None = Field(
+        None, description="How this machine runs workers: \"container (runc 1.1.5)\" or \"process\" (shown "
+        "with the machine; None from an older agent)")
 
 
 class Registered(Answer):
@@ -100,6 +103,16 @@ class ConfigFile(Answer):
     value: str
 
 
+class RegistryAuth(Answer):
+    """The credential of the run's workspace for the registry its image is pulled from (`PUT $API/registries/
+    <host>`): given only with a `desired == "Running"` assignment, never to another workspace's worker. The
+    password is never in a repr, a log line or an event."""
+
+    registry: str = Field(description="host[:port] as astraeus.imageref.registry_of names it (docker.io for Docker Hub)")
+    username: str
+    password: str = Field(repr=False)
+
+
 class Assignment(Answer):
     """Everything the agent needs to start or stop one worker attempt."""
 
@@ -113,8 +126,13 @@ class Assignment(Answer):
                           "ASTRAEUS_WORKER_UID_BASE + this number, so no two workspaces ever share a uid")
     desired: Literal["Running", "Stopped"] = Field(
         "Running", description="Stopped: SIGTERM the main process, stop grace, SIGKILL the group")
-    stop_reason: str | None = None
+    stop_reason: str | None = Field(
+        None, description="Why the control plane stops this attempt, in words (\"Preempted by higher-priority work "
+        "(urgent)\", \"Stopping: time limit of 5m reached\", \"Stopping: the run was deleted\", …): the agent writes "
+        "it to the worker's ASTRAEUS_STOP_REASON_FILE before SIGTERM")
     image: str = ""
+    registry_auth: RegistryAuth | None = Field(
+        None, description="The workspace's credential for the image's registry, when it has one (Running only)")
     command: str
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -145,7 +163,9 @@ class WorkerReport(Body):
     pid: Annotated[int, Field(ge=0, le=INT32)] | None = None
     exit_code: Annotated[int, Field(ge=-INT32, le=INT32)] | None = None
     signal: Annotated[int, Field(ge=0, le=255)] | None = None
-    message: str | None = None
+    message: str | None = Field(
+        None, description="Starting: what the machine is doing (\"Pulling image 127.0.0.1:5000/x:1\"), shown as the "
+        "worker's reason; StartFailed: why it could not start")
     environment: str | None = Field(None, description="The local environment the image mapped to")
     started_at: float | None = None
     finished_at: float | None = None

@@ -237,6 +237,14 @@ class TaskTemplate(Strict):
     datavolume_refs: list[DatavolumeRef] = Field(default_factory=list, max_length=MAX_DATAVOLUME_REFS)
     configs: list[ConfigFile] = Field(default_factory=list, max_length=MAX_CONFIGS)
 
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        from astraeus.imageref import ImageRef
+
+        ImageRef.parse(v)  # a ValueError says what to change
+        return v
+
     @field_validator("args")
     @classmethod
     def _args(cls, v: list[str]) -> list[str]:

@@ -14,7 +14,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, selectinload
 
 from astraeus import protocol as P
-from astraeus.server import lifecycle, services
+from astraeus.imageref import registry_of
+from astraeus.server import lifecycle, registries, services
 from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
 from astraeus.spec import env_values, path_within
@@ -92,6 +93,7 @@ def register(session: Session, tok: Token, body: P.Register, at: float,
     m.memory_bytes = body.memory_bytes
     m.stop_grace_seconds = body.stop_grace_seconds  # 0 s is a real answer: stop at once
     m.labels = dict(body.labels)
+    m.runtime = body.runtime
     session.flush()
     secret = None
     if tok.machine_id is None:
@@ -129,6 +131,10 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     grants = {a.workspace_id: a for a in session.scalars(select(Access).where(
         Access.workspace_id.in_(ws_ids), Access.cluster_id == m.cluster_id))}
     drives = {(d.workspace_id, d.name): d for d in session.scalars(select(Drive).where(Drive.workspace_id.in_(ws_ids)))}
+    # Each running worker's workspace's credential for its image's registry, if it has one: never another's.
+    pulls = {(w.run.workspace_id, registry_of(w.run.spec["task_template"]["image"])) for w in workers
+             if (w.desired or "Running") == "Running"}
+    creds = registries.for_images(session, {p for p in pulls if p[1]})
     out = []
     for w in workers:
         run = w.run
@@ -159,10 +165,16 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
                                   create=bool((d.spec.get("permissions") or {}).get("create")),
                                   granted_root=granted))
         configs = [P.ConfigFile(mount_path=mp, value=c["value"]) for c in tt.get("configs") or [] for mp in c["mounts"]]
+        desired = w.desired or "Running"
+        auth = None
+        if desired == "Running":
+            cred = creds.get((run.workspace_id, registry_of(tt["image"])))
+            if cred is not None:
+                auth = P.RegistryAuth(registry=cred.host, username=cred.username, password=cred.password)
         out.append(P.Assignment(
             worker=P.worker_identity(ws.ns, w.name), name=w.name, attempt=w.attempt, run=run.name, workspace=ws.ns, workspace_number=ws.id,
-            desired=w.desired or "Running", stop_reason=w.stop_reason,
-            image=tt["image"], command=tt["command"], args=list(tt.get("args") or []), env=env,
+            desired=desired, stop_reason=w.stop_reason,
+            image=tt["image"], registry_auth=auth, command=tt["command"], args=list(tt.get("args") or []), env=env,
             gpu_indices=list(w.gpu_indices or []), cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
             mounts=mounts, configs=configs, time_limit_seconds=tt.get("time_limit_seconds"),
         ))
@@ -194,6 +206,7 @@ def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
                 lifecycle.running(session, w.run, w, r.pid, r.environment, at)
             else:
                 lifecycle.process_seen(w, r.pid, r.environment)
+                lifecycle.starting(session, w.run, w, r.message, at)
         elif state == "Exited":
             if w.state == "Starting" and r.pid:  # it ran, and ended before a report said so
                 lifecycle.running(session, w.run, w, r.pid, r.environment, r.started_at or at)

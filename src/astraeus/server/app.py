@@ -14,7 +14,19 @@ from fastapi import FastAPI
 
 from astraeus.server.core import ControlPlane, Settings
 from astraeus.server.loop import SchedulingLoop
-from astraeus.server.routers import admin, agent, drives, errors, events, health, machines, runs, workers, workspace
+from astraeus.server.routers import (
+    admin,
+    agent,
+    drives,
+    errors,
+    events,
+    health,
+    machines,
+    registries,
+    runs,
+    workers,
+    workspace,
+)
 from astraeus.server.services import tx
 
 __all__ = ["create_app", "tx"]
@@ -23,7 +35,7 @@ __all__ = ["create_app", "tx"]
 THREADS = 400
 
 # In the order /openapi.json lists them.
-ROUTERS = (health, workspace, runs, workers, drives, events, machines, admin, agent)
+ROUTERS = (health, workspace, runs, workers, drives, registries, events, machines, admin, agent)
 
 
 def mib(n: int) -> str:

@@ -117,6 +117,8 @@ class Machine(Base):
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     stop_grace_seconds: Mapped[float] = mapped_column(Float, default=30.0)
     labels: Mapped[dict] = mapped_column(JSON, default=dict)
+    # How its agent runs workers ("container (runc 1.1.5)", "process"); None from an agent before revision 0005.
+    runtime: Mapped[str | None] = mapped_column(String(64), nullable=True)
     state: Mapped[str] = mapped_column(String(16), default="Ready")  # Ready | Lost
     last_heartbeat: Mapped[float] = mapped_column(Float, default=now)
     registered_at: Mapped[float] = mapped_column(Float, default=now)
@@ -230,6 +232,26 @@ class Drive(Base):
     spec: Mapped[dict] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float, default=now)
     __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+
+class RegistryCredential(Base):
+    """A workspace's credential for one image registry (host[:port]): given to its workers' machines when they
+    pull the image of one of its runs, never shown back. The password is stored as a secret env value is (in the
+    database, 0600 on SQLite), and never returned, logged or put in an event."""
+
+    __tablename__ = "registry_credentials"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    host: Mapped[str] = mapped_column(String(255))  # host[:port], as astraeus.imageref.registry_of names it
+    username: Mapped[str] = mapped_column(String(255))
+    password: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    __table_args__ = (UniqueConstraint("workspace_id", "host"),)
+
+    def __repr__(self) -> str:  # never the password
+        return f"RegistryCredential(workspace_id={self.workspace_id}, host={self.host!r}, " \
+               f"username={self.username!r})"
 
 
 # ------------------------------------------------------------------------------------------- the engine

@@ -264,6 +264,10 @@ def _derive(run: Run, at: float) -> tuple[str, str]:
     if any(w.state in (W.STARTING, W.RUNNING) for w in ws):
         if running:
             return R.RUNNING, f"{running} of {n} workers running"
+        said = next((w.reason for w in ws if w.state == W.STARTING and w.reason and w.reason != "Running"
+                     and not w.reason.startswith("Starting on ")), None)
+        if said:  # what a machine says it is doing ("Pulling image …")
+            return R.STARTING, f"Starting {len(active)} of {n} workers: {said}"
         return R.STARTING, f"Starting {len(active)} of {n} workers"
     if run.preempted_by:
         return R.PENDING, f"Preempted by higher-priority work ({run.preempted_by}); waiting to run again"
@@ -354,6 +358,19 @@ def running(session: Session, run: Run, worker: Worker, pid: int | None, environ
         limit = _spec(run).get("time_limit_seconds")
         worker.deadline = at + limit if limit else None  # the limit counts from the start
     process_seen(worker, pid, environment)
+    refresh_run(session, run, at)
+
+
+STARTING_MESSAGE_MAX = 500  # characters of a machine's word on a starting worker that its reason keeps
+
+
+def starting(session: Session, run: Run, worker: Worker, message: str | None, at: float) -> None:
+    """The machine reports the worker still starting, saying what it does ("Pulling image 127.0.0.1:5000/x:1"):
+    that is the worker's reason (and shows in its run's) until it runs, fails to start or is stopped."""
+    text = " ".join((message or "").split())[:STARTING_MESSAGE_MAX]
+    if worker.state != W.STARTING or not text or worker.reason == text:
+        return
+    worker.reason = text
     refresh_run(session, run, at)
 
 

@@ -525,7 +525,7 @@ def machines_view(session: Session, cluster_ids: list[int]) -> list[dict]:
         out.append({"name": m.name, "cluster": names.get(m.cluster_id), "state": m.state, "gpus": m.gpus,
                     "gpus_used": u, "gpus_free": max(0, m.gpus - u) if m.state == "Ready" else 0,
                     "gpu_models": m.gpu_models, "cpu_cores": m.cpu_cores, "memory_bytes": m.memory_bytes,
-                    "stop_grace_seconds": m.stop_grace_seconds, "labels": m.labels,
+                    "stop_grace_seconds": m.stop_grace_seconds, "labels": m.labels, "runtime": m.runtime,
                     "last_heartbeat": iso(m.last_heartbeat)})
     return out
 

@@ -1,5 +1,5 @@
-"""The runtime interface the agent drives. `ProcessRuntime` runs commands on the host; a container runtime
-can implement the same interface later."""
+"""The runtime interface the agent drives. `ProcessRuntime` runs commands on the host; `ContainerRuntime`
+(astraeus.agent.runtime.container) runs them from their images with runc."""
 
 from __future__ import annotations
 
@@ -74,9 +74,11 @@ class Runtime(abc.ABC):
         """Start one worker attempt from its assignment (docs/api.md). Raises StartFailed."""
 
     @abc.abstractmethod
-    def stop(self, worker: str, attempt: int, grace: float | None = None, wait: bool = True) -> WorkerStatus | None:
+    def stop(self, worker: str, attempt: int, grace: float | None = None, wait: bool = True,
+             reason: str | None = None) -> WorkerStatus | None:
         """SIGTERM to the main process; SIGKILL to the whole tree when `grace` runs out. With wait=False,
-        returns at once (the stop goes on without the caller)."""
+        returns at once (the stop goes on without the caller). `reason` (why, in words) and the grace are
+        written to the worker's ASTRAEUS_STOP_REASON_FILE before the SIGTERM."""
 
     @abc.abstractmethod
     def status(self, worker: str, attempt: int) -> WorkerStatus | None:

@@ -181,6 +181,19 @@ class ProcessRuntime(Runtime):
         self._legacy[key] = dirname
         return key
 
+    requires_command = True  # a container may start its image's entrypoint instead
+
+    def extra_spec(self, assignment: Assignment, d: str) -> dict:
+        """More of spec.json, for a runtime built on this one."""
+        return {}
+
+    def write_secrets(self, assignment: Assignment, d: str) -> None:
+        """Files only the shim reads (0600), for a runtime built on this one."""
+
+    def stop_reason_file(self, d: str) -> str:
+        """Where the worker reads why it is stopped (written by its shim before SIGTERM)."""
+        return os.path.join(d, "signal", "stop-reason")
+
     def build_env(self, assignment: Assignment) -> tuple[dict[str, str], str]:
         env: dict[str, str] = {"PATH": os.environ.get("PATH", os.defpath), "HOME": os.environ.get("HOME", "/root")}
         for k in ("LANG", "LC_ALL", "TZ"):
@@ -193,6 +206,7 @@ class ProcessRuntime(Runtime):
         if "CUDA_VISIBLE_DEVICES" not in env:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in assignment.gpu_indices)
         env["ASTRAEUS_WORKER_ID"] = self.marker(assignment.worker, assignment.attempt)
+        env["ASTRAEUS_STOP_REASON_FILE"] = self.stop_reason_file(self.dir(assignment.worker, assignment.attempt))
         return env, local.name
 
     def cgroup_name(self, worker: str, attempt: int) -> str:
@@ -225,7 +239,7 @@ class ProcessRuntime(Runtime):
         worker, attempt = assignment.worker, assignment.attempt
         if not NAME_RE.match(worker):
             raise StartFailed(f"invalid worker name {worker!r}")
-        if not assignment.command:
+        if not assignment.command and self.requires_command:
             raise StartFailed("the run has no command")
         with self._lock:
             existing = self.status(worker, attempt)
@@ -255,7 +269,9 @@ class ProcessRuntime(Runtime):
                 "log_file_bytes": AgentSettings.load().worker_log_file_bytes,
                 "isolation": isolation,  # the worker's user and view
             }
+            spec.update(self.extra_spec(assignment, d))
             _write_json(os.path.join(d, "spec.json"), spec)
+            self.write_secrets(assignment, d)
             shim_env = {
                 "PATH": os.environ.get("PATH", os.defpath),
                 "PYTHONPATH": _PKG_PARENT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
@@ -272,8 +288,8 @@ class ProcessRuntime(Runtime):
             deadline = time.monotonic() + self.start_timeout
             while True:
                 st = self.status(worker, attempt)
-                if st is not None and st.state != STARTING:
-                    break
+                if st is not None and (st.state != STARTING or st.message):
+                    break  # started, failed, or telling what it does (pulling an image: that takes its time)
                 if time.monotonic() > deadline:
                     self.stop(worker, attempt, grace=0, wait=False)
                     raise StartFailed(f"the worker did not start within {self.start_timeout:.0f}s")
@@ -327,7 +343,8 @@ class ProcessRuntime(Runtime):
                 started_at=started.get("started_at"), finished_at=time.time(),
                 message="the worker ended while its supervisor was gone; exit status unknown"))
         if shim_alive:
-            return WorkerStatus(worker, attempt, STARTING, environment=env_name)
+            phase = _read_json(os.path.join(d, "phase.json")) or {}
+            return WorkerStatus(worker, attempt, STARTING, environment=env_name, message=phase.get("message"))
         created = spec.get("created_at")
         if created is None:  # the folder is being made (start() writes spec.json next): not a failure yet
             try:
@@ -397,7 +414,8 @@ class ProcessRuntime(Runtime):
         return out
 
     # ------------------------------------------------------------ stop
-    def stop(self, worker: str, attempt: int, grace: float | None = None, wait: bool = True) -> WorkerStatus | None:
+    def stop(self, worker: str, attempt: int, grace: float | None = None, wait: bool = True,
+             reason: str | None = None) -> WorkerStatus | None:
         grace = self.stop_grace if grace is None else max(0.0, float(grace))
         st = self.status(worker, attempt)
         if st is None or st.final:
@@ -405,7 +423,7 @@ class ProcessRuntime(Runtime):
         d = self.dir(worker, attempt)
         stop_path = os.path.join(d, "stop.json")
         if not os.path.exists(stop_path):
-            _write_json(stop_path, {"grace": grace, "requested_at": time.time()})
+            _write_json(stop_path, {"grace": grace, "requested_at": time.time(), "reason": reason})
         shim = _read_json(os.path.join(d, "shim.json")) or {}
         if _alive(shim.get("shim_pid"), shim.get("shim_create_time")):
             try:

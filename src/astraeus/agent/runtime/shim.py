@@ -304,6 +304,8 @@ class Shim:
             configs.append((os.open(os.path.join(self.path("configs"), str(i)), os.O_PATH | os.O_CLOEXEC),
                             c["mount_path"], f"config at {c.get('mount_path')}"))
         work = os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if os.path.isdir(cwd) else None
+        sig_dir = self.signal_dir()
+        sig = os.open(sig_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         # the worker's Python environment and the interpreter it is built on, read-only, even where they lie
         # under a hidden folder (/root/.pyenv, a temporary folder); never anything of the agent's state or home
         hidden = [os.path.realpath(h) for h in iso.get("hide") or []]
@@ -343,9 +345,19 @@ class Shim:
                 view.bind(work, cwd, True, False, "working folder")
             else:
                 view.make(cwd, True, "working folder")
+            view.bind(sig, sig_dir, True, True, "stop reason folder")
             view.seal()
         except OSError as e:
             raise mounts.MountError(f"cannot build the worker's view: {e.strerror or e}") from None
+
+    def signal_dir(self) -> str:
+        """The folder of the worker's stop reason file: root's, searchable by the worker's group only."""
+        d = self.path("signal")
+        os.makedirs(d, exist_ok=True)
+        if self.iso:
+            os.chown(d, 0, int(self.iso["gid"]))
+            os.chmod(d, 0o750)
+        return d
 
     def setup_cgroup(self) -> None:
         """Create the worker's cgroup(s) and write its limits (memory, CPU quota, pids, GPU nodes)."""
@@ -628,7 +640,31 @@ class Shim:
         self.deadline = float(req.get("requested_at", now)) + float(req.get("grace", 30))
         log(f"stop requested, grace until {self.deadline:.3f} (in {self.deadline - now:.1f}s)")
         if self.status is None and self.pid is not None:
+            self.write_stop_reason(req.get("reason") or ("the worker's supervisor was asked to stop it"
+                                                         if self.sigterm else "stopped"),
+                                   max(0.0, self.deadline - now), float(req.get("requested_at", now)))
             self.sig(self.pid, signal.SIGTERM)
+
+    def write_stop_reason(self, reason: str, grace: float, requested_at: float) -> None:
+        """Before SIGTERM: why the worker is stopped and the grace it has, in the file its
+        ASTRAEUS_STOP_REASON_FILE names (signal/stop-reason: root's, readable by the worker's group only), so a
+        script can choose a quick save over a full one."""
+        d = self.path("signal")
+        try:
+            os.makedirs(d, exist_ok=True)
+            tmp = os.path.join(d, ".stop-reason.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"reason": reason, "grace_seconds": round(grace, 3), "requested_at": requested_at}, f)
+                f.write("\n")
+            if self.iso:
+                os.chown(tmp, 0, int(self.iso["gid"]))
+                os.chmod(tmp, 0o440)
+            else:
+                os.chmod(tmp, 0o444)
+            os.replace(tmp, os.path.join(d, "stop-reason"))
+        except OSError as e:
+            log(f"cannot write the stop reason: {e}")
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> None:
@@ -762,7 +798,14 @@ def main(argv: list[str]) -> None:
         os._exit(0)
     os.setsid()
     try:
-        Shim(argv[1]).run()
+        with open(argv[1]) as f:
+            container = bool(json.load(f).get("container"))
+        if container:
+            from astraeus.agent.runtime.container_shim import ContainerShim
+
+            ContainerShim(argv[1]).run()
+        else:
+            Shim(argv[1]).run()
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001

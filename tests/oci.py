@@ -12,8 +12,9 @@
                                                /etc/passwd+group (root, nobody), /etc/astraeus-test-image holding
                                                "busybox test image", Env PATH=/bin:/usr/bin, WorkingDir /work
   build_python_image(layout_dir) -> str        Debian bookworm minbase + python3 (mmdebstrap), plus
-                                               /etc/astraeus-test-image ("python test image"); Env PATH=/usr/local/
-                                               sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin, WorkingDir /work.
+                                               /etc/astraeus-test-image ("python test image"), /usr/bin/python ->
+                                               python3; Env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
+                                               /sbin:/bin, WorkingDir /work.
                                                Built once and cached in ~/.cache/astraeus-tests/python-image/
                                                (keyed by the recipe's hash; ASTRAEUS_TEST_CACHE moves it)
   push(layout_ref, registry, name) -> str      skopeo copy to the registry; returns "HOST/name" (name with a tag,
@@ -217,7 +218,7 @@ def _cache_root() -> str:
 
 def build_python_image(layout_dir: str, tag: str = "python") -> str:
     """An OCI layout reference of a Debian bookworm image with python3 (built once, then copied from the cache)."""
-    recipe = json.dumps({"mmdebstrap": PYTHON_RECIPE, "text": PYTHON_TEXT, "path": PYTHON_PATH, "v": 1})
+    recipe = json.dumps({"mmdebstrap": PYTHON_RECIPE, "text": PYTHON_TEXT, "path": PYTHON_PATH, "v": 2})
     key = hashlib.sha256(recipe.encode()).hexdigest()[:16]
     base = os.path.join(_cache_root(), "python-image")
     cached = os.path.join(base, key)
@@ -237,6 +238,9 @@ def build_python_image(layout_dir: str, tag: str = "python") -> str:
                 with tarfile.open(extra, "w", format=tarfile.PAX_FORMAT) as tf:
                     _tar_dir(tf, "work")
                     _tar_file(tf, "etc/astraeus-test-image", PYTHON_TEXT.encode())
+                    ti = tarfile.TarInfo("usr/bin/python")  # the tests run `python …`, as on the host
+                    ti.type, ti.linkname, ti.mode, ti.mtime = tarfile.SYMTYPE, "python3", 0o777, 0
+                    tf.addfile(ti)
                 _run(["umoci", "raw", "add-layer", "--image", image, extra])
                 _run(["umoci", "config", "--image", image, "--config.env", "PATH=" + PYTHON_PATH,
                       "--config.workingdir", "/work"])

@@ -116,7 +116,7 @@ class ContainerShim(Shim):
         timer.daemon = True
         timer.start()
         try:
-            self.image = self.cache.pull(ref, auth)
+            self.image = self.cache.pull(ref, auth, holder=self.cid)  # held from the start: never evicted under us
         except PullError as e:
             timer.cancel()
             self.fail(str(e))
@@ -124,8 +124,10 @@ class ContainerShim(Shim):
             timer.cancel()
             self.fail(f"image {ref!r}: {e}")
         timer.cancel()
-        self.cache.acquire(self.image.digest, self.cid)
-        self.phase(f"Starting from image {ref}")
+        try:
+            os.unlink(self.path("phase.json"))  # pulled: the worker is starting, nothing more to say
+        except OSError:
+            pass
 
     # ------------------------------------------------------------------ the root filesystem
     def _writable(self, upper: str, lower: str, path: str, uid: int, gid: int, mode: int) -> None:

@@ -174,9 +174,13 @@ def agent(
         help="Where the agent records its workers (default: $ASTRAEUS_STATE_DIR or $ASTRAEUS_HOME/agents/NAME)",
         show_default=False)] = None,
     stop_workers_on_exit: Annotated[bool, typer.Option(help="Stop workers when the agent stops")] = False,
+    runtime: Annotated[str | None, typer.Option(
+        help="How workers run: container (each in its image, by runc), process (on the host), or auto: container "
+             "on a machine with NVIDIA GPUs and runc, skopeo and umoci installed (default: $ASTRAEUS_RUNTIME or "
+             "auto)", show_default=False)] = None,
 ):
     """A machine's agent: joins the cluster, runs and stops workers (every variable: docs/configuration.md)."""
-    from astraeus.agent.agent import run_agent
+    from astraeus.agent.agent import RUNTIMES, RuntimeChoiceError, run_agent
     from astraeus.settings import AgentSettings
 
     (env,) = _environment("agent", AgentSettings)
@@ -186,10 +190,18 @@ def agent(
         missing = "--server (or ASTRAEUS_SERVER)" if not server else "--token (or ASTRAEUS_MACHINE_TOKEN)"
         typer.echo(f"astraeus agent: missing {missing}: the control plane's URL and a machine token", err=True)
         raise typer.Exit(2)
-    run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
-              memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,
-              state_dir=str(state_dir or env.state_dir_for(name)), stop_grace=env.stop_grace,
-              stop_workers_on_exit=stop_workers_on_exit, image_map=env.images())
+    asked = runtime or env.runtime
+    if asked not in RUNTIMES:
+        typer.echo(f"astraeus agent: --runtime {asked}: use auto, container or process", err=True)
+        raise typer.Exit(2)
+    try:
+        run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
+                  memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,
+                  state_dir=str(state_dir or env.state_dir_for(name)), stop_grace=env.stop_grace,
+                  stop_workers_on_exit=stop_workers_on_exit, image_map=env.images(), runtime_kind=asked)
+    except RuntimeChoiceError as e:  # raised while the agent is built, before it starts anything
+        typer.echo(f"astraeus agent: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -206,13 +218,30 @@ def up(
     host_path: Annotated[list[str], typer.Option(help="Host paths granted to the workspace")] = None,
     max_priority: Annotated[int | None, typer.Option(help="The workspace's max priority")] = None,
     lost_after: Annotated[float | None, typer.Option(help="Seconds without heartbeat before a machine is lost")] = None,
+    runtime: Annotated[str | None, typer.Option(
+        help="How the agents run workers: auto, container or process (see `astraeus agent --help`; default: "
+             "$ASTRAEUS_RUNTIME or auto)", show_default=False)] = None,
 ):
     """A local cluster in the foreground: a control plane and N agents with simulated GPUs. Ctrl-C stops it."""
+    from astraeus.agent.agent import RUNTIMES, RuntimeChoiceError, choose_runtime
     from astraeus.server.core import ControlPlane
     from astraeus.settings import AgentSettings
 
     settings = _settings("up", home, "127.0.0.1", port)
-    _environment("up", AgentSettings)  # the agents it starts read these: refuse a bad one now, not in their logs
+    # The agents it starts read these: refuse a bad one now, not in their logs.
+    (agent_env,) = _environment("up", AgentSettings)
+    asked = runtime or agent_env.runtime
+    if asked not in RUNTIMES:
+        typer.echo(f"astraeus up: --runtime {asked}: use auto, container or process", err=True)
+        raise typer.Exit(2)
+    if asked == "container":  # say what is missing here, not in each agent's log
+        from astraeus.agent.runtime.container import container_tools_missing
+
+        try:
+            choose_runtime(asked, container_tools_missing(), 0, os.geteuid() == 0)
+        except RuntimeChoiceError as e:
+            typer.echo(f"astraeus up: {e}", err=True)
+            raise typer.Exit(2) from None
     home = settings.home
     try:
         cp = ControlPlane.open(settings)
@@ -228,7 +257,7 @@ def up(
             name = f"gpu-{i + 1:02d}"
             cmd = [sys.executable, "-m", "astraeus.main", "agent", "--server", base,
                    "--name", name, "--gpus", str(gpus), "--cpus", str(cpus), "--memory-gib", str(memory_gib),
-                   "--state-dir", str(home / "agents" / name), "--stop-workers-on-exit"]
+                   "--state-dir", str(home / "agents" / name), "--stop-workers-on-exit", "--runtime", asked]
             log = open(home / f"agent-{name}.log", "ab")
             # The join token goes in the environment, not the command line, where `ps` would show it; each
             # agent exchanges it for its machine's own credential, kept in its state dir.
@@ -246,10 +275,12 @@ def up(
             if n >= machines:
                 break
             time.sleep(0.05)
+        with cp.sessions() as s:
+            used = sorted({r or "unknown" for r in s.scalars(select(Machine.runtime).where(Machine.state == "Ready"))})
         text = write_env(home, base, boot)
         print(shown(text, home), flush=True)
-        print(f"astraeus up: {machines} machine(s) × {gpus} GPUs ready; console {base}/o/{org}/w/{workspace}",
-              flush=True)
+        print(f"astraeus up: {machines} machine(s) × {gpus} GPUs ready (runtime: {', '.join(used) or asked}); "
+              f"console {base}/o/{org}/w/{workspace}", flush=True)
 
     def stop_agents() -> None:
         for p in procs:

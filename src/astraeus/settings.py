@@ -20,10 +20,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PREFIX = "ASTRAEUS_"
 
@@ -193,10 +193,67 @@ class AgentSettings(HomeSettings):
         "lines the agent had not shipped when their file was dropped are lost.",
         "a whole number of bytes from 65536 to 1099511627776", ge=65536, le=1024**4)
 
+    runtime: Literal["auto", "container", "process"] = setting(
+        "auto", "How the agent runs workers: `container` (each worker in its image, run by runc; needs root and "
+        "the Debian packages runc, skopeo and umoci), `process` (the command on the host, with the image map), or "
+        "`auto`: container when those tools are installed and the machine has NVIDIA GPUs (NVML finds some), else "
+        "process. `--runtime` overrides it; the agent logs which it uses.", "auto, container or process")
+    insecure_registries: Annotated[list[str], NoDecode] = setting(
+        [], "Registries the container runtime may reach over plain HTTP (or HTTPS without a verified "
+        "certificate), comma-separated `host:port` (`127.0.0.1:5000,registry.lan:5000`). Any other is HTTPS only.",
+        "comma-separated host[:port] entries, such as 127.0.0.1:5000,registry.lan:5000")
+    image_cache_dir: Path | None = setting(
+        None, "Where the container runtime keeps pulled images (one copy per digest, shared by the machine's "
+        "workers). Unset: `<state dir>/images`.", "a directory path")
+    image_cache_bytes: Annotated[int, NoDecode] = setting(
+        100 * 1024**3, "The most bytes of images the container runtime keeps; beyond it, the least recently used "
+        "images no worker uses are removed. A size such as `50GiB` or `500G`, or bytes; 0: no limit.",
+        "a size such as 50GiB, 500M or a whole number of bytes (0: no limit)")
+    worker_shm_bytes: Annotated[int | None, NoDecode] = setting(
+        None, "The size of `/dev/shm` in a container worker (data loaders share batches there). Unset: half the "
+        "worker's memory request, or 8 GiB without one.", "a size such as 16GiB or a whole number of bytes > 0")
+
     @field_validator("server")
     @classmethod
     def _server_url(cls, v: str | None) -> str | None:
         return _http_url(v)
+
+    @field_validator("insecure_registries", mode="before")
+    @classmethod
+    def _insecure(cls, v) -> list[str]:
+        items = [x.strip() for x in v.split(",")] if isinstance(v, str) else list(v or [])
+        out = []
+        for item in (x for x in items if x):
+            from astraeus.imageref import ImageRef
+
+            try:
+                ok = ImageRef.parse(f"{item}/probe:1").registry == item and ("." in item or ":" in item
+                                                                              or item == "localhost")
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"{item!r} is not a host[:port]")
+            out.append(item)
+        return out
+
+    @field_validator("image_cache_bytes", "worker_shm_bytes", mode="before")
+    @classmethod
+    def _size(cls, v, info):
+        if v is None or isinstance(v, int):
+            return v
+        text = str(v).strip()
+        if text.isdigit():
+            n = int(text)
+        else:
+            from astraeus.units import UnitError, parse_memory
+
+            try:
+                n = parse_memory(text, cls.env_name(info.field_name))
+            except UnitError as e:
+                raise ValueError(str(e)) from None
+        if info.field_name == "worker_shm_bytes" and n <= 0:
+            raise ValueError("must be more than 0")
+        return n
 
     @field_validator("worker_user")
     @classmethod

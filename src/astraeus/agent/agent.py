@@ -46,13 +46,17 @@ import psutil
 from pydantic import ValidationError
 
 from astraeus import protocol as P
-from astraeus.agent.gpus import discover_gpus
+from astraeus.agent.gpus import discover_gpus, nvml_gpus
 from astraeus.agent.runtime.base import EXITED, START_FAILED, Runtime, StartFailed, WorkerStatus
 from astraeus.agent.runtime.images import ImageMap
-from astraeus.agent.runtime.process import ProcessRuntime
 from astraeus.settings import AgentSettings
 
 log = logging.getLogger("astraeus.agent")
+
+# Why the agent itself stops a worker (ASTRAEUS_STOP_REASON_FILE); the control plane's reasons come with the
+# assignment (Assignment.stop_reason).
+NOT_ASSIGNED = "no longer assigned to this machine"
+DRAINING = "the machine is draining"
 
 LOG_BATCH = 2000
 LOG_POST_BYTES = 1 << 20  # one POST /logs carries at most about this much text
@@ -60,6 +64,75 @@ LOG_POST_BYTES = 1 << 20  # one POST /logs carries at most about this much text
 
 class NeedsRegister(Exception):
     pass
+
+
+RUNTIMES = ("auto", "container", "process")
+CONTAINER_PACKAGES = {"runc": "runc", "skopeo": "skopeo", "umoci": "umoci"}  # tool -> Debian package
+
+
+class RuntimeChoiceError(ValueError):
+    """The runtime asked for cannot run here; str(e) says why and what to change."""
+
+
+def choose_runtime(asked: str, tools_missing: list[str], nvidia_gpus: int, root: bool) -> tuple[str, str]:
+    """Which runtime the agent uses, and why (pure: the caller finds the facts). `auto` is container when the
+    container tools are installed, the machine has NVIDIA GPUs (NVML finds some) and the agent runs as root
+    (runc needs it); else process. `container` asked for where it cannot run is an error naming what to do."""
+    if asked not in RUNTIMES:
+        raise RuntimeChoiceError(f"unknown runtime {asked!r}: use auto, container or process")
+    if asked == "process":
+        return "process", "asked for"
+    if asked == "container":
+        if tools_missing:
+            pkgs = " ".join(CONTAINER_PACKAGES.get(t, t) for t in tools_missing)
+            raise RuntimeChoiceError(
+                f"the container runtime needs {', '.join(tools_missing)}, not found on PATH: install them "
+                f"(Debian/Ubuntu: apt-get install {pkgs}), or use --runtime process")
+        if not root:
+            raise RuntimeChoiceError("the container runtime needs the agent to run as root (runc makes each "
+                                     "worker's namespaces and mounts): start it as root, or use --runtime process")
+        return "container", "asked for"
+    if tools_missing:
+        return "process", f"auto: {', '.join(tools_missing)} not installed"
+    if nvidia_gpus <= 0:
+        return "process", "auto: no NVIDIA GPU found"
+    if not root:
+        return "process", "auto: the agent does not run as root"
+    return "container", f"auto: {nvidia_gpus} NVIDIA GPU(s) and the container tools found"
+
+
+def runtime_label(runtime: Runtime) -> str:
+    """What the machine says it runs workers with: "container (runc 1.1.5)" or "process"."""
+    if type(runtime).__name__ == "ContainerRuntime":
+        from astraeus.agent.runtime.container import runc_version
+
+        version = runc_version()
+        return f"container ({version})" if version else "container"
+    return "process"
+
+
+def build_runtime(asked: str, state_dir: str, stop_grace: float, env: AgentSettings,
+                  image_map: ImageMap | None = None) -> tuple[Runtime, str]:
+    """The runtime `asked` ("auto", "container", "process") resolves to here, and why; RuntimeChoiceError when
+    it cannot run."""
+    from astraeus.agent.runtime.container import container_tools_missing, make_runtime
+
+    missing = container_tools_missing()
+    gpus = 0
+    if asked == "auto" and not missing:
+        found = nvml_gpus()
+        gpus = found.count if found else 0
+    kind, why = choose_runtime(asked, missing, gpus, os.geteuid() == 0)
+    kw = {}
+    if kind == "container":
+        kw = {"image_cache_dir": str(env.image_cache_dir) if env.image_cache_dir else None,
+              "image_cache_bytes": env.image_cache_bytes, "insecure_registries": list(env.insecure_registries),
+              "shm_bytes": env.worker_shm_bytes}
+    try:
+        rt = make_runtime(kind, state_dir, stop_grace, image_map=image_map or env.images(), **kw)
+    except ValueError as e:
+        raise RuntimeChoiceError(str(e)) from None
+    return rt, why
 
 
 class Backoff:
@@ -79,7 +152,8 @@ class Agent:
     def __init__(self, server: str, token: str, name: str, *, runtime: Runtime | None = None, gpus: int | None = None,
                  cpu_cores: float | None = None, memory_bytes: int | None = None, state_dir: str | None = None,
                  stop_grace: float | None = None, labels: dict[str, str] | None = None,
-                 stop_workers_on_exit: bool = False, poll_wait: float = 30.0, image_map: ImageMap | None = None):
+                 stop_workers_on_exit: bool = False, poll_wait: float = 30.0, image_map: ImageMap | None = None,
+                 runtime_kind: str | None = None):
         base = server.rstrip("/")
         self.base = base if base.endswith("/api/v1/agent") else base + "/api/v1/agent"
         self.token = token  # the join token (or this machine's credential, given as is)
@@ -93,8 +167,12 @@ class Agent:
         self.stop_grace = env.stop_grace if stop_grace is None else float(stop_grace)
         self.log_rate = (env or AgentSettings.load()).log_lines_per_second  # per worker: the rest are dropped
         self.log_limits: dict[str, list] = {}  # attempt's log key -> [second, shipped in it, dropped, seq, time]
-        self.runtime = runtime or ProcessRuntime(self.state_dir, stop_grace=self.stop_grace,
-                                                 image_map=image_map or env.images())
+        why = "given"
+        if runtime is None:
+            runtime, why = build_runtime(runtime_kind or env.runtime, self.state_dir, self.stop_grace, env, image_map)
+        self.runtime = runtime
+        self.runtime_name = runtime_label(self.runtime)
+        log.info("runtime: %s (%s)", self.runtime_name, why)
         self.gpus = discover_gpus(gpus)
         self.cpu_cores = float(cpu_cores if cpu_cores is not None else (os.cpu_count() or 1))
         self.memory_bytes = int(memory_bytes if memory_bytes is not None else psutil.virtual_memory().total)
@@ -166,10 +244,13 @@ class Agent:
     def register(self, client: httpx.Client) -> None:
         body = P.Register(name=self.name, gpus=self.gpus.count, gpu_models=self.gpus.models,
                           cpu_cores=self.cpu_cores, memory_bytes=self.memory_bytes,
-                          stop_grace_seconds=self.stop_grace, labels=self.labels)
+                          stop_grace_seconds=self.stop_grace, labels=self.labels, runtime=self.runtime_name)
         self.credential = self._load_credential()  # deleting the file is how an operator makes it join again
         payload = body.model_dump(mode="json")
         r = client.post(self.base + "/register", json=payload)
+        if r.status_code == 422 and "runtime" in r.text:  # a control plane older than the field: it is only shown
+            payload.pop("runtime", None)
+            r = client.post(self.base + "/register", json=payload)
         if self.credential and r.status_code in (401, 403):
             if _code(r) == "CREDENTIAL_REVOKED":
                 log.error("this machine's credential was revoked (%s); delete %s to join again", _message(r),
@@ -293,11 +374,13 @@ class Agent:
                                                                finished_at=time.time())
                     elif st is not None and not st.final and not st.stopping:
                         log.info("stopping %s attempt %s (%s)", key[0], key[1], a.stop_reason or "desired Stopped")
-                        self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False)
+                        self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False,
+                                          reason=a.stop_reason or "stopped by the control plane")
             for key, st in statuses.items():
                 if key not in assigned and not st.final and not st.stopping and key not in self.starting:
                     log.info("stopping %s attempt %s: no longer assigned here", *key)
-                    self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False)
+                    self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False,
+                                      reason=NOT_ASSIGNED)
             self._collect_garbage(assigned, statuses)
         changed = False
         for key, st in statuses.items():
@@ -502,9 +585,9 @@ class Agent:
             if live:
                 log.info("stopping %d worker(s) before exiting", len(live))
             for st in live:
-                self.runtime.stop(st.worker, st.attempt, grace=self.stop_grace, wait=False)
+                self.runtime.stop(st.worker, st.attempt, grace=self.stop_grace, wait=False, reason=DRAINING)
             for st in live:
-                self.runtime.stop(st.worker, st.attempt, grace=self.stop_grace, wait=True)
+                self.runtime.stop(st.worker, st.attempt, grace=self.stop_grace, wait=True, reason=DRAINING)
         self.stopping.set()
         self.wake_reconcile.set()
         self.wake_report.set()
@@ -551,13 +634,17 @@ def _code(r: httpx.Response) -> str | None:
 def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_cores: float | None = None,
               memory_bytes: int | None = None, state_dir: str | None = None, stop_grace: float | None = None,
               labels: dict[str, str] | None = None, stop_workers_on_exit: bool = False,
-              poll_wait: float = 30.0, image_map: ImageMap | None = None) -> None:
-    """Run the agent until SIGTERM/SIGINT (see the module docstring)."""
+              poll_wait: float = 30.0, image_map: ImageMap | None = None, runtime: Runtime | None = None,
+              runtime_kind: str | None = None) -> None:
+    """Run the agent until SIGTERM/SIGINT (see the module docstring). `runtime` (built by the caller, e.g. with
+    build_runtime) or `runtime_kind` ("auto", "container", "process"; default $ASTRAEUS_RUNTIME) says how
+    workers run."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    agent = Agent(server, token, name, gpus=gpus, cpu_cores=cpu_cores, memory_bytes=memory_bytes,
+    agent = Agent(server, token, name, runtime=runtime, gpus=gpus, cpu_cores=cpu_cores, memory_bytes=memory_bytes,
                   state_dir=state_dir, stop_grace=stop_grace, labels=labels,
-                  stop_workers_on_exit=stop_workers_on_exit, poll_wait=poll_wait, image_map=image_map)
+                  stop_workers_on_exit=stop_workers_on_exit, poll_wait=poll_wait, image_map=image_map,
+                  runtime_kind=runtime_kind)
 
     def on_signal(signum, _frame):
         log.info("signal %s: exiting%s", signum, " (stopping workers)" if stop_workers_on_exit else

@@ -15,8 +15,14 @@ import time
 
 import pytest
 
-from astraeus.agent.runtime.oci_images import (CachedImage, ImageCache, PullError, machine_arch, pick_platform,
-                                               plan_eviction)
+from astraeus.agent.runtime.oci_images import (
+    CachedImage,
+    ImageCache,
+    PullError,
+    machine_arch,
+    pick_platform,
+    plan_eviction,
+)
 from astraeus.imageref import ImageRef
 from tests import oci
 
@@ -113,7 +119,7 @@ def test_hung_registry_times_out(tmp_path):
     with socket.socket() as s:  # accepts connections, never answers
         s.bind(("127.0.0.1", 0))
         s.listen(8)
-        host = "127.0.0.1:%d" % s.getsockname()[1]
+        host = f"127.0.0.1:{s.getsockname()[1]}"
         cache = ImageCache(str(tmp_path / "cache"), insecure=[host], resolve_timeout=2)
         with pytest.raises(PullError) as e:
             cache.pull(f"{host}/team/eval:1")
@@ -368,3 +374,34 @@ def test_image_references_read_as_docker_reads_them():
     for bad in ["", "UPPER", "busybox:", "busybox@sha256:xyz", "host:99999999/x", "a//b", "with space"]:
         with pytest.raises(ValueError):
             ImageRef.parse(bad)
+
+
+def test_docker_manifest_image(tmp_path, registry, busybox_layout):
+    """Most registries serve Docker v2 schema 2 manifests: pulled by the registry's digest, stored converted."""
+    ref = f"{registry.host}/test/docker-format:1"
+    subprocess.run(["skopeo", "copy", "--quiet", "--format", "v2s2", "--dest-tls-verify=false", busybox_layout,
+                    f"docker://{ref}"], check=True, capture_output=True)
+    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}"],
+                         capture_output=True, check=True).stdout
+    assert json.loads(raw)["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
+    image = ImageCache(str(tmp_path / "cache"), insecure=[registry.host]).pull(ref)
+    assert image.digest == "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert image.config.working_dir == "/work"
+    with open(os.path.join(image.rootfs, "etc", "astraeus-test-image")) as f:
+        assert f.read() == "busybox test image\n"
+
+
+def test_the_machines_own_credentials_are_never_used(tmp_path, monkeypatch, auth_registry, busybox_layout):
+    """A run without credentials pulls anonymously, even when skopeo would find some on the machine."""
+    import base64
+    ref = oci.push(busybox_layout, auth_registry, "private/busybox:1")
+    machine_auth = tmp_path / "machine-auth.json"
+    token = base64.b64encode(f"{auth_registry.username}:{auth_registry.password}".encode()).decode()
+    machine_auth.write_text(json.dumps({"auths": {auth_registry.host: {"auth": token}}}))
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(machine_auth))  # skopeo's default auth file
+    check = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}"],
+                           capture_output=True)
+    assert check.returncode == 0  # skopeo alone would use them
+    with pytest.raises(PullError) as e:
+        ImageCache(str(tmp_path / "cache"), insecure=[auth_registry.host]).pull(ref)
+    assert "no credentials for" in str(e.value)

@@ -321,6 +321,15 @@ class ImageCache:
         if holder is not None:
             _check_holder(holder)
         creds = _credentials(auth)
+        try:
+            return self._pull(text, parsed, creds, holder)
+        except PullError as e:
+            msg = str(e)
+            if creds and creds[1] in msg:  # never show a password, whatever a tool printed
+                raise PullError(msg.replace(creds[1], "***")) from None
+            raise
+
+    def _pull(self, text: str, parsed: ImageRef, creds: tuple[str, str] | None, holder: str | None) -> Image:
         with _AuthFile(parsed.registry, creds) as authfile:
             hex_ = self._local_digest(parsed)
             manifest = None
@@ -354,11 +363,14 @@ class ImageCache:
             pass
         return hex_ if self._record(hex_) is not None and os.path.isdir(self._rootfs(hex_)) else None
 
-    def _skopeo(self, image: str, parsed: ImageRef, args: list[str], authfile: str | None, had_creds: bool,
-                timeout: float | None) -> bytes:
-        cmd = ["skopeo", *args]
+    def _skopeo(self, image: str, parsed: ImageRef, args: list[str], timeout: float | None,
+                authfile: str | None, had_creds: bool, copy: bool = False) -> bytes:
+        # The run's credentials, or none at all: never the machine's own (skopeo's default auth files).
         if authfile:
-            cmd[2:2] = ["--authfile", authfile]
+            creds = ["--src-authfile" if copy else "--authfile", authfile]
+        else:
+            creds = ["--src-no-creds" if copy else "--no-creds"]
+        cmd = ["skopeo", args[0], *creds, *args[1:]]
         try:
             p = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
@@ -379,7 +391,7 @@ class ImageCache:
         t = max(1, int(self.resolve_timeout))
         raw = self._skopeo(image, parsed, ["inspect", "--raw", f"--command-timeout={t}s",
                                            *self._tls(parsed, "--tls-verify"), transport],
-                           authfile, had_creds, self.resolve_timeout + 10)
+                           self.resolve_timeout + 10, authfile, had_creds)
         try:
             doc = json.loads(raw)
         except ValueError:
@@ -417,7 +429,11 @@ class ImageCache:
         stale = self._rootfs(hex_)
         if os.path.lexists(stale):  # a pull that died before its record: start over
             _remove_tree(stale, os.path.join(self.root, "tmp"))
-        work = tempfile.mkdtemp(prefix=f"pull-{hex_[:12]}-", dir=os.path.join(self.root, "tmp"))
+        tmp = os.path.join(self.root, "tmp")
+        for name in os.listdir(tmp):  # a pull of this digest that died (we hold its lock: none is running)
+            if name.startswith(f"pull-{hex_}-"):
+                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        work = tempfile.mkdtemp(prefix=f"pull-{hex_}-", dir=tmp)
         try:
             staging = os.path.join(work, "oci")
             _init_layout(staging)
@@ -434,7 +450,7 @@ class ImageCache:
                         pass
             self._skopeo(image, parsed, ["copy", "--quiet", *self._tls(parsed, "--src-tls-verify"),
                                          f"docker://{parsed.name}@sha256:{hex_}", f"oci:{staging}:{hex_}"],
-                         authfile, had_creds, self.pull_timeout)
+                         self.pull_timeout, authfile, had_creds, copy=True)
             with open(os.path.join(staging, "index.json")) as f:
                 desc = next(m for m in json.load(f)["manifests"]
                             if (m.get("annotations") or {}).get("org.opencontainers.image.ref.name") == hex_)

@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # System packages: util-linux (unshare, for the worker's mount namespace), jq and curl (the pages' shell
 # lines) for the demo; the tests also use chromium (console tests) and iproute2.
 DEMO_DEPS := unshare:util-linux jq:jq curl:curl
-TEST_DEPS := $(DEMO_DEPS) chromium:chromium ip:iproute2
+TEST_DEPS := $(DEMO_DEPS) chromium:chromium ip:iproute2 runc:runc skopeo:skopeo umoci:umoci docker-registry:docker-registry busybox:busybox-static mmdebstrap:mmdebstrap htpasswd:apache2-utils
 
 define apt_for
 	@missing=""; for pair in $(1); do c=$${pair%%:*}; p=$${pair#*:}; \

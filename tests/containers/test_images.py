@@ -190,6 +190,14 @@ def test_registry_credentials(tmp_path, auth_registry, busybox_layout):
     assert _files_holding(str(tmp_path / "cache"), password.encode()) == []
     import base64  # nor in the auth file's encoding, which skopeo reads: it is gone
     token = base64.b64encode(f"{auth_registry.username}:{password}".encode())
+    # the image is cached, but a run without credentials does not get it by its digest: the registry decides
+    pinned = f"{host}/private/busybox@{image.digest}"
+    with pytest.raises(PullError) as e:
+        cache.pull(pinned)
+    assert str(e.value).startswith(f"image {pinned}: unauthorized: no credentials for {host}")
+    gets = auth_registry.blob_gets()
+    assert cache.pull(pinned, {"username": auth_registry.username, "password": password}).rootfs == image.rootfs
+    assert auth_registry.blob_gets() == gets  # asked, not fetched again
     leftovers = [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("astraeus-auth-")]
     for n in leftovers:  # another test's pull may be running; ours must be gone
         with open(os.path.join(tempfile.gettempdir(), n), "rb") as f:

@@ -269,10 +269,10 @@ class ImageCache:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
 
-    def _image(self, hex_: str, rec: dict) -> Image:
+    def _image(self, hex_: str, rec: dict, ref: str | None = None) -> Image:
         with open(os.path.join(self.layout, "blobs", "sha256", _hex_of(rec["config"]))) as f:
             config = ImageConfig.from_oci(json.load(f))
-        return Image(ref=rec["ref"], digest="sha256:" + hex_, rootfs=self._rootfs(hex_), config=config,
+        return Image(ref=ref or rec["ref"], digest="sha256:" + hex_, rootfs=self._rootfs(hex_), config=config,
                      size=int(rec["rootfs_bytes"]) + sum(rec["blobs"].values()))
 
     def get(self, digest: str) -> Image | None:
@@ -341,7 +341,7 @@ class ImageCache:
                     self._touch(hex_)
                     if holder is not None:
                         self._acquire_locked(hex_, holder)
-                    return self._image(hex_, rec)
+                    return self._image(hex_, rec, text)
                 if manifest is None:  # evicted since we looked: ask the registry (same digest: it is pinned)
                     hex_, manifest = self._resolve(text, parsed, authfile, creds is not None)
                 image = self._fetch(text, parsed, hex_, manifest, authfile, creds is not None)
@@ -352,7 +352,10 @@ class ImageCache:
         return image
 
     def _local_digest(self, parsed: ImageRef) -> str | None:
-        """The platform manifest's hex for a reference pinned by digest, when the cache knows it (no network)."""
+        """The platform manifest's hex for a reference pinned by digest, when the cache has that image and it was
+        pulled without credentials (no network: its content is public and fixed by the digest). An image pulled
+        with credentials is always asked of the registry again (a manifest, never its blobs) with the run's own
+        credentials, so no workspace uses a private image another workspace's credentials fetched."""
         if not parsed.digest:
             return None
         hex_ = _hex_of(parsed.digest)
@@ -361,7 +364,8 @@ class ImageCache:
                 hex_ = f.read().strip()
         except FileNotFoundError:
             pass
-        return hex_ if self._record(hex_) is not None and os.path.isdir(self._rootfs(hex_)) else None
+        rec = self._record(hex_)
+        return hex_ if rec is not None and rec.get("anonymous") and os.path.isdir(self._rootfs(hex_)) else None
 
     def _skopeo(self, image: str, parsed: ImageRef, args: list[str], timeout: float | None,
                 authfile: str | None, had_creds: bool, copy: bool = False) -> bytes:
@@ -477,7 +481,8 @@ class ImageCache:
                 _index_set(self.layout, hex_, desc)
                 rec = {"ref": image, "name": parsed.name, "digest": "sha256:" + hex_,
                        "oci_manifest": desc["digest"], "config": stored["config"]["digest"],
-                       "blobs": blobs, "rootfs_bytes": rootfs_bytes, "pulled_at": time.time()}
+                       "blobs": blobs, "rootfs_bytes": rootfs_bytes, "pulled_at": time.time(),
+                       "anonymous": not had_creds}
                 _write_atomic(self._record_path(hex_), json.dumps(rec, indent=1).encode())
             return self._image(hex_, rec)
         except OSError as e:

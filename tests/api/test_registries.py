@@ -197,3 +197,59 @@ def test_the_credential_reaches_the_machine_only_for_its_workspaces_runs_of_that
     assert c.delete(f"{audio_api}/registries/127.0.0.1:5000", headers=_h(audio)).status_code == 200
     theirs = next(a for a in _assignments(app, cred) if a["run"] == "theirs")
     assert theirs["registry_auth"] is None
+
+
+def test_astra_sets_lists_and_deletes_credentials_reading_the_password_from_stdin(tmp_path):
+    """`astra astraeus registries set|list|delete` against a real local cluster (`astraeus up --runtime process`);
+    its machine shows the runtime it runs workers with."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import start_cluster
+
+    astra = str(Path(sys.executable).parent / "astra")
+    cluster = start_cluster(tmp_path / "home", extra_args=["--runtime", "process"])
+    try:
+        def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+            return subprocess.run([astra, "astraeus", *args], env=cluster.env, input=stdin, capture_output=True,
+                                  text=True, timeout=60)
+
+        r = run("registries", "set", "127.0.0.1:5000", "-u", "ci", "--password-stdin", stdin=PASSWORD + "\n")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "credential for 127.0.0.1:5000 set (user ci)\n"
+        assert PASSWORD not in r.stdout + r.stderr
+        # The trailing newline of `echo $TOKEN |` is not part of the password: what machines get is as typed.
+        import sqlite3
+
+        with sqlite3.connect(tmp_path / "home" / "astraeus.db") as db:
+            assert db.execute("SELECT host, username, password FROM registry_credentials").fetchall() == [
+                ("127.0.0.1:5000", "ci", PASSWORD)]
+
+        r = run("registries", "list")
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0].split() == ["REGISTRY", "USERNAME", "UPDATED"]
+        assert lines[1].split()[:2] == ["127.0.0.1:5000", "ci"]
+        assert PASSWORD not in r.stdout
+        r = run("registries", "list", "-o", "json")
+        assert json.loads(r.stdout)["items"][0]["registry"] == "127.0.0.1:5000" and PASSWORD not in r.stdout
+
+        # No password: one line saying how to give one; a bad host: the API's words.
+        r = run("registries", "set", "127.0.0.1:5000", "-u", "ci", stdin="")
+        assert r.returncode == 1 and "--password-stdin" in r.stderr and r.stderr.count("\n") == 1
+        r = run("registries", "set", "myregistry", "-u", "ci", "--password-stdin", stdin="x")
+        assert r.returncode == 1 and "has no dot or port" in r.stderr and r.stderr.count("\n") == 1
+
+        r = run("registries", "delete", "127.0.0.1:5000")
+        assert r.returncode == 0 and r.stdout == "credential for 127.0.0.1:5000 deleted\n", r.stderr
+        r = run("registries", "delete", "127.0.0.1:5000")
+        assert r.returncode == 1 and "no credential for registry 127.0.0.1:5000" in r.stderr
+
+        r = run("machines")
+        assert r.returncode == 0, r.stderr
+        header, row = r.stdout.splitlines()[:2]
+        assert header.split()[-1] == "RUNTIME" and row.split()[0] == "gpu-01" and row.split()[-1] == "process"
+        assert "(runtime: process)" in (tmp_path / "home" / "up.log").read_text()
+    finally:
+        cluster.stop()

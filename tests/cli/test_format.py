@@ -76,7 +76,7 @@ def test_machines_table_shows_gpus_used_and_free():
     out = fmt.machines_table([{"name": "gpu-01", "cluster": "main", "state": "Ready", "gpus": 8, "gpus_used": 1,
                                "gpus_free": 7, "cpu_cores": 64.0, "memory_bytes": 512 * 1024**3}])
     assert out.splitlines() == [
-        "NAME    CLUSTER  STATE  GPUS  GPUS USED  GPUS FREE  CPUS  MEMORY",
+        "NAME    CLUSTER  STATE  GPUS  GPUS USED  GPUS FREE  CPUS  MEMORY   RUNTIME",
         "gpu-01  main     Ready  8     1          7          64    512 GiB",
     ]
 

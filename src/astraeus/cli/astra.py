@@ -55,10 +55,12 @@ def _app(**kw: Any) -> typer.Typer:
 app = _app(help="The Astraeus command line: runs, logs, drives and machines, and Slurm-style batch jobs.")
 astraeus_app = _app(help="Runs, workers' logs, events, drives and machines of your workspace.")
 drives_app = _app(help="Drives: storage that workers mount.")
+registries_app = _app(help="Image registry credentials of your workspace (used to pull its runs' images).")
 slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, squeue, scancel.")
 app.add_typer(astraeus_app, name="astraeus")
 app.add_typer(slurm_app, name="slurm")
 astraeus_app.add_typer(drives_app, name="drives")
+astraeus_app.add_typer(registries_app, name="registries")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -400,6 +402,59 @@ def drives_delete(names: Annotated[list[str], typer.Argument(metavar="NAME...", 
         for name in names:
             c.delete(f"drives/{q(name)}")
             typer.echo(f"{name} deleted")
+
+
+@registries_app.command("set")
+@handle_errors()
+def registries_set(
+    registry: Annotated[str, typer.Argument(metavar="HOST[:PORT]", help="The registry, as image names give it "
+                                                                         "(nvcr.io, 127.0.0.1:5000, docker.io)")],
+    username: Annotated[str, typer.Option("-u", "--username", help="The registry user")],
+    password_stdin: Annotated[bool, typer.Option("--password-stdin",
+                                                 help="Read the password (or token) from stdin")] = False,
+) -> None:
+    """Set the workspace's credential for a registry (the password is read from stdin or a prompt, never an
+    argument, and never shown back)."""
+    if password_stdin:
+        password = sys.stdin.read().rstrip("\r\n")
+    elif sys.stdin.isatty():
+        password = typer.prompt("Password", hide_input=True)
+    else:
+        raise SpecError("no password: pipe it with --password-stdin (e.g. `cat token | astra astraeus registries "
+                        f"set {registry} -u {username} --password-stdin`) or run this in a terminal to be asked")
+    if not password:
+        raise SpecError("the password is empty: give the registry password or access token")
+    with client() as c:
+        out = c.put(f"registries/{q(registry)}", {"username": username, "password": password})
+    shown = out.get("registry", registry) if isinstance(out, dict) else registry
+    typer.echo(f"credential for {shown} set (user {username})")
+
+
+@registries_app.command("list")
+@handle_errors()
+def registries_list(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """List the workspace's registry credentials (registry and user; never a password)."""
+    as_json = check_output(output)
+    with client() as c:
+        data = c.get("registries")
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(fmt.registries_table(_items(data)), nl=False)
+
+
+@registries_app.command("delete")
+@handle_errors()
+def registries_delete(registries: Annotated[list[str], typer.Argument(metavar="HOST[:PORT]...",
+                                                                     help="Registries to forget")]) -> None:
+    """Delete the workspace's credential for these registries."""
+    with client() as c:
+        for registry in registries:
+            out = c.delete(f"registries/{q(registry)}")
+            typer.echo(f"credential for {out.get('registry', registry) if isinstance(out, dict) else registry} "
+                       "deleted")
 
 
 # --- astra slurm ---------------------------------------------------------------------------------------------------

@@ -171,6 +171,9 @@ class Client:
     def post(self, path: str, body: Any) -> Any:
         return self.request("POST", path, json_body=body)
 
+    def put(self, path: str, body: Any) -> Any:
+        return self.request("PUT", path, json_body=body)
+
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 

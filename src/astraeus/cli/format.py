@@ -172,8 +172,14 @@ def machines_table(machines: list[dict[str, Any]]) -> str:
     for m in machines:
         rows.append([m.get("name", ""), m.get("cluster", ""), m.get("state", ""), m.get("gpus", 0),
                      m.get("gpus_used", 0), m.get("gpus_free", 0), _num(m.get("cpu_cores")),
-                     human_bytes(m.get("memory_bytes"))])
-    return table(["NAME", "CLUSTER", "STATE", "GPUS", "GPUS USED", "GPUS FREE", "CPUS", "MEMORY"], rows)
+                     human_bytes(m.get("memory_bytes")), m.get("runtime") or ""])
+    return table(["NAME", "CLUSTER", "STATE", "GPUS", "GPUS USED", "GPUS FREE", "CPUS", "MEMORY", "RUNTIME"], rows)
+
+
+def registries_table(items: list[dict[str, Any]]) -> str:
+    """A workspace's registry credentials: never a password (the API never gives one)."""
+    rows = [[r.get("registry", ""), r.get("username", ""), r.get("updated_at") or ""] for r in items]
+    return table(["REGISTRY", "USERNAME", "UPDATED"], rows)
 
 
 def drives_table(drives: list[dict[str, Any]]) -> str:

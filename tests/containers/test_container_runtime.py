@@ -267,3 +267,23 @@ def test_two_workers_starting_from_one_uncached_image_pull_it_once(crt, box, reg
         st = wait_for(lambda x=x: (s := crt.status(x["worker"], 1)).final and s, timeout=20)
         assert st.exit_code == 0
     assert registry.blob_gets(layer) - before == 1
+
+
+def test_real_gpu_nodes_only_the_assigned_ones(tmp_path, registry, box):
+    """Stand-in NVIDIA device nodes (major 195, no driver here): the worker gets nodes for its GPUs and the
+    control node only; the device cgroup lets it open those (ENXIO: no driver behind them) and nothing else."""
+    import stat
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for n in range(4):
+        os.mknod(dev / f"nvidia{n}", 0o666 | stat.S_IFCHR, os.makedev(195, n))
+    os.mknod(dev / "nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(195, 255))
+    rt = ContainerRuntime(str(tmp_path / "state"), stop_grace=1, insecure_registries=[registry.host],
+                          image_cache_dir=str(tmp_path / "images"), device_dir=str(dev))
+    st, out = run_to_end(rt, box("ls /dev | grep nvidia | tr '\\n' ' '; echo; cat /dev/nvidia2; "
+                                 "mknod /dev/x c 195 0 || echo no-mknod", gpus=[1, 2]))
+    listed = out.splitlines()[0].split()
+    assert sorted(listed) == ["nvidia1", "nvidia2", "nvidiactl"], out
+    assert "'/dev/nvidia2': No such device or address" in out, out  # allowed by the device cgroup; no driver here
+    assert "no-mknod" in out  # no capability to make another node

@@ -107,7 +107,8 @@ class ContainerRuntime(ProcessRuntime):
             "id": cid, "runc": self.runc, "runc_root": self.runc_root,
             "layers_dir": os.path.join(self.containers_dir, cid),
             "cache_dir": self.image_cache_dir, "cache_bytes": self.image_cache_bytes, "insecure": self.insecure,
-            "shm_bytes": self.shm_size(assignment), "device_dir": self.device_dir, "gpu_minors": minors}}
+            "shm_bytes": self.shm_size(assignment), "device_dir": self.device_dir, "gpu_minors": minors,
+            "gpu_indices": list(assignment.gpu_indices)}}
 
     def write_secrets(self, assignment: Assignment, d: str) -> None:
         auth = assignment.registry_auth

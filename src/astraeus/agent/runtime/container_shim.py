@@ -205,22 +205,19 @@ class ContainerShim(Shim):
         binds.append((sig, oci_spec.SIGNAL_DIR, True))
         return binds
 
-    def gpu_devices(self) -> list[dict]:
-        """The assigned GPUs' device nodes and the driver's control nodes (real NVIDIA GPUs only)."""
-        out = []
-        dev = self.c.get("device_dir") or "/dev"
-        names = [f"nvidia{i}" for i in self.c.get("gpu_minors") or []]
-        if names:
-            names += ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
-        for n in names:
-            try:
-                st = os.stat(os.path.join(dev, n))
-            except OSError:
-                continue
-            if stat.S_ISCHR(st.st_mode):
-                out.append({"path": f"/dev/{n}", "type": "c", "major": os.major(st.st_rdev),
-                            "minor": os.minor(st.st_rdev)})
-        return out
+    def gpu_edits(self):
+        """The worker's real GPUs: CDI edits, or device nodes and driver files (astraeus.agent.runtime.gpu_edits).
+        Simulated GPUs have nothing to bind: their assignment is in the environment only."""
+        from astraeus.agent.runtime.gpu_edits import device_node, gpu_edits
+
+        edits = gpu_edits(list(self.c.get("gpu_indices") or []), list(self.c.get("gpu_minors") or []),
+                          self.c.get("device_dir") or "/dev")
+        devices = []
+        for d in edits.devices:
+            node = device_node(d["host_path"])
+            if node is not None:
+                devices.append({"path": d["path"], **node})
+        return edits, devices
 
     # ------------------------------------------------------------------ the PID namespace
     def start_reaper(self) -> str:
@@ -264,22 +261,26 @@ class ContainerShim(Shim):
         argv = oci_spec.process_args(spec.get("command"), spec.get("args"), cfg.entrypoint, cfg.cmd)
         if not argv:
             self.fail(f"the run has no command and the image {spec.get('image')} has no entrypoint or cmd")
-        env = oci_spec.merge_env(cfg.env, spec.get("env") or {})
+        gpus, devices = self.gpu_edits()
+        env = oci_spec.merge_env(cfg.env, {**gpus.env, **(spec.get("env") or {})})
+        env = oci_spec.with_path_prepended(env, gpus.path_prepend)
         env.setdefault("HOME", "/root")
         cwd = cfg.working_dir or "/"
         try:
             rootfs = self.prepare_rootfs(env, cwd)
         except (OSError, mounts.MountError) as e:
             self.fail(f"cannot make the container's root filesystem: {getattr(e, 'strerror', None) or e}")
-        binds = self.stage_drives()
+        binds = self.stage_drives() + [b for b in gpus.binds if os.path.exists(b[0])]
         pidns = self.start_reaper()
+        lim = spec.get("limits") or {}
         host_files = [f for f in ("/etc/hosts", "/etc/resolv.conf") if os.path.isfile(f)]
         config = oci_spec.build_config(
             rootfs=rootfs, argv=argv, env=env, cwd=cwd, uid=int(self.iso["uid"]), gid=int(self.iso["gid"]),
             hostname=socket.gethostname(), pid_namespace=pidns,
             cgroups_path=f"/astraeus/{self.cg.name}" if self.cg else f"/astraeus/{self.cid}",
-            shm_bytes=int(self.c.get("shm_bytes") or 64 << 20), binds=binds, devices=self.gpu_devices(),
-            host_files=host_files, nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+            shm_bytes=int(self.c.get("shm_bytes") or 64 << 20), binds=binds, devices=devices, hooks=gpus.hooks,
+            host_files=host_files, **{k: lim.get(k) for k in ("memory_bytes", "cpu_cores", "pids_max")},
+            nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[1])
         with open(os.path.join(self.layers, "config.json"), "w") as f:
             json.dump(config, f)
         out_r, out_w = os.pipe()

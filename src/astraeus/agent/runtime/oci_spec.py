@@ -54,7 +54,9 @@ def _bind(source: str, destination: str, read_only: bool) -> dict:
 def build_config(*, rootfs: str, argv: list[str], env: dict[str, str], cwd: str, uid: int, gid: int,
                  hostname: str, pid_namespace: str, cgroups_path: str, shm_bytes: int,
                  nofile: int = 1048576, binds: list[tuple[str, str, bool]] = (),
-                 devices: list[dict] = (), host_files: list[str] = ()) -> dict:
+                 devices: list[dict] = (), host_files: list[str] = (), hooks: dict | None = None,
+                 memory_bytes: int | None = None, cpu_cores: float | None = None,
+                 pids_max: int | None = None) -> dict:
     """runc's config.json. `binds`: (source on the host, path in the container, read-only); `devices`:
     {"path", "type", "major", "minor"} of device nodes the worker may use (its GPUs); `host_files`: host files
     shown read-only at the same path (/etc/hosts, /etc/resolv.conf)."""
@@ -80,8 +82,17 @@ def build_config(*, rootfs: str, argv: list[str], env: dict[str, str], cwd: str,
                       "minor": int(d["minor"]), "fileMode": 0o666, "uid": 0, "gid": 0})
         allow.append({"allow": True, "type": d.get("type", "c"), "major": int(d["major"]),
                       "minor": int(d["minor"]), "access": "rwm"})
+    resources: dict = {"devices": allow}
+    # The shim made the cgroup with these limits already; runc writes them too, so they hold wherever runc
+    # places the container.
+    if memory_bytes:
+        resources["memory"] = {"limit": int(memory_bytes)}
+    if cpu_cores:
+        resources["cpu"] = {"quota": max(1000, int(round(cpu_cores * 100_000))), "period": 100_000}
+    if pids_max:
+        resources["pids"] = {"limit": int(pids_max)}
     no_caps: list[str] = []
-    return {
+    config = {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
@@ -101,9 +112,22 @@ def build_config(*, rootfs: str, argv: list[str], env: dict[str, str], cwd: str,
             "namespaces": [{"type": "pid", "path": pid_namespace}, {"type": "ipc"}, {"type": "uts"},
                            {"type": "mount"}],
             "cgroupsPath": cgroups_path,
-            "resources": {"devices": allow},
+            "resources": resources,
             "devices": nodes,
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
         },
     }
+    if hooks:
+        config["hooks"] = {k: list(v) for k, v in hooks.items()}
+    return config
+
+
+def with_path_prepended(env: dict[str, str], prepend: dict[str, str]) -> dict[str, str]:
+    """`env` with each folder put in front of its variable (PATH, LD_LIBRARY_PATH), unless already there."""
+    out = dict(env)
+    for var, folder in prepend.items():
+        parts = [p for p in out.get(var, "").split(":") if p]
+        if folder not in parts:
+            out[var] = ":".join([folder, *parts])
+    return out

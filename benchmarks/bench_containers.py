@@ -36,11 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.oci: the test images and the local registry
 sys.path.insert(0, str(ROOT / "src"))
 
+from tests import oci  # noqa: E402
+
 from astraeus.agent.runtime.base import RUNNING  # noqa: E402
 from astraeus.agent.runtime.container import ContainerRuntime, container_tools_missing, runc_version  # noqa: E402
 from astraeus.agent.runtime.oci_images import ImageCache  # noqa: E402
 from astraeus.agent.runtime.process import ProcessRuntime  # noqa: E402
-from tests import oci  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:
@@ -79,7 +80,7 @@ def time_starts(rt, image: str, n: int) -> list[float]:
 
 def time_pulls(ref: str, insecure: str, n: int, work: str) -> tuple[list[float], int]:
     out, size = [], 0
-    for i in range(n):
+    for _ in range(n):
         root = tempfile.mkdtemp(prefix="pull-", dir=work)
         cache = ImageCache(root, insecure=[insecure])
         t0 = time.perf_counter()

@@ -4,6 +4,9 @@ It starts `astraeus up` (one machine gpu-01 with 8 simulated GPUs, /data/astraeu
 page's own shell lines — curl, jq, astra — against it and prints what each shows. The fine-tune runs in its
 offline mode (synthetic CIFAR-shaped data, a small CNN, on the CPU) because this machine reaches no
 internet; on a GPU machine with internet the same files run the real ResNet-50 on CIFAR-100.
+It says which runtime the cluster's machine uses, as `astraeus up` and its agent report it: on a machine
+without NVIDIA GPUs (or without runc, skopeo and umoci) `auto` picks the process runtime, where the run's image
+only names the local environment it maps to; ASTRAEUS_RUNTIME=container asks for containers.
 It leaves nothing running when it ends or is interrupted.
 """
 
@@ -80,6 +83,23 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
     raise SystemExit(f"demo: timed out after {timeout:.0f}s waiting for {what}")
 
 
+def runtime_said(up_log: str, agent_log: str) -> str:
+    """What to print about the runtime, from `astraeus up`'s ready line ("… ready (runtime: process); …") and
+    the agent's "runtime: process (auto: no NVIDIA GPU found)" line (pure)."""
+    used = re.search(r"ready \(runtime: ([^)]*\)?)\)", up_log)
+    why = re.search(r"runtime: \S+(?: \([^)]*\))? \((.*)\)\s*$", agent_log, re.M)
+    name = used.group(1) if used else "unknown (astraeus up did not say)"
+    line = f"runtime: {name}" + (f" [{why.group(1)}]" if why else "")
+    if name.startswith("process"):
+        return (line + "\n  the runs' image (pytorch/pytorch) is not pulled: each worker runs in this machine's own Python\n"
+                "  environment, which the image maps to; a machine with NVIDIA GPUs and runc, skopeo and umoci\n"
+                "  starts each run from its image (README.md, \"Two runtimes\")")
+    if name.startswith("container"):
+        return (line + "\n  each worker starts from its image, pulled from its registry into the machine's cache: "
+                "the first\n  start of pytorch/pytorch waits for a pull of several GiB")
+    return line
+
+
 def main() -> int:
     from astraeus.settings import DemoSettings, SettingsError
 
@@ -127,6 +147,10 @@ def main() -> int:
         if up.poll() is not None:
             raise SystemExit(f"demo: astraeus up exited:\n{(home / 'up.log').read_text()[-2000:]}")
         print(envfile.read_text().split("export ASTRAEUS_ADMIN")[0], end="")
+        wait_until(lambda: "ready (runtime:" in (home / "up.log").read_text() or up.poll() is not None, 60,
+                   "the machine to be ready")
+        agent_log = home / "agent-gpu-01.log"
+        print(runtime_said((home / "up.log").read_text(), agent_log.read_text() if agent_log.exists() else ""))
         env = dict(os.environ)
         for line in envfile.read_text().splitlines():
             k, _, v = line.removeprefix("export ").partition("=")

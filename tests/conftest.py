@@ -163,6 +163,69 @@ def shared_cluster(tmp_path_factory):
     c.stop()
 
 
+# ------------------------------------------------------------------------------------ container runtime
+# One local registry and one push of the python test image per test session, shared by every test that runs
+# workers in containers (tests/runtimes.py, tests/oci.py). tests/containers/conftest.py has fixtures of the same
+# names and meaning for its own tests.
+
+
+def _skip_without_containers() -> None:
+    from tests.runtimes import container_skip_reason
+
+    reason = container_skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def registry():
+    """A docker-registry on 127.0.0.1 over plain HTTP, no auth (list registry.host as insecure)."""
+    from tests import oci
+
+    _skip_without_containers()
+    reg = oci.Registry()
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+@pytest.fixture(scope="session")
+def python_layout(tmp_path_factory) -> str:
+    from tests import oci
+
+    _skip_without_containers()
+    return oci.build_python_image(str(tmp_path_factory.mktemp("python-layout") / "oci"))
+
+
+@pytest.fixture(scope="session")
+def python_image(registry, python_layout) -> str:
+    """"127.0.0.1:PORT/test/python:3.11" (Debian bookworm minbase + python3) in the `registry` fixture."""
+    from tests import oci
+
+    return oci.push(python_layout, registry, "test/python:3.11")
+
+
+@pytest.fixture(scope="session")
+def containers(registry, python_image, tmp_path_factory):
+    """What the container variant of a test needs (tests.runtimes.Containers): the image, its registry, and an
+    image cache with the image already pulled, shared by the session's runtimes and agents."""
+    from astraeus.agent.runtime.oci_images import ImageCache
+    from tests.runtimes import Containers
+
+    cache = str(tmp_path_factory.mktemp("image-cache"))
+    ImageCache(cache, insecure=[registry.host]).pull(python_image)
+    return Containers(image=python_image, registry=registry.host, cache_dir=cache)
+
+
+@pytest.fixture(params=["process", "container"])
+def runtime_kind(request) -> str:
+    """"process" or "container" (ids of the same name): a test using it runs on both runtimes."""
+    if request.param == "container":
+        _skip_without_containers()
+    return request.param
+
+
 # ------------------------------------------------------------------------------------ in-process apps
 
 

@@ -1,4 +1,7 @@
-"""ProcessRuntime against real processes: signals, stop grace, trees, mounts, logs, adoption."""
+"""The runtimes against real processes: signals, stop grace, trees, mounts, logs, adoption. Tests marked `@both`
+run on the process runtime and on the container runtime (ids "process"/"container": runc, from the python test
+image in the session's local registry); the others check what only the process runtime has (its image map, its
+worker user setting) or variants of what a `@both` test already covers."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from astraeus.agent.runtime.base import EXITED, RUNNING, StartFailed
 from astraeus.agent.runtime.images import ImageMap
 from astraeus.agent.runtime.process import ProcessRuntime
 
-from .conftest import pid_alive, wait_for
+from .conftest import both, pid_alive, start_failure, started, wait_for
 
 CHECKPOINTER = r"""
 import os, signal, sys, time
@@ -36,9 +39,10 @@ while True:
 """
 
 
+@both
 def test_sigterm_reaches_python_started_directly(rt, assignment, tmp_path):
     a = assignment(CHECKPOINTER, args=[str(tmp_path)])
-    st = rt.start(a)
+    st = started(rt, a)
     assert st.state == RUNNING and st.pid
     wait_for(lambda: (tmp_path / "ready").exists())
     with open(f"/proc/{st.pid}/cmdline", "rb") as f:  # the worker's main process IS the command
@@ -52,11 +56,12 @@ def test_sigterm_reaches_python_started_directly(rt, assignment, tmp_path):
     assert "SIGTERM: checkpoint written" in [ln.text for ln in rt.logs(a["worker"], 1)]
 
 
+@both
 def test_shell_without_exec_swallows_sigterm_and_sigkill_follows_at_grace(rt, assignment, tmp_path):
     script = tmp_path / "ck.py"
     script.write_text(CHECKPOINTER)
     a = assignment(command="sh", args=["-c", f"python {script} {tmp_path}; echo after"])
-    st = rt.start(a)
+    st = started(rt, a)
     wait_for(lambda: (tmp_path / "ready").exists())
     marker = rt.marker(a["worker"], 1)
     pythons = [p for p in _marked(marker) if p != st.pid]
@@ -101,9 +106,10 @@ save("2", slow=True)  # takes 10 s: longer than the grace
     assert (tmp_path / "ckpt.tmp").exists()  # the interrupted save
 
 
+@both
 def test_early_exit_never_gets_sigkill(rt, assignment, tmp_path):
     a = assignment(CHECKPOINTER, args=[str(tmp_path)])
-    rt.start(a)
+    started(rt, a)
     wait_for(lambda: (tmp_path / "ready").exists())
     t0 = time.monotonic()
     end = rt.stop(a["worker"], 1, grace=3)
@@ -140,13 +146,14 @@ while True:
 """
 
 
-@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "no-cgroup"])
-def test_stop_kills_whole_tree_including_double_forked(tmp_path, assignment, cgroups):
-    rt = ProcessRuntime(str(tmp_path / "state"), stop_grace=1, use_cgroups=cgroups)
+@pytest.mark.parametrize("kind,cgroups", [("process", True), ("process", False), ("container", True)],
+                         ids=["process-cgroup", "process-no-cgroup", "container"], indirect=["kind"])
+def test_stop_kills_whole_tree_including_double_forked(tmp_path, make_rt, assignment, kind, cgroups):
+    rt = make_rt(tmp_path / "state", stop_grace=1, use_cgroups=cgroups)
     if cgroups and rt.cgroup_root is None:
         pytest.skip("this machine has no writable cgroup v2 (the no-cgroup variant checks the fallback here)")
     a = assignment(DOUBLE_FORK, args=[str(tmp_path)])
-    st = rt.start(a)
+    st = started(rt, a)
     marker = rt.marker(a["worker"], 1)
     # the worker writes its pids as its own PID namespace numbers them
     gc = _host_pid(marker, int(wait_for(lambda: (tmp_path / "grandchild").exists() and
@@ -159,6 +166,7 @@ def test_stop_kills_whole_tree_including_double_forked(tmp_path, assignment, cgr
         wait_for(lambda pid=pid: not pid_alive(pid), timeout=3)
 
 
+@both
 def test_main_exit_kills_leftovers(rt, assignment, tmp_path):
     script = r"""
 import os, sys, time
@@ -179,6 +187,10 @@ time.sleep(0.3)
     wait_for(lambda: not pid_alive(bg), timeout=3)
 
 
+@pytest.mark.parametrize("kind", ["process", pytest.param("container", marks=pytest.mark.xfail(
+    strict=True, reason="container runtime bug: runc makes the mount points of drives/configs nested in another "
+    "drive on the host, through that drive (mnt/ckpt, mnt/ro, mnt/app/conf.json are left in the test's folder)"))],
+    indirect=True)
 def test_configs_and_drives_inside_the_worker(rt, assignment, tmp_path):
     granted = tmp_path / "data"
     (granted / "ro").mkdir(parents=True)
@@ -217,33 +229,36 @@ print("cwd:", os.getcwd())
     assert not mnt.exists()
 
 
+@both
 def test_symlink_escape_is_refused(rt, assignment, tmp_path):
     granted = tmp_path / "data"
     granted.mkdir()
     os.symlink("/etc", granted / "link")
     a = assignment(command="true", mounts=[{"host_path": str(granted / "link"), "mount_path": str(tmp_path / "m"),
                                             "read_only": False, "create": True, "granted_root": str(granted)}])
-    with pytest.raises(StartFailed, match="symlink"):
-        rt.start(a)
+    assert "symlink" in start_failure(rt, a)
     b = assignment(command="true", mounts=[{"host_path": str(granted / "link" / "sub"),
                                             "mount_path": str(tmp_path / "m"), "read_only": False, "create": True,
                                             "granted_root": str(granted)}])
-    with pytest.raises(StartFailed, match="symlink"):
-        rt.start(b)
+    assert "symlink" in start_failure(rt, b)
     assert not os.path.exists("/etc/sub")
     c = assignment(command="true", mounts=[{"host_path": "/etc", "mount_path": str(tmp_path / "m"),
                                             "read_only": False, "create": False, "granted_root": str(granted)}])
+    assert "outside the granted" in start_failure(rt, c)
+    assert rt.status(c["worker"], 1).state == "StartFailed"  # reported, and never started twice
     with pytest.raises(StartFailed, match="outside the granted"):
         rt.start(c)
-    assert rt.status(c["worker"], 1).state == "StartFailed"  # reported, and never started twice
 
 
-def test_command_not_found_is_start_failed(rt, assignment):
+@both
+def test_command_not_found_is_start_failed(rt, assignment, kind):
     a = assignment(command="no-such-command-xyz")
-    with pytest.raises(StartFailed, match="no-such-command-xyz: No such file"):
-        rt.start(a)
+    # the process runtime says what exec said; runc's "executable file not found in $PATH" is said plainly
+    want = "no-such-command-xyz: No such file" if kind == "process" else "no such command: no-such-command-xyz"
+    assert want in start_failure(rt, a)
 
 
+@both
 def test_logs_have_every_line_once(rt, assignment):
     script = r"""
 import sys
@@ -270,6 +285,7 @@ sys.stdout.write("no newline at the end")
     assert all(ln.time > 0 for ln in lines)
 
 
+# Process runtime only: its map of images to environments on the host (a container's environment is its image).
 def test_env_and_image_environment(tmp_path, assignment):
     envdir = tmp_path / "torchenv"
     (envdir / "bin").mkdir(parents=True)
@@ -297,23 +313,25 @@ def test_image_map_from_env(tmp_path):
     assert m.resolve("other").path == sys.prefix
 
 
+@both
 def test_start_is_idempotent(rt, assignment, tmp_path):
     a = assignment(CHECKPOINTER, args=[str(tmp_path)])
-    first = rt.start(a)
+    first = started(rt, a)
     again = rt.start(a)
     assert again.pid == first.pid
 
 
-def test_adoption_after_runtime_restart(tmp_path, assignment):
+@both
+def test_adoption_after_runtime_restart(tmp_path, make_rt, assignment):
     state = str(tmp_path / "state")
-    rt1 = ProcessRuntime(state, stop_grace=2)
+    rt1 = make_rt(state, stop_grace=2)
     long = assignment(CHECKPOINTER, args=[str(tmp_path)])
     short = assignment(command="python", args=["-c", "import time; time.sleep(0.8); raise SystemExit(7)"])
-    p_long = rt1.start(long).pid
-    p_short = rt1.start(short).pid
+    p_long = started(rt1, long).pid
+    p_short = started(rt1, short).pid
     del rt1  # the agent goes away; its workers do not
     time.sleep(1.2)  # the short one ends while no agent runs
-    rt2 = ProcessRuntime(state, stop_grace=2)
+    rt2 = make_rt(state, stop_grace=2)
     found = {st.worker: st for st in rt2.adopt()}
     assert found[long["worker"]].state == RUNNING and found[long["worker"]].pid == p_long
     assert found[short["worker"]].state == EXITED and found[short["worker"]].exit_code == 7
@@ -322,14 +340,15 @@ def test_adoption_after_runtime_restart(tmp_path, assignment):
     assert end.exit_code == 0 and (tmp_path / "ckpt").read_text() == "sigterm"
 
 
-def test_adoption_after_state_dir_wiped(tmp_path, assignment):
+@both
+def test_adoption_after_state_dir_wiped(tmp_path, make_rt, assignment):
     state = str(tmp_path / "state")
-    rt1 = ProcessRuntime(state, stop_grace=2)
+    rt1 = make_rt(state, stop_grace=2)
     a = assignment(CHECKPOINTER, args=[str(tmp_path)])
-    pid = rt1.start(a).pid
+    pid = started(rt1, a).pid
     wait_for(lambda: (tmp_path / "ready").exists())
     shutil.rmtree(state)
-    rt2 = ProcessRuntime(state, stop_grace=2)
+    rt2 = make_rt(state, stop_grace=2)
     found = {st.key: st for st in rt2.adopt()}
     assert found[(a["worker"], 1)].state == RUNNING and found[(a["worker"], 1)].pid == pid
     assert rt2.start(a).pid == pid  # no second copy
@@ -337,11 +356,12 @@ def test_adoption_after_state_dir_wiped(tmp_path, assignment):
     assert end.exit_code == 0
 
 
-def test_unrelated_runtime_does_not_adopt(tmp_path, assignment):
-    rt1 = ProcessRuntime(str(tmp_path / "a"), stop_grace=1)
+@both
+def test_unrelated_runtime_does_not_adopt(tmp_path, make_rt, assignment):
+    rt1 = make_rt(tmp_path / "a", stop_grace=1)
     a = assignment(CHECKPOINTER, args=[str(tmp_path)])
-    rt1.start(a)
-    rt2 = ProcessRuntime(str(tmp_path / "b"), stop_grace=1)
+    started(rt1, a)
+    rt2 = make_rt(tmp_path / "b", stop_grace=1)
     assert rt2.adopt() == []
     rt1.stop(a["worker"], 1, grace=1)
 
@@ -373,18 +393,19 @@ def _marked(marker: str) -> list[int]:
     return out
 
 
-def test_worker_whose_shim_died_is_stopped_on_adoption(tmp_path, assignment):
+@both
+def test_worker_whose_shim_died_is_stopped_on_adoption(tmp_path, make_rt, assignment):
     import json
     import signal as sig
 
     state = str(tmp_path / "state")
-    rt1 = ProcessRuntime(state, stop_grace=1)
+    rt1 = make_rt(state, stop_grace=1)
     a = assignment(command="python", args=["-c", "import time\nwhile True: time.sleep(0.05)"])
-    pid = rt1.start(a).pid
+    pid = started(rt1, a).pid
     shim = json.loads(open(os.path.join(rt1.dir(a["worker"], 1), "shim.json")).read())["shim_pid"]
     os.kill(shim, sig.SIGKILL)
     wait_for(lambda: not pid_alive(shim))
-    rt2 = ProcessRuntime(state, stop_grace=1)
+    rt2 = make_rt(state, stop_grace=1)
     rt2.adopt()
     st = wait_for(lambda: (s := rt2.status(a["worker"], 1)).final and s, timeout=5)
     assert st.state == EXITED and "supervisor" in st.message
@@ -398,10 +419,14 @@ status = {ln.split(":")[0]: ln.split()[1] for ln in open("/proc/self/status") if
 out = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "pid": os.getpid(),
        "CapEff": status["CapEff"], "CapBnd": status["CapBnd"], "CapPrm": status["CapPrm"],
        "NoNewPrivs": status["NoNewPrivs"], "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
-       "state": sorted(os.listdir(state)) if os.path.isdir(state) else None, "config": open("/etc/astraeus-t/c").read(),
+       "state": None, "config": open("/etc/astraeus-t/c").read(),
        "home": os.environ["HOME"], "job": os.environ.get("ASTRAEUS_JOB_NAME")}
 with open(os.path.join(os.environ["HOME"], "h"), "w") as f:  # HOME is the worker's own, writable
     f.write("x")
+try:
+    out["state"] = sorted(os.listdir(state)) if os.path.isdir(state) else None
+except OSError as e:
+    out["state"] = e.strerror
 for name, path in (("etc", "/etc/astraeus-t-w"), ("usr", "/usr/astraeus-t-w"), ("tmp", "/tmp/ok")):
     try:
         open(path, "w").close()
@@ -416,10 +441,13 @@ print(json.dumps(out), flush=True)
 """
 
 
-def test_the_worker_is_unprivileged_in_its_own_namespaces_and_view(rt, assignment, tmp_path):
+@both
+def test_the_worker_is_unprivileged_in_its_own_namespaces_and_view(rt, assignment, tmp_path, kind):
     """Its workspace's uid (not root), no capabilities, no_new_privs, PID 2 of its own PID namespace seeing only
     its own processes, the agent's state dir hidden, a config at /etc/… made in its view only; its ReadWrite
-    drive's new folder is handed to the workspace and what one attempt wrote is there for the next."""
+    drive's new folder is handed to the workspace and what one attempt wrote is there for the next. (In a
+    container the root filesystem is the image's under the attempt's own layer: /etc and /usr are root's, so
+    the worker's writes there are refused for permission rather than a read-only view.)"""
     granted = tmp_path / "data"
     granted.mkdir()
     ws = "ws-0123456789ab"
@@ -440,11 +468,18 @@ def test_the_worker_is_unprivileged_in_its_own_namespaces_and_view(rt, assignmen
     assert (out["uid"], out["gid"], out["groups"]) == (uid, uid, [])
     assert out["CapEff"] == out["CapBnd"] == out["CapPrm"] == "0000000000000000" and out["NoNewPrivs"] == "1"
     assert out["pid"] == 2 and out["procs"] == [1, 2]  # PID 1 is its reaper; nothing of the host's
-    assert out["state"] in (None, ["workers"])  # the agent's state dir: empty but for the way to its own cwd
+    if kind == "process":  # the agent's state dir: empty but for the way to its own cwd
+        assert out["state"] in (None, ["workers"])
+    else:  # not in the image; here it is reached through the test's folder, shared as a drive, and closed to it
+        assert out["state"] in (None, "Permission denied")
     assert out["config"] == "conf" and out["job"] == f"{ws}.probe"
-    assert out["etc"] == out["usr"] == "Read-only file system" and out["tmp"] == "written"
+    refused = "Read-only file system" if kind == "process" else "Permission denied"
+    assert out["etc"] == out["usr"] == refused and out["tmp"] == "written"
     assert not os.path.exists("/etc/astraeus-t") and not os.path.exists("/etc/astraeus-t-w")
-    assert out["home"].startswith(rt.state_dir) and out["ckpt_owner"] == uid
+    assert not os.path.exists("/usr/astraeus-t-w")
+    if kind == "process":  # its own folder under the state dir (a container's HOME is in its own layer)
+        assert out["home"].startswith(rt.state_dir)
+    assert out["ckpt_owner"] == uid
     st = os.stat(granted / "ckpt")
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (uid, uid, 0o700)  # handed over to the workspace
     assert outs[1]["ckpt"] == ["a1", "a2"]  # the next attempt reads and writes what the first left

@@ -53,9 +53,24 @@ PYTHON_RECIPE = ["mmdebstrap", "--variant=minbase", "--include=python3", "--skip
 
 def tools_missing() -> list[str]:
     out = [t for t in TOOLS if shutil.which(t) is None]
-    if not os.path.exists(BUSYBOX):
-        out.append(BUSYBOX + " (busybox-static)")
+    if not os.path.exists(BUSYBOX) or not _is_static(BUSYBOX):
+        out.append(BUSYBOX + " (busybox-static: a static busybox)")
     return out
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the test process dies, so a killed test run leaves no registry behind."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _is_static(path: str) -> bool:
+    """An ELF binary with no program interpreter (busybox-static's, which runs in any image)."""
+    with open(path, "rb") as f:
+        head = f.read(65536)
+    return b"/ld-linux" not in head and b"/ld-musl" not in head
 
 
 def _free_port() -> int:
@@ -95,7 +110,8 @@ class Registry:
                 f.write("\n".join(lines) + "\n")
             log = open(self.log_path, "ab")
             self.proc = subprocess.Popen(["docker-registry", "serve", cfg], stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
             log.close()
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and self.proc.poll() is None:

@@ -19,6 +19,7 @@ from astraeus.agent.runtime.oci_images import (
     CachedImage,
     ImageCache,
     PullError,
+    auth_dir,
     machine_arch,
     pick_platform,
     plan_eviction,
@@ -198,9 +199,10 @@ def test_registry_credentials(tmp_path, auth_registry, busybox_layout):
     gets = auth_registry.blob_gets()
     assert cache.pull(pinned, {"username": auth_registry.username, "password": password}).rootfs == image.rootfs
     assert auth_registry.blob_gets() == gets  # asked, not fetched again
-    leftovers = [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("astraeus-auth-")]
+    where = auth_dir() or tempfile.gettempdir()
+    leftovers = [n for n in os.listdir(where) if n.startswith("astraeus-auth-")]
     for n in leftovers:  # another test's pull may be running; ours must be gone
-        with open(os.path.join(tempfile.gettempdir(), n), "rb") as f:
+        with open(os.path.join(where, n), "rb") as f:
             assert token not in f.read()
 
 
@@ -282,6 +284,23 @@ def test_eviction_with_a_holder_on_pull(tmp_path, registry):
         cache.acquire(image.digest, "../escape")
     with pytest.raises(ValueError, match="sha256"):
         cache.release("not-a-digest", "run-2.w0.a0")
+
+
+def test_holders_left_by_a_crash_are_pruned_and_dead_pulls_swept(tmp_path, registry):
+    ref, _ = _unique_image(tmp_path, registry, "pruned")
+    cache = ImageCache(str(tmp_path / "cache"), insecure=[registry.host])
+    image = cache.pull(ref, holder="w-live.a0")
+    cache.acquire(image.digest, "w-gone.a3")
+    assert cache.prune_holders(live=["w-live.a0"]) == [(image.digest, "w-gone.a3")]
+    assert cache.holders(image.digest) == ["w-live.a0"]
+    # what a pull or an eviction killed midway leaves in tmp/ goes at the next eviction
+    dead_pull = tmp_path / "cache" / "tmp" / f"pull-{'e' * 64}-x1"
+    dead_trash = tmp_path / "cache" / "tmp" / "trash-4194305-1"  # above Linux's largest pid
+    for d in (dead_pull, dead_trash):
+        (d / "rootfs" / "etc").mkdir(parents=True)
+    assert cache.evict() == []
+    assert os.listdir(tmp_path / "cache" / "tmp") == []
+    assert cache.get(image.digest) is not None
 
 
 def test_plan_eviction_is_lru_and_skips_held():

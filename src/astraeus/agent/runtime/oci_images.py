@@ -452,7 +452,7 @@ class ImageCache:
                         os.link(os.path.join(store, b), os.path.join(staging, "blobs", "sha256", b))
                     except (FileNotFoundError, FileExistsError):
                         pass
-            self._skopeo(image, parsed, ["copy", "--quiet", *self._tls(parsed, "--src-tls-verify"),
+            self._skopeo(image, parsed, ["copy", "--quiet", "--retry-times=2", *self._tls(parsed, "--src-tls-verify"),
                                          f"docker://{parsed.name}@sha256:{hex_}", f"oci:{staging}:{hex_}"],
                          self.pull_timeout, authfile, had_creds, copy=True)
             with open(os.path.join(staging, "index.json")) as f:
@@ -532,13 +532,42 @@ class ImageCache:
             except OSError:
                 pass
 
+    def prune_holders(self, live: Iterable[str]) -> list[tuple[str, str]]:
+        """Release every holder not in `live` (the worker attempts that still exist, e.g. after the agent or the
+        machine restarted and some never released). Returns the (digest, holder) pairs released."""
+        live = set(live)
+        out = []
+        for hex_ in sorted(os.listdir(os.path.join(self.root, "holders"))):
+            if not _HEX.match(hex_):
+                continue
+            for holder in self.holders("sha256:" + hex_):
+                if holder not in live:
+                    self.release("sha256:" + hex_, holder)
+                    out.append(("sha256:" + hex_, holder))
+        return out
+
+    def _sweep(self) -> None:
+        """Remove what died pulls and evictions left in tmp/ (a pull's folder whose digest no one is pulling, a
+        folder being removed by a process that is gone)."""
+        tmp = os.path.join(self.root, "tmp")
+        for name in os.listdir(tmp):
+            path = os.path.join(tmp, name)
+            m = re.match(r"^pull-([0-9a-f]{64})-", name)
+            if m:
+                with self._lock(m.group(1), blocking=False) as got:
+                    if got:
+                        shutil.rmtree(path, ignore_errors=True)
+                continue
+            m = re.match(r"^trash-(\d+)-", name)
+            if m and not _alive(int(m.group(1))):
+                shutil.rmtree(path, ignore_errors=True)
+
     def evict(self, keep: Iterable[str] = ()) -> list[str]:
         """Remove least-recently-used images no holder uses until the cache is within max_bytes (none when
         max_bytes is 0). Returns the digests removed ("sha256:<hex>"). keep: hexes never removed this time."""
-        if not self.max_bytes:
-            return []
         removed = []
         with self._lock("store"):
+            self._sweep()
             for hex_ in plan_eviction(self.cached(), self.max_bytes, keep):
                 with self._lock(hex_, blocking=False) as got:
                     if not got or self.holders("sha256:" + hex_):  # being pulled or just acquired
@@ -568,6 +597,16 @@ class ImageCache:
 
 # ---------------------------------------------------------------- helpers
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _credentials(auth: dict | None) -> tuple[str, str] | None:
     if not auth:
         return None
@@ -575,6 +614,11 @@ def _credentials(auth: dict | None) -> tuple[str, str] | None:
     if not user or not password:
         return None
     return user, password
+
+
+def auth_dir() -> str | None:
+    """Where a pull's auth file lives while skopeo reads it: memory (/dev/shm) when it can, never the cache."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else None
 
 
 class _AuthFile:
@@ -586,7 +630,7 @@ class _AuthFile:
     def __enter__(self) -> str | None:
         if self.creds is None:
             return None
-        fd, self.path = tempfile.mkstemp(prefix="astraeus-auth-", suffix=".json")  # 0600
+        fd, self.path = tempfile.mkstemp(prefix="astraeus-auth-", suffix=".json", dir=auth_dir())  # 0600
         token = base64.b64encode(f"{self.creds[0]}:{self.creds[1]}".encode()).decode()
         with os.fdopen(fd, "w") as f:
             json.dump({"auths": {self.registry: {"auth": token}}}, f)

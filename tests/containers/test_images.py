@@ -296,10 +296,12 @@ def test_holders_left_by_a_crash_are_pruned_and_dead_pulls_swept(tmp_path, regis
     # what a pull or an eviction killed midway leaves in tmp/ goes at the next eviction
     dead_pull = tmp_path / "cache" / "tmp" / f"pull-{'e' * 64}-x1"
     dead_trash = tmp_path / "cache" / "tmp" / "trash-4194305-1"  # above Linux's largest pid
-    for d in (dead_pull, dead_trash):
+    unrecorded = tmp_path / "cache" / "rootfs" / ("f" * 64)  # unpacked, then killed before its record
+    for d in (dead_pull, dead_trash, unrecorded):
         (d / "rootfs" / "etc").mkdir(parents=True)
     assert cache.evict() == []
     assert os.listdir(tmp_path / "cache" / "tmp") == []
+    assert os.listdir(tmp_path / "cache" / "rootfs") == [image.digest.split(":")[1]]
     assert cache.get(image.digest) is not None
 
 

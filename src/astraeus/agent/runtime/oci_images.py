@@ -456,8 +456,10 @@ class ImageCache:
                                          f"docker://{parsed.name}@sha256:{hex_}", f"oci:{staging}:{hex_}"],
                          self.pull_timeout, authfile, had_creds, copy=True)
             with open(os.path.join(staging, "index.json")) as f:
-                desc = next(m for m in json.load(f)["manifests"]
-                            if (m.get("annotations") or {}).get("org.opencontainers.image.ref.name") == hex_)
+                desc = next((m for m in json.load(f)["manifests"]
+                             if (m.get("annotations") or {}).get("org.opencontainers.image.ref.name") == hex_), None)
+            if desc is None:
+                raise PullError(f"image {image}: skopeo copied it but its layout has no manifest tagged {hex_}")
             blobs_dir = os.path.join(staging, "blobs", "sha256")
             with open(os.path.join(blobs_dir, _hex_of(desc["digest"]))) as f:
                 stored = json.load(f)
@@ -546,9 +548,25 @@ class ImageCache:
                     out.append(("sha256:" + hex_, holder))
         return out
 
-    def _sweep(self) -> None:
-        """Remove what died pulls and evictions left in tmp/ (a pull's folder whose digest no one is pulling, a
-        folder being removed by a process that is gone)."""
+    def _sweep(self) -> bool:
+        """Remove what died pulls and evictions left (the store lock held): in tmp/, a pull's folder whose digest
+        no one is pulling, a folder being removed by a process that is gone; a rootfs or a layout tag with no
+        record (a pull killed before its record). True when the layout needs garbage-collecting."""
+        gc = False
+        for hex_ in os.listdir(os.path.join(self.root, "rootfs")):
+            if _HEX.match(hex_) and self._record(hex_) is None:
+                with self._lock(hex_, blocking=False) as got:
+                    if got and self._record(hex_) is None:
+                        _remove_tree(self._rootfs(hex_), os.path.join(self.root, "tmp"))
+        with open(os.path.join(self.layout, "index.json")) as f:
+            tags = [(m.get("annotations") or {}).get("org.opencontainers.image.ref.name", "")
+                    for m in json.load(f).get("manifests") or []]
+        for hex_ in tags:
+            if _HEX.match(hex_) and self._record(hex_) is None:
+                with self._lock(hex_, blocking=False) as got:
+                    if got and self._record(hex_) is None:
+                        _index_drop(self.layout, hex_)
+                        gc = True
         tmp = os.path.join(self.root, "tmp")
         for name in os.listdir(tmp):
             path = os.path.join(tmp, name)
@@ -561,13 +579,14 @@ class ImageCache:
             m = re.match(r"^trash-(\d+)-", name)
             if m and not _alive(int(m.group(1))):
                 shutil.rmtree(path, ignore_errors=True)
+        return gc
 
     def evict(self, keep: Iterable[str] = ()) -> list[str]:
         """Remove least-recently-used images no holder uses until the cache is within max_bytes (none when
         max_bytes is 0). Returns the digests removed ("sha256:<hex>"). keep: hexes never removed this time."""
         removed = []
         with self._lock("store"):
-            self._sweep()
+            gc = self._sweep()
             for hex_ in plan_eviction(self.cached(), self.max_bytes, keep):
                 with self._lock(hex_, blocking=False) as got:
                     if not got or self.holders("sha256:" + hex_):  # being pulled or just acquired
@@ -579,7 +598,7 @@ class ImageCache:
                     _remove_tree(self._rootfs(hex_), os.path.join(self.root, "tmp"))
                     _index_drop(self.layout, hex_)
                     removed.append("sha256:" + hex_)
-            if removed:
+            if removed or gc:
                 for name in os.listdir(os.path.join(self.root, "aliases")):
                     p = os.path.join(self.root, "aliases", name)
                     try:

@@ -287,3 +287,20 @@ def test_real_gpu_nodes_only_the_assigned_ones(tmp_path, registry, box):
     assert sorted(listed) == ["nvidia1", "nvidia2", "nvidiactl"], out
     assert "'/dev/nvidia2': No such device or address" in out, out  # allowed by the device cgroup; no driver here
     assert "no-mknod" in out  # no capability to make another node
+
+
+def test_mount_paths_inside_another_drive_are_made_in_the_container_only(crt, box, tmp_path):
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+    outer.mkdir()
+    inner.mkdir()
+    (outer / "kept.txt").write_text("outer file")
+    mounts = [{"host_path": str(outer), "mount_path": "/data", "read_only": False, "granted_root": str(tmp_path)},
+              {"host_path": str(inner), "mount_path": "/data/sub/ckpt", "read_only": False,
+               "granted_root": str(tmp_path)}]
+    configs = [{"mount_path": "/data/app/conf.json", "value": "{}"}]
+    st, out = run_to_end(crt, box("cat /data/kept.txt; echo; echo w > /data/sub/ckpt/step; cat /data/app/conf.json",
+                                  mounts=mounts, configs=configs))
+    assert st.exit_code == 0, out
+    assert "outer file" in out and "{}" in out
+    assert (inner / "step").read_text() == "w\n"
+    assert sorted(os.listdir(outer)) == ["kept.txt"]  # no mount point was made in the drive on the host

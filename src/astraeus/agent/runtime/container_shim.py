@@ -203,7 +203,70 @@ class ContainerShim(Shim):
             binds.append((os.path.join(self.path("configs"), str(i)), c["mount_path"], True))
         sig = self.signal_dir()
         binds.append((sig, oci_spec.SIGNAL_DIR, True))
+        return self.nest(binds, staging)
+
+    # A mount path inside another drive's: runc would make its mount point through that drive's bind, on the
+    # host. The mount point is made in our namespace instead: the outer drive's folder is shown through a tmpfs
+    # holding each of its entries (as the process runtime's view does), with the new mount point in it.
+    def nest(self, binds: list[tuple[str, str, bool]], staging: str) -> list[tuple[str, str, bool]]:
+        binds = sorted(binds, key=lambda b: len([p for p in b[1].split("/") if p]))  # outer ones first
+        drives = [(src, os.path.normpath(dst)) for src, dst, _ in binds if src.startswith(staging + os.sep)]
+        self._ours: set[int] = set()
+        self._later: list[str] = []
+        for src, dst, _ in binds:
+            dst = os.path.normpath(dst)
+            outer = max((d for d in drives if dst != d[1] and dst.startswith(d[1].rstrip("/") + "/")),
+                        key=lambda d: len(d[1]), default=None)
+            if outer is None:
+                continue
+            rel = os.path.relpath(dst, outer[1])
+            try:
+                self._make_in(outer[0], rel, os.path.isdir(src), f"mount path {dst}", outer[1])
+            except OSError as e:
+                self.fail(f"mount path {dst}: {e.strerror or e}")
+        for d in self._later:
+            mounts.mount(None, d, None, mounts.MS_REMOUNT | mounts.MS_BIND | mounts.MS_RDONLY | mounts.MS_NOSUID
+                         | mounts.MS_NODEV)
         return binds
+
+    def _make_in(self, root: str, rel: str, is_dir: bool, what: str, outer: str) -> None:
+        cur = root
+        parts = [p for p in rel.split("/") if p and p != "."]
+        for i, part in enumerate(parts):
+            nxt, last = os.path.join(cur, part), i == len(parts) - 1
+            try:
+                st = os.lstat(nxt)
+            except FileNotFoundError:
+                st = None
+            if st is not None:
+                if stat.S_ISLNK(st.st_mode):
+                    self.fail(f"{what} goes through a symlink in the drive at {outer}; symlinks are refused there")
+                if not last and not stat.S_ISDIR(st.st_mode):
+                    self.fail(f"{what}: {os.path.join(outer, *parts[:i + 1])} is not a folder")
+                cur = nxt
+                continue
+            if os.stat(cur).st_dev not in self._ours:
+                self._explode(cur)
+            if last and not is_dir:
+                with open(nxt, "w"):
+                    pass
+            else:
+                os.mkdir(nxt, 0o755)
+            cur = nxt
+
+    def _explode(self, d: str) -> None:
+        stage = os.path.join(self.layers, f"stage-{len(self._later)}")
+        os.makedirs(stage, mode=0o700, exist_ok=True)
+        st = os.stat(d)
+        mounts.mount(d, stage, None, mounts.MS_BIND | mounts.MS_REC)
+        mounts.mount("tmpfs", d, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                     f"mode={stat.S_IMODE(st.st_mode):o},uid={st.st_uid},gid={st.st_gid}")
+        self._ours.add(os.stat(d).st_dev)
+        for e in os.scandir(stage):
+            mounts._bind_entry(e, os.path.join(d, e.name))
+        mounts.umount(stage)
+        os.rmdir(stage)
+        self._later.append(d)
 
     def gpu_edits(self):
         """The worker's real GPUs: CDI edits, or device nodes and driver files (astraeus.agent.runtime.gpu_edits).
@@ -379,13 +442,12 @@ class ContainerShim(Shim):
     def cleanup_container(self) -> None:
         self.runc("delete", "--force", self.cid, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                   stderr=subprocess.DEVNULL)
-        for d in (os.path.join(self.layers, "rootfs"), *[os.path.join(self.layers, "drives", n) for n in
-                                                         _listdir(os.path.join(self.layers, "drives"))]):
-            try:
-                mounts.umount(d)
-            except OSError:
-                pass
-        shutil.rmtree(self.layers, ignore_errors=True)  # the attempt's layer is discarded
+        # The attempt's layer is discarded, but only once nothing is mounted under it: a drive staged there is
+        # the workspace's own folder, which a removal through the mount would empty.
+        if unmount_all(self.layers):
+            shutil.rmtree(self.layers, ignore_errors=True)
+        else:
+            log(f"mounts are left under {self.layers}: not removing it")
         if self.cache is not None and self.image is not None:
             try:
                 self.cache.release(self.image.digest, self.cid)
@@ -405,9 +467,32 @@ def _default_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def _listdir(d: str) -> list[str]:
+def mount_points_under(path: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mount points at or below `path` in this mount namespace, deepest first."""
+    path = os.path.realpath(path)
+    out = []
     try:
-        return os.listdir(d)
+        with open(mountinfo) as f:
+            for line in f:
+                mp = line.split()[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n") \
+                    .replace("\\134", "\\")
+                if mp == path or mp.startswith(path.rstrip("/") + "/"):
+                    out.append(mp)
     except OSError:
         return []
+    return sorted(set(out), key=len, reverse=True)
+
+
+def unmount_all(path: str) -> bool:
+    """Unmount everything at or below `path` (stacked mounts too). True when nothing is mounted there any more."""
+    for _ in range(10):
+        left = mount_points_under(path)
+        if not left:
+            return True
+        for mp in left:
+            try:
+                mounts.umount(mp)
+            except OSError:
+                pass
+    return not mount_points_under(path)
 

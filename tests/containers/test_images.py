@@ -434,3 +434,29 @@ def test_the_machines_own_credentials_are_never_used(tmp_path, monkeypatch, auth
     with pytest.raises(PullError) as e:
         ImageCache(str(tmp_path / "cache"), insecure=[auth_registry.host]).pull(ref)
     assert "no credentials for" in str(e.value)
+
+
+def test_a_pull_killed_midway_leaves_nothing_that_breaks_the_next(tmp_path, registry, python_image):
+    """The agent (and its skopeo) killed with SIGKILL while copying: the next pull gets the whole image."""
+    import signal
+
+    root = str(tmp_path / "cache")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO_ROOT, "src"))
+    p = subprocess.Popen([sys.executable, "-c", _PULL, root, registry.host, python_image], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    tmp = os.path.join(root, "tmp")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None:  # until skopeo has started writing blobs
+        pulls = [n for n in os.listdir(tmp) if n.startswith("pull-")] if os.path.isdir(tmp) else []
+        if pulls and any(os.scandir(os.path.join(tmp, pulls[0], "oci", "blobs", "sha256"))):
+            break
+        time.sleep(0.01)
+    os.killpg(p.pid, signal.SIGKILL)
+    assert p.wait() == -signal.SIGKILL  # killed, not finished
+    assert [n for n in os.listdir(tmp) if n.startswith("pull-")]  # and midway
+    image = ImageCache(root, insecure=[registry.host]).pull(python_image)
+    with open(os.path.join(image.rootfs, "etc", "astraeus-test-image")) as f:
+        assert f.read() == "python test image\n"
+    assert os.path.exists(os.path.join(image.rootfs, "usr", "bin", "python3"))
+    ImageCache(root, max_bytes=0).evict()
+    assert os.listdir(tmp) == []

@@ -55,7 +55,7 @@ from astraeus.imageref import ImageRef
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
                "application/vnd.docker.distribution.manifest.list.v2+json")
 CREDENTIALS_HINT = "astraeus registries set {registry} --username USER --password-stdin"
-_HOLDER = re.compile(r"^[A-Za-z0-9_.:@+=-]{1,200}$")
+_HOLDER = re.compile(r"^[A-Za-z0-9_.:@+=-]{1,255}$")
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -206,7 +206,7 @@ def _hex_of(digest: str) -> str:
 
 def _check_holder(holder: str) -> str:
     if not _HOLDER.match(holder or "") or holder in (".", ".."):
-        raise ValueError(f"holder {holder!r}: use 1-200 letters, digits and . _ - : @ + =")
+        raise ValueError(f"holder {holder!r}: use 1-255 letters, digits and . _ - : @ + =")
     return holder
 
 

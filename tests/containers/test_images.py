@@ -233,6 +233,28 @@ def test_two_processes_pulling_at_once_pull_once(tmp_path, registry):
     assert os.listdir(os.path.join(root, "tmp")) == []
 
 
+def test_different_images_pulled_at_once_all_land_in_the_shared_layout(tmp_path, registry):
+    refs = [_unique_image(tmp_path, registry, f"apart-{i}")[0] for i in range(3)]
+    root = str(tmp_path / "cache")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO_ROOT, "src"))
+    procs = [subprocess.Popen([sys.executable, "-c", _PULL, root, registry.host, ref], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for ref in refs]
+    digests = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        digests.append(json.loads(out)["digest"])
+    cache = ImageCache(root)
+    assert sorted(f"sha256:{c.hex}" for c in cache.cached()) == sorted(digests)
+    with open(os.path.join(cache.layout, "index.json")) as f:
+        tags = {m["annotations"]["org.opencontainers.image.ref.name"] for m in json.load(f)["manifests"]}
+    assert tags == {d.split(":")[1] for d in digests}
+    for d in digests:  # each readable in the shared layout, and its files unpacked
+        p = subprocess.run(["umoci", "stat", "--image", f"{cache.layout}:{d.split(':')[1]}"], capture_output=True)
+        assert p.returncode == 0, p.stderr
+        assert os.path.exists(os.path.join(cache.get(d).rootfs, "etc", "unique"))
+
+
 def test_eviction_removes_least_recently_used_image_no_holder_uses(tmp_path, registry):
     a, layer_a = _unique_image(tmp_path, registry, "evict-a")
     b, layer_b = _unique_image(tmp_path, registry, "evict-b")

@@ -15,17 +15,20 @@ a root filesystem, garbage-collect the layout). The cache folder `root/`:
   holders/<hex>/<holder> one empty file per worker attempt using the image: never evicted while any exists
   locks/<hex>, locks/store   flock files: one pull per digest across processes; the layout's index and the
                          eviction under `store`
-  tmp/                   pulls in progress (their own small OCI layout, blobs hardlinked into oci/ at the end)
+  tmp/                   pulls in progress (their own small OCI layout, blobs hardlinked into oci/ at the end;
+                         so pulls of different images run at once); what a killed pull left is swept by evict()
 
 `<hex>` is always the hex of the registry's manifest digest (`Image.digest` is "sha256:<hex>"): the digest the
 registry and `skopeo inspect` show, and that a user pins with `@sha256:`.
 
-A pull is: resolve the reference to a manifest digest (a digest in the reference is used as is; a multi-arch
-index gives the machine's linux/<arch> manifest), lock that digest, and if the image is cached return it (no blob
-is fetched again); otherwise copy it with `skopeo copy` into a private layout that already holds (hardlinks) the
+A pull is: resolve the reference to a manifest digest with the registry (one manifest request, made with the
+run's own credentials, or anonymously — never with the machine's: so a private image cached by one workspace is
+not given to another that the registry refuses; a reference pinned by digest to an image pulled anonymously needs
+no registry at all; a multi-arch index gives the machine's linux/<arch> manifest), lock that digest, and if the
+image is cached return it (no blob is fetched again); otherwise copy it with `skopeo copy` into a private layout that already holds (hardlinks) the
 blobs the cache has, unpack it with `umoci raw unpack` into tmp/ and rename it into rootfs/, then move its blobs
 into oci/ and write its record (the record is written last: no record, no image). Credentials go to skopeo in a
-0600 auth file outside the cache, deleted as soon as skopeo is done: never in argv, an environment variable, a
+0600 auth file outside the cache (in /dev/shm), deleted as soon as skopeo is done: never in argv, an environment variable, a
 log line or an exception message.
 
 What decides (`plan_eviction`, `classify_skopeo_error`, `pick_platform`) is pure; `ImageCache` acts.

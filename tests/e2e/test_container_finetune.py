@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from astraeus.agent.runtime.container import container_tools_missing
+from tests import oci
 from tests.conftest import start_cluster
 from tests.containers.conftest import busybox_image, busybox_layout, python_image, python_layout, registry  # noqa: F401
 from tests.e2e.test_recipe import OFFLINE_ENV, sh
@@ -62,8 +63,10 @@ def container_cluster(tmp_path, registry):  # noqa: F811
 
 
 def test_the_finetune_in_a_container_is_preempted_and_resumes_at_the_same_global_step(
-        container_cluster, tmp_path, python_image, busybox_image):  # noqa: F811
+        container_cluster, tmp_path, registry, python_layout, python_image, busybox_image):  # noqa: F811
     cluster = container_cluster
+    layers = oci.layer_digests(python_layout)
+    gets_before = {d: registry.blob_gets(d) for d in layers}
     site = torch_site_packages()
     assert "runtime: container" in (cluster.home / "up.log").read_text()
     for f in ("finetune.json", "urgent.json", "finetune.py"):
@@ -148,6 +151,8 @@ def test_the_finetune_in_a_container_is_preempted_and_resumes_at_the_same_global
     assert worker["restarts"] == 0 and worker["preemptions"] == 1
     assert cluster.run("finetune-r50")["status"]["preemptions"] == 1
     assert cluster.run("urgent-eval")["status"]["state"] == "Completed"
+    # one pull in all: the resumed attempt started from the machine's image cache
+    assert {d: registry.blob_gets(d) - gets_before[d] for d in layers} == {d: 1 for d in layers}
 
     assert sh(cluster, tmp_path, "astra astraeus delete finetune-r50") == "finetune-r50 deleted\n"
     cluster.wait_for(lambda: cluster.run("finetune-r50").get("status", {}).get("state") in (None, "Cancelled"),

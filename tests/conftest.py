@@ -226,6 +226,29 @@ def runtime_kind(request) -> str:
     return request.param
 
 
+@dataclass
+class RuntimeChoice:
+    """The runtime a test's machines use: `env` for `astraeus agent` / `astraeus up` (ASTRAEUS_RUNTIME, and for
+    containers the insecure registry and the shared, pre-pulled image cache), `image` for its runs."""
+
+    kind: str
+    image: str
+    env: dict[str, str]
+
+
+@pytest.fixture
+def runtime(runtime_kind, request) -> RuntimeChoice:
+    """A test using it runs once with process-runtime machines and once with container-runtime machines (ids
+    "process"/"container"); its runs name `runtime.image` (the python test image in the session's registry for
+    containers; any name for the process runtime, which runs the command on the host)."""
+    from tests.runtimes import runtime_env
+
+    if runtime_kind == "container":
+        c = request.getfixturevalue("containers")
+        return RuntimeChoice("container", c.image, runtime_env("container", c))
+    return RuntimeChoice("process", "python:3.11", runtime_env("process", None))
+
+
 # ------------------------------------------------------------------------------------ in-process apps
 
 

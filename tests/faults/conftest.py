@@ -179,11 +179,13 @@ class AgentProc:
     log_path: Path
     gpus: int = 8
     stop_grace: float = 2.0
+    env: dict[str, str] = field(default_factory=dict)  # e.g. the runtime: tests.conftest.RuntimeChoice.env
     proc: subprocess.Popen | None = None
 
     def start(self) -> AgentProc:
         env = dict(os.environ)
         env["ASTRAEUS_STOP_GRACE"] = str(self.stop_grace)
+        env.update(self.env)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "astraeus"), "agent", "--server", self.server_url, "--token", self.token, "--name",
@@ -223,9 +225,9 @@ class Fleet:
         return s.start()
 
     def agent(self, server: Server, name: str = "gpu-01", gpus: int = 8, stop_grace: float = 2.0,
-              url: str | None = None) -> AgentProc:
+              url: str | None = None, env: dict | None = None) -> AgentProc:
         a = AgentProc(url or server.url, server.vars["ASTRAEUS_MACHINE_TOKEN"], name, self.tmp / f"agent-{name}",
-                      self.tmp / f"agent-{name}.log", gpus=gpus, stop_grace=stop_grace)
+                      self.tmp / f"agent-{name}.log", gpus=gpus, stop_grace=stop_grace, env=dict(env or {}))
         self.agents.append(a)
         return a.start()
 
@@ -328,15 +330,27 @@ class Proxy:
 # ------------------------------------------------------------------------------------------ runs
 
 
+def machines_run(client: httpx.Client, kind: str, n: int = 1) -> list[dict]:
+    """Wait until `n` machines are listed and check that each runs workers with the runtime asked for ("process",
+    or "container (runc …)"): a container variant of a test must not pass on the process runtime."""
+    ms = wait_for(lambda: (items := client.get("/machines").json()["items"]) and len(items) >= n and items,
+                  timeout=60, what=f"{n} machine(s) registered")
+    assert all((m.get("runtime") or "").split(" ")[0] == kind for m in ms), [m.get("runtime") for m in ms]
+    return ms
+
+
 def sleeper_run(name: str, *, gpus: int = 1, priority: int = 0, restart: str = "OnFailure", code: str | None = None,
-                max_restarts: int = 10, env: dict | None = None, names: list[str] | None = None) -> dict:
-    """A light worker: a python process printing a counter every half second (or `code`)."""
+                max_restarts: int = 10, env: dict | None = None, names: list[str] | None = None,
+                image: str = "python:3.11") -> dict:
+    """A light worker: a python process printing a counter every half second (or `code`). `image`: what the
+    container runtime runs it from (tests.conftest.RuntimeChoice.image); the process runtime runs `python` on the
+    host whatever the image."""
     code = code or ("import time\ni = 0\nwhile True:\n    print(i, flush=True)\n    i += 1\n    time.sleep(0.5)\n")
     rr: dict = {"cpu_cores": 1, "memory_bytes": 1 << 28, "gpu_requests": {"count": gpus}}
     if names:
         rr["node_selection"] = {"mode": "Names", "names": names}
     return {"metadata": {"name": name}, "spec": {"priority": priority, "task_template": {
-        "image": "python:3.11", "command": "python", "args": ["-c", code], "env": env or {},
+        "image": image, "command": "python", "args": ["-c", code], "env": env or {},
         "restart_policy": restart, "max_restarts": max_restarts, "requested_resources": rr}}}
 
 

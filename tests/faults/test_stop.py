@@ -2,7 +2,9 @@
 the whole tree at SIGTERM + grace (± 1 s), double-forked children included; a worker that exits on SIGTERM is
 never SIGKILLed; each preemption adds exactly one to the run's preemption count and none to its restarts.
 (tests/agent/test_runtime.py checks the same at the runtime level: test_stop_kills_whole_tree_including_double_forked,
-test_early_exit_never_gets_sigkill.)"""
+test_early_exit_never_gets_sigkill.) Both run on both runtimes (`runtime`: ids process/container), and so does a
+short check that a time limit fails the worker and OnFailure restarts it, on containers (tests/lifecycle has
+those for the process runtime)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import pid_alive, sleeper_run, wait_for
+from tests.conftest import start_cluster
+
+from .conftest import machines_run, pid_alive, sleeper_run, wait_for
 
 GRACE = 2.0
 
@@ -56,14 +60,19 @@ while True:
 """
 
 
-def _urgent(name: str) -> dict:
-    return sleeper_run(name, gpus=8, restart="Never")
+@pytest.fixture
+def cluster(tmp_path, runtime):
+    """A fresh `astraeus up` (one machine, 8 simulated GPUs, stop grace 2 s) whose machine uses the test's runtime."""
+    c = start_cluster(tmp_path / "home", env=runtime.env)
+    c.image = runtime.image
+    with c.client() as cl:
+        machines_run(cl, runtime.kind)
+    yield c
+    c.stop()
 
 
-def _preempt_once(c, cl, victim: str, urgent: str) -> None:
-    assert c.post("/runs", json=_urgent(urgent)).status_code == 201
-    cl.wait_for(lambda: cl.worker(victim + "-0")["state"] == "Pending" and cl.worker(victim + "-0")["attempt"] > 0,
-                timeout=30, what=f"{victim} preempted and queued again")
+def _urgent(name: str, image: str) -> dict:
+    return sleeper_run(name, gpus=8, restart="Never", image=image)
 
 
 def host_pid(main: int, ns_pid: int) -> int:
@@ -94,10 +103,12 @@ def test_stop_timing_tree_kill_and_preemption_counts(cluster, tmp_path):
             {"node": "gpu-01", "path": str(out), "mount_path": "/out", "mode": "ReadWrite"}],
             "permissions": {"create": True}}}
         assert c.post("/drives", json=drive).status_code == 201
-        stubborn = sleeper_run("stubborn", gpus=4, priority=-10, code=STUBBORN, env={"OUT": "/out"})
+        stubborn = sleeper_run("stubborn", gpus=4, priority=-10, code=STUBBORN, env={"OUT": "/out"},
+                               image=cluster.image)
         stubborn["spec"]["task_template"]["datavolume_refs"] = [{"name": "out", "mount_path": "/out"}]
         assert c.post("/runs", json=stubborn).status_code == 201
-        assert c.post("/runs", json=sleeper_run("polite", gpus=4, priority=-10, code=POLITE)).status_code == 201
+        polite = sleeper_run("polite", gpus=4, priority=-10, code=POLITE, image=cluster.image)
+        assert c.post("/runs", json=polite).status_code == 201
         for r in ("stubborn", "polite"):
             cluster.wait_for(lambda r=r: cluster.worker(r + "-0")["state"] == "Running", timeout=30, what=r)
         cluster.wait_for(lambda: (out / "grandchild").exists() and (out / "child").exists(), what="children")
@@ -108,7 +119,7 @@ def test_stop_timing_tree_kill_and_preemption_counts(cluster, tmp_path):
         assert all(pid_alive(p) for p in (main, gc, child, polite_pid))
 
         # one urgent run needing all 8 GPUs preempts both
-        assert c.post("/runs", json=_urgent("urgent-1")).status_code == 201
+        assert c.post("/runs", json=_urgent("urgent-1", cluster.image)).status_code == 201
         deaths: dict[int, float] = {}
         end = time.time() + GRACE + 15
         while time.time() < end and len(deaths) < 4:
@@ -138,7 +149,7 @@ def test_stop_timing_tree_kill_and_preemption_counts(cluster, tmp_path):
             assert c.delete(f"/runs/urgent-{k - 1}").status_code == 200
             cluster.wait_for(lambda: cluster.worker("polite-0")["state"] == "Running", timeout=30, what="polite back")
             cluster.wait_for(lambda: cluster.worker("stubborn-0")["state"] == "Running", timeout=30, what="back")
-            assert c.post("/runs", json=_urgent(f"urgent-{k}")).status_code == 201
+            assert c.post("/runs", json=_urgent(f"urgent-{k}", cluster.image)).status_code == 201
             cluster.wait_for(lambda k=k: cluster.run("polite")["status"]["preemptions"] == k
                              and cluster.worker("polite-0")["state"] == "Pending", timeout=30, what=f"preemption {k}")
             run = cluster.run("polite")
@@ -150,3 +161,36 @@ def test_stop_timing_tree_kill_and_preemption_counts(cluster, tmp_path):
     # nothing of the stubborn tree survived any of it
     assert not any(pid_alive(p) for p in (main, gc, child))
     shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.mark.faults
+def test_time_limit_fails_and_on_failure_restarts_a_container(tmp_path, containers):
+    """On the container runtime, as tests/lifecycle/test_lifecycle.py checks on the process runtime: a worker
+    past its time limit is stopped and Failed, not restarted; a worker that exits 3 under OnFailure is started
+    again (from its image, a fresh attempt) until its restart budget is spent."""
+    cl = start_cluster(tmp_path / "home", env={**containers.agent_env(), "ASTRAEUS_RESTART_BACKOFF_BASE": "1"})
+    try:
+        with cl.client() as c:
+            machines_run(c, "container")
+            too_long = sleeper_run("too-long", restart="OnFailure", image=containers.image,
+                                   code="import time\nprint('start', flush=True)\ntime.sleep(600)\n")
+            too_long["spec"]["task_template"]["time_limit_seconds"] = 2
+            assert c.post("/runs", json=too_long).status_code == 201
+            crashy = sleeper_run("crashy", restart="OnFailure", max_restarts=2, image=containers.image,
+                                 code="import sys\nprint('try', flush=True)\nsys.exit(3)\n")
+            assert c.post("/runs", json=crashy).status_code == 201
+            for name in ("too-long", "crashy"):
+                cl.wait_for(lambda name=name: cl.run(name)["status"]["state"] == "Failed", timeout=90,
+                            what=f"{name} Failed")
+        w = cl.run("too-long")["status"]["workers"][0]
+        assert (w["state"], w["restarts"], w["reason"]) == ("Failed", 0, "Stopped at its time limit (2s); not restarted")
+        assert cl.logs("too-long-0").count("start") == 1
+        run = cl.run("crashy")
+        w = run["status"]["workers"][0]
+        assert (w["state"], w["restarts"], w["exit_code"]) == ("Failed", 2, 3)
+        assert w["reason"] == "Failed (exit code 3); restart budget spent"
+        assert cl.logs("crashy-0").count("try") == 3
+        reasons = [h["reason"] for h in run["status"]["history"]]
+        assert "Failed (exit code 3); restart 1 of 2 in 1s" in reasons
+    finally:
+        cl.stop()

@@ -328,13 +328,21 @@ WORKER_ENV = {
     "ASTRAEUS_GPU_COUNT": "the GPUs this worker holds",
     "ASTRAEUS_ATTEMPT": "the attempt number (each restart or requeue is a new attempt)",
     "ASTRAEUS_WORKER_ID": "`<agent>:<worker>.<attempt>`: how the agent finds the worker's processes again",
-    "CUDA_VISIBLE_DEVICES": "the GPU indices this worker holds",
+    "CUDA_VISIBLE_DEVICES": "the GPUs this worker holds: the machine's indices with the process runtime; numbered "
+                            "from 0 in a container, which sees only its own GPUs",
+    "NVIDIA_VISIBLE_DEVICES": "in a container: the machine's indices of the GPUs this worker holds (`void` for none)",
+    "ASTRAEUS_STOP_REASON_FILE": "a file that, before SIGTERM, holds why the worker is stopped and its grace: "
+                                 "`{\"reason\": \"Preempted by higher-priority work (urgent)\", \"grace_seconds\": 30, "
+                                 "\"requested_at\": 1764400000.5}` (`/run/astraeus/stop-reason` in a container; "
+                                 "docs/api.md, \"What a worker gets\")",
     "SLURM_JOB_NAME": "the run's name, for scripts written for Slurm",
 }
 INTERNAL_ENV = {
     "ASTRAEUS_SHIM_OWNER": "set by the agent for each worker's supervisor (shim): the agent it belongs to",
     "ASTRAEUS_SHIM_ID": "set by the agent for each shim: `<worker>.<attempt>`",
     "ASTRAEUS_SHIM_DIR": "set by the agent for each shim: the attempt's folder in the state dir",
+    "ASTRAEUS_INIT": "set by a container worker's shim for the worker's PID 1 (a reaper that holds its PID "
+                     "namespace): its program",
 }
 WRITTEN_ENV = {
     "ASTRAEUS_SERVER": "the control plane's URL (read by `astraeus agent`)",

@@ -218,3 +218,43 @@ def test_the_worker_reads_why_it_is_stopped_before_sigterm(server, tmp_path):
         agent.shutdown()  # --stop-workers-on-exit: the agent drains its machine
     got = json.loads((out / "drained").read_text())
     assert got["reason"] == "the machine is draining"
+
+
+# ------------------------------------------------------------------------------------------- the settings
+def test_container_settings_are_read_from_the_environment(monkeypatch, tmp_path):
+    from astraeus.settings import AgentSettings
+
+    for k in list(os.environ):
+        if k.startswith("ASTRAEUS_"):
+            monkeypatch.delenv(k)
+    s = AgentSettings.load()
+    assert (s.runtime, s.insecure_registries, s.image_cache_dir, s.image_cache_bytes, s.worker_shm_bytes) == (
+        "auto", [], None, 100 * 1024**3, None)
+    monkeypatch.setenv("ASTRAEUS_RUNTIME", "container")
+    monkeypatch.setenv("ASTRAEUS_INSECURE_REGISTRIES", " 127.0.0.1:5000, registry.lan:5000 ,")
+    monkeypatch.setenv("ASTRAEUS_IMAGE_CACHE_DIR", str(tmp_path / "images"))
+    monkeypatch.setenv("ASTRAEUS_IMAGE_CACHE_BYTES", "50GiB")
+    monkeypatch.setenv("ASTRAEUS_WORKER_SHM_BYTES", "1073741824")
+    s = AgentSettings.load()
+    assert (s.runtime, s.insecure_registries, s.image_cache_dir, s.image_cache_bytes, s.worker_shm_bytes) == (
+        "container", ["127.0.0.1:5000", "registry.lan:5000"], tmp_path / "images", 50 * 1024**3, 1 << 30)
+    monkeypatch.setenv("ASTRAEUS_IMAGE_CACHE_BYTES", "0")
+    assert AgentSettings.load().image_cache_bytes == 0  # no limit
+
+
+@pytest.mark.parametrize(("var", "value", "line"), [
+    ("ASTRAEUS_INSECURE_REGISTRIES", "http://127.0.0.1:5000",
+     'ASTRAEUS_INSECURE_REGISTRIES: must be comma-separated host[:port] entries, such as '
+     '127.0.0.1:5000,registry.lan:5000, got "http://127.0.0.1:5000"'),
+    ("ASTRAEUS_IMAGE_CACHE_BYTES", "lots",
+     'ASTRAEUS_IMAGE_CACHE_BYTES: must be a size such as 50GiB, 500M or a whole number of bytes (0: no limit), '
+     'got "lots"'),
+    ("ASTRAEUS_WORKER_SHM_BYTES", "0",
+     'ASTRAEUS_WORKER_SHM_BYTES: must be a size such as 16GiB or a whole number of bytes > 0, got "0"'),
+])
+def test_a_bad_container_setting_stops_the_agent_with_one_line_naming_it(tmp_path, var, value, line):
+    p = subprocess.run([sys.executable, "-m", "astraeus.main", "agent", "--server", "http://127.0.0.1:1",
+                        "--token", "x"], env=_env(tmp_path, **{var: value}), capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip() == f"astraeus agent: {line}"

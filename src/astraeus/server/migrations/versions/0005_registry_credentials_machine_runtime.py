@@ -32,6 +32,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("machines") as batch:
+    # ALTER TABLE ... DROP COLUMN (SQLite 3.35+), not batch's copy-and-move: copying would drop and recreate
+    # `machines`, which the foreign keys of workers and tokens forbid while they hold rows.
+    with op.batch_alter_table("machines", recreate="never") as batch:
         batch.drop_column("runtime")
     op.drop_table("registry_credentials")

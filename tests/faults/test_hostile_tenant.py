@@ -5,8 +5,9 @@ configs at /etc/…, /opt/…/… and inside the agent's state dir. Every step m
 the host, and vision's worker runs on untouched (Running, same pid, its log growing, and it still stops).
 
 The guarantees are a checklist: ATTACKS holds one function per attack (its source runs inside the hostile
-worker), GUARANTEES the host-side checks. The container runtime (issue 14) must give the same guarantees: run
-this module against it (parametrise `runtime`) when it lands."""
+worker), GUARANTEES the host-side checks. The container runtime (issue 14) gives the same guarantees: the test
+runs on both (`runtime`: ids process/container; in a container, the host paths the attacks aim at are the
+host's, as the test found them, so each attack means the same)."""
 
 from __future__ import annotations
 
@@ -197,9 +198,10 @@ while True:
 '''
 
 
-def _run(name: str, code: str, args: list[str], env: dict, configs: list[dict], drives: list[dict]) -> dict:
+def _run(name: str, code: str, args: list[str], env: dict, configs: list[dict], drives: list[dict],
+         image: str) -> dict:
     return {"metadata": {"name": name}, "spec": {"task_template": {
-        "image": "python:3.11", "command": "python", "args": ["-c", code, *args], "env": env,
+        "image": image, "command": "python", "args": ["-c", code, *args], "env": env,
         "restart_policy": "Never", "configs": configs, "datavolume_refs": drives,
         "requested_resources": {"cpu_cores": 1, "memory_bytes": 1 << 29, "gpu_requests": {"count": 1}}}}}
 
@@ -232,23 +234,34 @@ def _has_env(pid: int, prefix: bytes) -> bool:
 
 
 @pytest.fixture
-def cluster():
+def cluster(runtime):
     """A real `astraeus up` whose home (env with tokens, the database, the agent's state dir) is NOT under /tmp,
-    so that hiding them is what keeps them from the worker (not its private /tmp)."""
+    so that hiding them is what keeps them from the worker (not its private /tmp); its machine uses the test's
+    runtime."""
     import tempfile
 
     from tests.conftest import start_cluster
 
+    from .conftest import machines_run
+
     top = Path(tempfile.mkdtemp(prefix="astraeus-hostile-", dir="/var/tmp"))
-    c = start_cluster(top / "home")
+    c = start_cluster(top / "home", env=runtime.env)
+    c.image = runtime.image
     try:
+        with c.client() as cl:
+            machines_run(cl, runtime.kind)
         yield c
     finally:
         c.stop()
         shutil.rmtree(top, ignore_errors=True)
 
 
-def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster):
+# In a container, /root is the worker's own HOME in its own layer of the image (the host's /root is not in its
+# view): writing there reaches nothing of the host's, which the host-side check below proves (/root/<tag>-root).
+OWN_LAYER = {"process": set(), "container": {"write_root"}}
+
+
+def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster, runtime):
     tag = f"astraeus-hostile-{uuid.uuid4().hex[:8]}"
     base = Path("/data/astraeus") / tag
     (base / "nro").mkdir(parents=True)
@@ -266,7 +279,8 @@ def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster):
             assert r.status_code == 201, r.text
             r = vis.post("/runs", json=_run("vlong", VISION, [], {"VISION_SECRET": secret},
                                             [{"mounts": ["/etc/vision/conf.yaml"], "value": f"config-{secret}"}],
-                                            [{"name": "vckpt", "mount_path": "/vckpt", "mode": "ReadWrite"}]))
+                                            [{"name": "vckpt", "mount_path": "/vckpt", "mode": "ReadWrite"}],
+                                            cluster.image))
             assert r.status_code == 201, r.text
             wait_for(lambda: vis.get("/workers/vlong-0/logs").text.count("\n") >= 3, timeout=60,
                      what="vision's worker printing")
@@ -288,15 +302,16 @@ def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster):
             configs = [{"mounts": [f"/etc/{tag}"], "value": "x"}, {"mounts": [f"/opt/{tag}/y"], "value": "y"},
                        {"mounts": [str(state_dir / "workers" / vision_dir / "stop.json")], "value": "{}"}]
             r = nlp.post("/runs", json=_run("attack", hostile_script(), [json.dumps(targets)], {}, configs,
-                                            [{"name": "nro", "mount_path": "/ro", "mode": "ReadOnly"}]))
+                                            [{"name": "nro", "mount_path": "/ro", "mode": "ReadOnly"}], cluster.image))
             assert r.status_code == 201, r.text
             logs = wait_for(lambda: (t := nlp.get("/workers/attack-0/logs").text) and "DONE" in t and t,
                             timeout=60, what="the hostile worker's steps")
         lines = logs.splitlines()
-        reached = [ln for ln in lines if ln.startswith("REACHED")]
+        own = OWN_LAYER[runtime.kind]
+        reached = [ln for ln in lines if ln.startswith("REACHED") and ln.split()[1].rstrip(":") not in own]
         assert not reached, "\n".join(reached)
         blocked = {ln.split()[1].rstrip(":") for ln in lines if ln.startswith("BLOCKED")}
-        assert blocked == {f.__name__[len("attack_"):] for f in ATTACKS}, lines
+        assert blocked | own == {f.__name__[len("attack_"):] for f in ATTACKS}, lines
         info = " ".join(ln for ln in lines if ln.startswith("INFO"))
         assert "uid=0 " not in info and "CapEff=0000000000000000" in info and "CapBnd=0000000000000000" in info, info
         assert "NoNewPrivs=1" in info, info

@@ -10,7 +10,8 @@ from importlib import import_module
 import pytest
 from fastapi import APIRouter
 
-ROUTERS = ("workspace", "runs", "workers", "drives", "events", "machines", "admin", "agent", "health", "console")
+ROUTERS = ("workspace", "runs", "workers", "drives", "registries", "events", "machines", "admin", "agent", "health",
+           "console")
 SERVER_ROUTERS = [n for n in ROUTERS if n != "console"]
 
 
@@ -57,6 +58,8 @@ def test_every_url_keeps_its_tag(app):
         f"GET {ws}/workers/{{name}}/logs": ["workspace"],
         f"POST {ws}/drives": ["workspace"], f"GET {ws}/drives": ["workspace"],
         f"GET {ws}/drives/{{name}}": ["workspace"], f"DELETE {ws}/drives/{{name}}": ["workspace"],
+        f"PUT {ws}/registries/{{host}}": ["workspace"], f"GET {ws}/registries": ["workspace"],
+        f"GET {ws}/registries/{{host}}": ["workspace"], f"DELETE {ws}/registries/{{host}}": ["workspace"],
         f"GET {ws}/events": ["workspace"], f"GET {ws}/machines": ["workspace"],
         f"GET {org}/workspaces": ["organisation"], f"POST {org}/workspaces": ["organisation"],
         f"GET {org}/workspaces/{{name}}": ["organisation"], f"PATCH {org}/workspaces/{{name}}": ["organisation"],

@@ -68,7 +68,10 @@ def test_the_finetune_in_a_container_is_preempted_and_resumes_at_the_same_global
     layers = oci.layer_digests(python_layout)
     gets_before = {d: registry.blob_gets(d) for d in layers}
     site = torch_site_packages()
-    assert "runtime: container" in (cluster.home / "up.log").read_text()
+    cluster.wait_for(lambda: "ready (runtime: container (runc" in (cluster.home / "up.log").read_text(), 30,
+                     what="astraeus up to say its machine runs containers")
+    with cluster.client() as c:
+        assert c.get("/machines").json()["items"][0]["runtime"].startswith("container (runc")
     for f in ("finetune.json", "urgent.json", "finetune.py"):
         shutil.copy(EXAMPLE / f, tmp_path / f)
     # a new cluster's workspace is a new owner (its own uid): the drive's folder starts afresh, handed to it

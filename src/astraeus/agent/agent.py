@@ -13,6 +13,18 @@ credential. gpus=None → NVML's count (0 without NVML); gpus=N → N simulated 
 default to the machine's. state_dir, stop_grace and image_map default to the environment's (astraeus.settings.AgentSettings: $ASTRAEUS_STATE_DIR or $ASTRAEUS_HOME/agents/<name>,
 $ASTRAEUS_STOP_GRACE or 30 s, $ASTRAEUS_IMAGE_MAP).
 
+Runtime: `runtime_kind` ("auto", "container", "process"; `astraeus agent --runtime`, default $ASTRAEUS_RUNTIME or
+auto) says how workers run; auto is container (each worker in its image, run by runc) on a machine with NVIDIA GPUs,
+runc, skopeo and umoci installed and the agent running as root, else process (`choose_runtime`, pure; the facts are
+found by `build_runtime`). The agent logs which it uses ("runtime: container (runc 1.1.5) (auto: …)") and
+registers it, so the machine shows it. Asking for container where it cannot run raises RuntimeChoiceError, which
+says what to install (`astraeus agent` exits 2 with it). A worker's registry credential comes with its assignment
+(`registry_auth`) and goes to the runtime only; it is never logged.
+
+Stop reasons: the agent passes the runtime why it stops a worker, which the worker reads from
+ASTRAEUS_STOP_REASON_FILE before SIGTERM: the control plane's `stop_reason` (preempted, time limit, deleted, gang),
+"no longer assigned to this machine", or "the machine is draining" (stop_workers_on_exit).
+
 On exit the agent leaves its workers running (their shims keep supervising them; the next agent started with
 the same state dir adopts them), unless stop_workers_on_exit (`--stop-workers-on-exit`, used by `astraeus up`
 for local clusters): then every worker is stopped (SIGTERM, grace, SIGKILL) before it returns.
@@ -303,8 +315,11 @@ class Agent:
                     if self._sleep(backoff.next()):
                         return
                 except ValidationError as e:  # before ValueError, which it is
+                    # Where and what only: pydantic's own text quotes the input, which may hold a registry password.
+                    where = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg')}"
+                                      for err in e.errors()[:5])
                     log.error("the control plane's answer does not fit this agent's protocol (%s); is one of them "
-                              "a different version? retrying", e)
+                              "a different version? retrying", where)
                     if self._sleep(backoff.next()):
                         return
                 except (httpx.HTTPError, ValueError) as e:

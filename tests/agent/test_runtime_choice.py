@@ -258,3 +258,37 @@ def test_a_bad_container_setting_stops_the_agent_with_one_line_naming_it(tmp_pat
                        timeout=60)
     assert p.returncode == 2
     assert p.stderr.strip() == f"astraeus agent: {line}"
+
+
+def test_a_worker_no_longer_assigned_here_reads_so_before_sigterm(tmp_path, assignment):
+    """The agent stops a worker its machine no longer has (the control plane moved it away while the machine
+    was cut off): the worker reads "no longer assigned to this machine"."""
+    from astraeus import protocol as P
+    from astraeus.agent.runtime.process import ProcessRuntime
+
+    rt = ProcessRuntime(str(tmp_path / "state"), stop_grace=5)
+    agent = Agent("http://127.0.0.1:1", "x", "gpu-01", gpus=0, cpu_cores=2, memory_bytes=4 << 30,
+                  state_dir=str(tmp_path / "state"), stop_grace=5, runtime=rt)
+    script = ("import json, os, signal, sys, time\n"
+              "def on_term(s, f):\n"
+              "    open(os.environ['TMPDIR_TEST'] + '/why', 'w').write(open(os.environ['ASTRAEUS_STOP_REASON_FILE']).read())\n"
+              "    sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, on_term)\n"
+              "open(os.environ['TMPDIR_TEST'] + '/ready', 'w').write('1')\n"
+              "while True: time.sleep(0.05)\n")
+    a = P.Assignment.model_validate(assignment(script, worker="ws-000000000000.moved-0", command=sys.executable))
+    try:
+        agent.set_assignments(1, [a])
+        agent.reconcile()
+        wait_for(lambda: (tmp_path / "ready").exists(), timeout=30, what="the worker to run")
+        agent.set_assignments(2, [])  # the control plane no longer puts it here
+        agent.reconcile()
+        got = json.loads(wait_for(lambda: (tmp_path / "why").exists() and (tmp_path / "why").read_text(),
+                                  timeout=20, what="the stop reason"))
+        assert got["reason"] == "no longer assigned to this machine"
+        assert 4 < got["grace_seconds"] <= 5
+    finally:
+        for st in rt.list():
+            if not st.final:
+                rt.stop(st.worker, st.attempt, grace=0)
+        agent.pool.shutdown(wait=True)

@@ -187,10 +187,7 @@ time.sleep(0.3)
     wait_for(lambda: not pid_alive(bg), timeout=3)
 
 
-@pytest.mark.parametrize("kind", ["process", pytest.param("container", marks=pytest.mark.xfail(
-    strict=True, reason="container runtime bug: runc makes the mount points of drives/configs nested in another "
-    "drive on the host, through that drive (mnt/ckpt, mnt/ro, mnt/app/conf.json are left in the test's folder)"))],
-    indirect=True)
+@both
 def test_configs_and_drives_inside_the_worker(rt, assignment, tmp_path):
     granted = tmp_path / "data"
     (granted / "ro").mkdir(parents=True)

@@ -226,8 +226,11 @@ class Fleet:
 
     def agent(self, server: Server, name: str = "gpu-01", gpus: int = 8, stop_grace: float = 2.0,
               url: str | None = None, env: dict | None = None) -> AgentProc:
+        """An agent on `server`; `env` adds to its environment (default: the process runtime, whatever the machine
+        would choose: these tests' runs name images no registry here serves)."""
         a = AgentProc(url or server.url, server.vars["ASTRAEUS_MACHINE_TOKEN"], name, self.tmp / f"agent-{name}",
-                      self.tmp / f"agent-{name}.log", gpus=gpus, stop_grace=stop_grace, env=dict(env or {}))
+                      self.tmp / f"agent-{name}.log", gpus=gpus, stop_grace=stop_grace,
+                      env=dict(env if env is not None else {"ASTRAEUS_RUNTIME": "process"}))
         self.agents.append(a)
         return a.start()
 

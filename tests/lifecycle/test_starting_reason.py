@@ -1,7 +1,11 @@
 """While a worker starts, its reason is what its machine says it is doing (issue 14): an agent report with state
 Starting and a message ("Pulling image 127.0.0.1:5000/x:1") makes that the worker's reason, and the run's reason
 shows it; then Running, or a StartFailed's reason. Through the agent protocol (POST /report) of an in-process
-control plane, read back with GET run as a user sees it."""
+control plane, read back with GET run as a user sees it.
+
+And the other way: why a worker is stopped reaches its machine in the assignment (`stop_reason`), in the words
+the pages use, which the agent writes to the worker's ASTRAEUS_STOP_REASON_FILE: another workspace's run is never
+named."""
 
 from __future__ import annotations
 
@@ -117,3 +121,76 @@ def test_a_gang_run_shows_the_word_of_a_worker_still_starting(app):
                         "message": "Pulling\nimage   " + "x" * 2000}, machine=a["machine"])
     reason = _run(app, "gang")["status"]["workers"][0]["reason"]
     assert reason.startswith("Pulling image xxx") and "\n" not in reason and len(reason) == 500
+
+
+def _body(run: str, gpus: int, priority: int = 0, time_limit: int | None = None) -> dict:
+    tt = {"image": IMAGE, "command": "sleep", "args": ["600"],
+          "requested_resources": {"gpu_requests": {"count": gpus}}}
+    if time_limit:
+        tt["time_limit_seconds"] = time_limit
+    return {"metadata": {"name": run}, "spec": {"priority": priority, "task_template": tt}}
+
+
+def _assignment(app, cred: str, run: str) -> dict | None:
+    got = app.client.get("/api/v1/agent/assignments", params={"machine": "gpu-01"}, headers=_h(cred)).json()
+    return next((a for a in got["assignments"] if a["run"] == run), None)
+
+
+def _end_all(app, cred: str) -> None:
+    """The machine reports every worker it was given as ended by its SIGTERM."""
+    got = app.client.get("/api/v1/agent/assignments", params={"machine": "gpu-01"}, headers=_h(cred)).json()
+    _report(app, {"gpu-01": cred}, *({"worker": a["worker"], "attempt": a["attempt"], "state": "Exited",
+                                      "signal": 15} for a in got["assignments"]))
+
+
+def test_the_machine_is_told_why_each_worker_stops(app):
+    import time
+
+    from astraeus.server import loop
+
+    cred = _register(app, "gpu-01")
+    org = f"/api/v1/o/{app.boot['org']}"
+    adm = _h(app.boot["admin_token"])
+    assert app.client.post(f"{org}/workspaces", json={"name": "audio", "clusters": {"main": {"max_priority": 50}}},
+                           headers=adm).status_code == 201
+    audio = _h(app.client.post(f"{org}/tokens", json={"kind": "user", "workspace": "audio", "role": "editor"},
+                               headers=adm).json()["token"])
+    assert app.client.patch(f"{org}/workspaces/vision", json={"clusters": {"main": {"max_priority": 50}}},
+                            headers=adm).status_code == 200
+
+    def preempted(victim: str, by: dict, by_api: str, by_h: dict) -> str:
+        assert app.client.post(app.api + "/runs", json=_body(victim, 8, priority=-100), headers=app.h()).status_code \
+            == 201
+        wait_for(lambda: _assignment(app, cred, victim), timeout=20, what=f"{victim} placed")
+        assert app.client.post(by_api + "/runs", json=by, headers=by_h).status_code == 201
+        a = wait_for(lambda: (x := _assignment(app, cred, victim)) and x["desired"] == "Stopped" and x, timeout=30,
+                     what=f"{victim} told to stop")
+        assert a["registry_auth"] is None
+        return a["stop_reason"]
+
+    # Preempted by a run of its own workspace: named; by another workspace's: not.
+    assert preempted("low-a", _body("urgent", 8, priority=10), app.api, app.h()) == \
+        "Preempted by higher-priority work (urgent)"
+    assert app.client.delete(app.api + "/runs/urgent", headers=app.h()).status_code == 200
+    assert app.client.delete(app.api + "/runs/low-a", headers=app.h()).status_code == 200
+    _end_all(app, cred)
+    wait_for(lambda: not _assignment(app, cred, "urgent") and not _assignment(app, cred, "low-a"), timeout=30,
+             what="the machine empty")
+    reason = preempted("low-b", _body("their-eval", 8, priority=10), f"{org}/w/audio", audio)
+    assert reason == "Preempted by higher-priority work (a job in another namespace)"
+    assert "their-eval" not in reason and "audio" not in reason
+    assert app.client.delete(f"{org}/w/audio/runs/their-eval", headers=audio).status_code == 200
+    assert app.client.delete(app.api + "/runs/low-b", headers=app.h()).status_code == 200
+    _end_all(app, cred)
+    wait_for(lambda: not _assignment(app, cred, "their-eval") and not _assignment(app, cred, "low-b"), timeout=30,
+             what="the machine empty")
+
+    # Past its time limit.
+    assert app.client.post(app.api + "/runs", json=_body("limited", 1, time_limit=60), headers=app.h()) \
+        .status_code == 201
+    wait_for(lambda: _assignment(app, cred, "limited"), timeout=20, what="limited placed")
+    with app.cp.sessions() as s:
+        loop.enforce_time_limits(s, time.time() + 3600)
+        s.commit()
+    a = _assignment(app, cred, "limited")
+    assert a["desired"] == "Stopped" and a["stop_reason"] == "Stopping: time limit of 1m reached"

@@ -127,6 +127,9 @@ def start_cluster(home: Path, *, gpus: int = 8, machines: int = 1, stop_grace: f
     e = dict(os.environ)
     e["ASTRAEUS_STOP_GRACE"] = str(stop_grace)
     e["ASTRAEUS_HEARTBEAT"] = "1"
+    # The process runtime unless the test asks for another (env, or --runtime in extra_args): on a GPU machine with
+    # the container tools, auto would choose containers, and most tests' runs name images no registry here serves.
+    e.setdefault("ASTRAEUS_RUNTIME", "process")
     e.update(env or {})
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "up.log", "ab")

@@ -304,3 +304,14 @@ def test_mount_paths_inside_another_drive_are_made_in_the_container_only(crt, bo
     assert "outer file" in out and "{}" in out
     assert (inner / "step").read_text() == "w\n"
     assert sorted(os.listdir(outer)) == ["kept.txt"]  # no mount point was made in the drive on the host
+
+
+def test_the_worker_cannot_make_namespaces_or_mounts(crt, box):
+    """No capabilities, and a seccomp filter: no new user namespace (which would give it capabilities over
+    namespaces of its own), no mount, no setns."""
+    st, out = run_to_end(crt, box("unshare -U true && echo userns-made || echo no-userns; "
+                                  "unshare -n true && echo netns-made || echo no-netns; "
+                                  "mount -t tmpfs none /tmp && echo mounted || echo no-mount"))
+    assert st.exit_code == 0, out
+    assert "no-userns" in out and "no-netns" in out and "no-mount" in out, out
+    assert "made" not in out and "mounted" not in out

@@ -75,8 +75,10 @@ class ContainerRuntime(ProcessRuntime):
         env.update(assignment.env)
         gpus = [str(i) for i in assignment.gpu_indices]
         # The machine's GPU indices; inside, the worker's GPUs are its only ones, numbered from 0.
-        env.setdefault("NVIDIA_VISIBLE_DEVICES", ",".join(gpus) if gpus else "void")
-        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(len(gpus))))
+        # (the control plane sends the machine's indices in CUDA_VISIBLE_DEVICES: right on the host, wrong in
+        # a container, where only the worker's GPUs exist)
+        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus) if gpus else "void"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
         env["ASTRAEUS_WORKER_ID"] = self.marker(assignment.worker, assignment.attempt)
         env["ASTRAEUS_STOP_REASON_FILE"] = oci_spec.STOP_REASON_FILE
         return env, f"container {assignment.image}"
@@ -140,9 +142,27 @@ class ContainerRuntime(ProcessRuntime):
                             live_ids.add(item.split(b"=", 1)[1].decode())
             except OSError:
                 continue
-        live_cids = {f"{self.owner}-{sid}" if len(sid) <= 200 else None for sid in live_ids}
+        live_cids = {self._cid_of(sid) for sid in live_ids}
         self._sweep_containers(live_cids)
+        try:  # images held by attempts a crash ended may be evicted again
+            from astraeus.agent.runtime.oci_images import ImageCache
+
+            # (the cache may be shared by several agents of one host: only this agent's holders are judged)
+            others = set()
+            holders = os.path.join(self.image_cache_dir, "holders")
+            for d in os.listdir(holders) if os.path.isdir(holders) else []:
+                others |= {h for h in os.listdir(os.path.join(holders, d)) if not h.startswith(f"{self.owner}-")}
+            ImageCache(self.image_cache_dir, self.image_cache_bytes, self.insecure).prune_holders(live_cids | others)
+        except Exception:  # noqa: BLE001 - the cache is tidied at the next pull's eviction anyway
+            pass
         return out
+
+    def _cid_of(self, shim_id: str) -> str:
+        """The container id of the attempt whose folder (the shim's id) is `shim_id` (as cgroup_name makes it)."""
+        import hashlib
+
+        name = shim_id if len(shim_id) <= 200 else hashlib.sha1(shim_id.encode()).hexdigest()
+        return f"{self.owner}-{name}"
 
     def _sweep_containers(self, live: set) -> None:
         """runc records and layers no live shim holds (a shim killed while the agent was down)."""

@@ -168,8 +168,8 @@ def shared_cluster(tmp_path_factory):
 
 # ------------------------------------------------------------------------------------ container runtime
 # One local registry and one push of the python test image per test session, shared by every test that runs
-# workers in containers (tests/runtimes.py, tests/oci.py). tests/containers/conftest.py has fixtures of the same
-# names and meaning for its own tests.
+# workers in containers (tests/runtimes.py, tests/oci.py), tests/containers included (its conftest.py adds the
+# busybox image and a registry with a password).
 
 
 def _skip_without_containers() -> None:

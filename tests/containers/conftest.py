@@ -1,7 +1,9 @@
 """Fixtures for container tests: a real local registry and test images pushed to it (see tests/oci.py).
 
-Other test folders can use them with `from tests.containers.conftest import registry, busybox_image` (pytest
-finds fixtures imported into a conftest.py or a test module).
+The session's `registry`, `python_layout` and `python_image` are tests/conftest.py's (one registry and one push
+per session for the whole suite). Other test folders can use these with
+`from tests.containers.conftest import busybox_layout, busybox_image` (pytest finds fixtures imported into a
+conftest.py or a test module).
 """
 
 from __future__ import annotations
@@ -18,17 +20,6 @@ def _require_tools() -> None:
 
 
 @pytest.fixture(scope="session")
-def registry():
-    """A docker-registry on 127.0.0.1 over plain HTTP, no auth (list registry.host as insecure)."""
-    _require_tools()
-    reg = oci.Registry()
-    try:
-        yield reg
-    finally:
-        reg.stop()
-
-
-@pytest.fixture(scope="session")
 def busybox_layout(tmp_path_factory) -> str:
     """The busybox test image as an OCI layout reference ("oci:<dir>:busybox")."""
     _require_tools()
@@ -39,18 +30,6 @@ def busybox_layout(tmp_path_factory) -> str:
 def busybox_image(registry, busybox_layout) -> str:
     """"127.0.0.1:PORT/test/busybox:1" in the `registry` fixture."""
     return oci.push(busybox_layout, registry, "test/busybox:1")
-
-
-@pytest.fixture(scope="session")
-def python_layout(tmp_path_factory) -> str:
-    _require_tools()
-    return oci.build_python_image(str(tmp_path_factory.mktemp("python-layout") / "oci"))
-
-
-@pytest.fixture(scope="session")
-def python_image(registry, python_layout) -> str:
-    """"127.0.0.1:PORT/test/python:3.11" (Debian bookworm minbase + python3) in the `registry` fixture."""
-    return oci.push(python_layout, registry, "test/python:3.11")
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ import pytest
 from astraeus.agent.runtime.container import container_tools_missing
 from tests import oci
 from tests.conftest import start_cluster
-from tests.containers.conftest import busybox_image, busybox_layout, python_image, python_layout, registry  # noqa: F401
+from tests.containers.conftest import busybox_image, busybox_layout  # noqa: F401
 from tests.e2e.test_recipe import OFFLINE_ENV, sh
 
 ROOT = Path(__file__).resolve().parents[2]

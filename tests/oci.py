@@ -22,9 +22,8 @@
   layer_digests(layout_ref) -> list[str]       the image's layer digests ("sha256:…"), to count blob GETs
   manifest_digest(layout_ref) -> str           the image's manifest digest as pushed
 
-The fixtures (tests/conftest.py: `registry` (session, no auth), `python_image`; tests/containers/conftest.py:
-`busybox_image`,
-`python_image` (session, pushed to `registry`), `auth_registry` (function scope, with .username/.password).
+The fixtures: tests/conftest.py's `registry` (session, no auth) and `python_image` (session, pushed to it);
+tests/containers/conftest.py's `busybox_image` and `auth_registry` (function scope, with .username/.password).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ STAMP := $(VENV)/.installed
 .PHONY: install demo test test-fast lint system-deps demo-deps clean
 
 # System packages: util-linux (unshare, for the worker's mount namespace), jq and curl (the pages' shell
-# lines) for the demo; the tests also use chromium (console tests) and iproute2.
+# lines) for the demo; the tests also use chromium (console tests), iproute2, and the container runtime's
+# tools with a local registry and test images (runc, skopeo, umoci, docker-registry, busybox-static, mmdebstrap,
+# apache2-utils for a registry password).
 DEMO_DEPS := unshare:util-linux jq:jq curl:curl
 TEST_DEPS := $(DEMO_DEPS) chromium:chromium ip:iproute2 runc:runc skopeo:skopeo umoci:umoci docker-registry:docker-registry busybox:busybox-static mmdebstrap:mmdebstrap htpasswd:apache2-utils
 

@@ -189,6 +189,7 @@ def test_machines_page(editor, console_cluster):
     page.click("nav.side a:has-text('Machines')")
     row = page.inner_text("tr[data-machine='gpu-01']")
     assert "Ready" in row
+    assert "process" in row  # how its workers run (this test cluster's agents: the process runtime)
     shot(page, "machines")
 
 

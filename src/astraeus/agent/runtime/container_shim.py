@@ -365,20 +365,7 @@ class ContainerShim(Shim):
             self.fail(msg)
         with open(pid_file) as f:
             pid = int(f.read().strip())
-        self.pid = pid
-        try:
-            import psutil
-
-            self.pid_ctime = psutil.Process(pid).create_time()
-        except Exception:  # noqa: BLE001
-            self.pid_ctime = None
-        self.started = {"pid": pid, "pid_create_time": self.pid_ctime, "pgid": pid, "shim_pid": os.getpid(),
-                        "shim_create_time": self.me.create_time(), "started_at": time.time(),
-                        "cgroup": self.cg.primary if self.cg else None,
-                        "cgroups": self.cg.to_json() if self.cg else None, "limits": spec.get("limits"),
-                        "container": self.cid, "image_digest": self.image.digest}
-        write_json(self.path("started.json"), self.started)
-        self.out_r, self.err_r = out_r, err_r
+        self.record_started(pid, out_r, err_r, container=self.cid, image_digest=self.image.digest)
         # Drain the container's output from here on (the pipes' buffers would block a chatty command).
 
     @staticmethod

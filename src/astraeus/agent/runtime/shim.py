@@ -494,6 +494,10 @@ class Shim:
             pid = self.find_command(pid)
             os.write(ack_w, b"x")
         os.close(ack_w)
+        self.record_started(pid, out_r, err_r)
+
+    def record_started(self, pid: int, out_r: int, err_r: int, **extra) -> None:
+        """The command runs as `pid` (the host's view), its output on these pipes: started.json says so."""
         self.pid = pid
         try:
             self.pid_ctime = psutil.Process(pid).create_time()
@@ -502,7 +506,8 @@ class Shim:
         self.started = {"pid": pid, "pid_create_time": self.pid_ctime, "pgid": pid, "shim_pid": os.getpid(),
                         "shim_create_time": self.me.create_time(), "started_at": time.time(),
                         "cgroup": self.cg.primary if self.cg else None,
-                        "cgroups": self.cg.to_json() if self.cg else None, "limits": self.spec.get("limits")}
+                        "cgroups": self.cg.to_json() if self.cg else None, "limits": self.spec.get("limits"),
+                        **extra}
         write_json(self.path("started.json"), self.started)
         self.out_r, self.err_r = out_r, err_r
 

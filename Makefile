@@ -10,13 +10,15 @@ STAMP := $(VENV)/.installed
 # System packages: util-linux (unshare, for the worker's mount namespace), jq and curl (the pages' shell
 # lines) for the demo; the tests also use chromium (console tests), iproute2, and the container runtime's
 # tools with a local registry and test images (runc, skopeo, umoci, docker-registry, busybox-static, mmdebstrap,
-# apache2-utils for a registry password).
+# apache2-utils for a registry password), and for drives across machines NFS-Ganesha with its VFS backend and a
+# userspace NFS client (libnfs-utils: nfs-cp, nfs-ls), since the kernel of CI machines may have no NFS client.
 DEMO_DEPS := unshare:util-linux jq:jq curl:curl
-TEST_DEPS := $(DEMO_DEPS) chromium:chromium ip:iproute2 runc:runc skopeo:skopeo umoci:umoci docker-registry:docker-registry busybox:busybox-static mmdebstrap:mmdebstrap htpasswd:apache2-utils
+TEST_DEPS := $(DEMO_DEPS) chromium:chromium ip:iproute2 runc:runc skopeo:skopeo umoci:umoci docker-registry:docker-registry busybox:busybox-static mmdebstrap:mmdebstrap htpasswd:apache2-utils \
+	ganesha.nfsd:nfs-ganesha /usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so:nfs-ganesha-vfs nfs-cp:libnfs-utils
 
 define apt_for
 	@missing=""; for pair in $(1); do c=$${pair%%:*}; p=$${pair#*:}; \
-	  command -v $$c >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  command -v $$c >/dev/null 2>&1 || test -e $$c || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then \

@@ -178,6 +178,12 @@ def agent(
         help="How workers run: container (each in its image, by runc), process (on the host), or auto: container "
              "on a machine with NVIDIA GPUs and runc, skopeo and umoci installed (default: $ASTRAEUS_RUNTIME or "
              "auto)", show_default=False)] = None,
+    address: Annotated[str | None, typer.Option(
+        help="The address other machines and the control plane reach this machine at (default: $ASTRAEUS_ADDRESS, "
+             "or the source address of the route to the control plane)", show_default=False)] = None,
+    shared_fs: Annotated[list[str] | None, typer.Option(
+        "--shared-fs", help="A shared filesystem this machine has mounted, NAME=/mnt/path (repeatable; added to "
+                            "$ASTRAEUS_SHARED_FS): drives on filesystem NAME can be used here", show_default=False)] = None,
 ):
     """A machine's agent: joins the cluster, runs and stops workers (every variable: docs/configuration.md)."""
     from astraeus.agent.agent import RUNTIMES, RuntimeChoiceError, run_agent
@@ -194,11 +200,25 @@ def agent(
     if asked not in RUNTIMES:
         typer.echo(f"astraeus agent: --runtime {asked}: use auto, container or process", err=True)
         raise typer.Exit(2)
+    from astraeus.spec import check_address, parse_shared_filesystems
+
+    for option, check in (("--address", lambda: check_address(address) if address is not None else None),
+                          ("--shared-fs", lambda: dict(env.shared_fs, **parse_shared_filesystems(shared_fs or [])))):
+        try:
+            value = check()
+        except ValueError as e:
+            typer.echo(f"astraeus agent: {option}: {e}", err=True)
+            raise typer.Exit(2) from None
+        if option == "--address":
+            address = value
+        else:
+            shared = value
     try:
         run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
                   memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,
                   state_dir=str(state_dir or env.state_dir_for(name)), stop_grace=env.stop_grace,
-                  stop_workers_on_exit=stop_workers_on_exit, image_map=env.images(), runtime_kind=asked)
+                  stop_workers_on_exit=stop_workers_on_exit, image_map=env.images(), runtime_kind=asked,
+                  address=address or env.address, shared_filesystems=shared)
     except RuntimeChoiceError as e:  # raised while the agent is built, before it starts anything
         typer.echo(f"astraeus agent: {e}", err=True)
         raise typer.Exit(2) from None

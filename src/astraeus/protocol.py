@@ -54,6 +54,16 @@ class Answer(BaseModel):
 
 
 # ------------------------------------------------------------------------------------------ register
+class NfsAbility(Body):
+    """What a machine can do for a drive kept on one machine and used from another (found by the agent)."""
+
+    server: Annotated[str, Field(max_length=64)] | None = Field(
+        None, description="How it exports a drive it keeps: \"ganesha\" (NFS-Ganesha) or \"kernel\" (nfsd through "
+        "exportfs); None: it cannot")
+    client: bool = Field(False, description="Its kernel can mount NFS (nfs4 in /proc/filesystems, or mount.nfs4)")
+    rdma: bool = Field(False, description="It has an RDMA device (/sys/class/infiniband): NFS over RDMA, port 20049")
+
+
 class Register(Body):
     name: str = Field(description="The machine's name (a DNS label), unique in its cluster")
     gpus: Annotated[int, Field(ge=0, le=4096)] = 0
@@ -66,6 +76,15 @@ class Register(Body):
     runtime: Annotated[str, Field(max_length=64)] | None = Field(
         None, description="How this machine runs workers: \"container (runc 1.1.5)\" or \"process\" (shown "
         "with the machine; None from an older agent)")
+    address: Annotated[str, Field(max_length=64)] | None = Field(
+        None, description="The address other machines and the control plane reach this machine at (`--address`, or "
+        "the source address of the route to the control plane): rank 0's is a gang's ASTRAEUS_MASTER_ADDR, and NFS "
+        "exports are granted to it")
+    shared_filesystems: dict[str, str] = Field(
+        default_factory=dict, description="Shared filesystems this machine has mounted (`--shared-fs NAME=/mnt/path`):"
+        " name -> where it is mounted here. A drive on filesystem NAME is placed only on machines that have it")
+    nfs: NfsAbility | None = Field(None, description="What this machine can do for drives across machines (None: "
+                                                     "nothing; from an older agent)")
 
 
 class Registered(Answer):
@@ -84,11 +103,37 @@ def worker_identity(ns: str, name: str) -> str:
 
 
 # --------------------------------------------------------------------------------------- assignments
+class NfsSource(Answer):
+    """Where a drive kept on another machine is mounted from: `mount -t nfs4 -o proto=<transport>,port=<port>
+    server:export_path`. The agent mounts it (in a child with a deadline, never blocking itself) under its state
+    dir, then binds it into the worker like any drive."""
+
+    server: str = Field(description="The keeping machine's address")
+    machine: str = Field("", description="The keeping machine's name, for reasons")
+    export_path: str = Field(description="The exported folder (the drive's path on the keeping machine)")
+    transport: Literal["tcp", "rdma"] = "tcp"
+    port: Annotated[int, Field(ge=1, le=65535)] = 2049
+
+
+class Export(Answer):
+    """A folder this machine keeps for a drive, to export over NFS to the machines that run its workers
+    elsewhere. The agent's exports are exactly the list it was last given: a folder no longer listed is
+    unexported."""
+
+    drive: str = Field(description="`<workspace ns>.<drive name>`, unique in the cluster")
+    path: str = Field(description="The folder on this machine (inside granted_root)")
+    granted_root: str | None = None
+    clients: list[str] = Field(default_factory=list, description="The addresses allowed to mount it")
+    read_only: bool = False
+    create: bool = False
+
+
 class Mount(Answer):
     """A drive bound into the worker: host_path at mount_path, inside granted_root (never following a symlink
-    out of it)."""
+    out of it). With `nfs`, host_path is relative to what the agent mounted from the keeping machine."""
 
     drive: str | None = None
+    nfs: NfsSource | None = None
     host_path: str
     mount_path: str
     read_only: bool = False
@@ -151,6 +196,9 @@ class Assignment(Answer):
 class Assignments(Answer):
     version: int
     assignments: list[Assignment] = Field(default_factory=list)
+    exports: list[Export] = Field(default_factory=list, description="The drives this machine exports over NFS")
+    epoch: int | None = Field(None, description="The scheduling leader's epoch this answer was made under: an agent "
+                                                "ignores an answer older than the newest epoch it has seen")
 
 
 # -------------------------------------------------------------------------------- report (heartbeat)

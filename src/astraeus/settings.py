@@ -213,10 +213,36 @@ class AgentSettings(HomeSettings):
         None, "The size of `/dev/shm` in a container worker (data loaders share batches there). Unset: half the "
         "worker's memory request, or 8 GiB without one.", "a size such as 16GiB or a whole number of bytes > 0")
 
+    address: str | None = setting(
+        None, "The address other machines and the control plane reach this machine at (a gang's rank 0 address, "
+        "the address NFS exports are granted to); `--address` overrides it. Unset: the source address of this "
+        "machine's route to the control plane.", "an IPv4 or IPv6 address")
+    shared_fs: Annotated[dict[str, str], NoDecode] = setting(
+        {}, "Shared filesystems this machine has mounted (NFS, Lustre, …), comma-separated `NAME=/mnt/path`: a "
+        "drive on filesystem NAME is placed only on machines that declare it. `--shared-fs` (repeatable) adds "
+        "to it.", "comma-separated NAME=/absolute/path entries, such as lab=/mnt/lab,scratch=/lustre/scratch")
+
     @field_validator("server")
     @classmethod
     def _server_url(cls, v: str | None) -> str | None:
         return _http_url(v)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        from astraeus.spec import check_address
+
+        return None if v is None else check_address(v)
+
+    @field_validator("shared_fs", mode="before")
+    @classmethod
+    def _shared_fs(cls, v) -> dict[str, str]:
+        from astraeus.spec import parse_shared_filesystems
+
+        items = [x for x in v.split(",")] if isinstance(v, str) else v
+        if isinstance(items, dict):
+            items = [f"{k}={p}" for k, p in items.items()]
+        return parse_shared_filesystems(items or [])
 
     @field_validator("insecure_registries", mode="before")
     @classmethod

@@ -363,15 +363,37 @@ class RunCreate(Strict):
 
 
 class DriveSource(Strict):
-    node: str
+    """Where a drive's bytes are: a folder on one machine (`node`, `path` on it: a worker on that machine binds it, a
+    worker elsewhere mounts it over NFS), or a folder of a shared filesystem that machines have mounted already
+    (`filesystem`, `path` inside it: a worker is placed only on machines that declare that filesystem)."""
+
+    node: str | None = None
+    filesystem: str | None = None
     path: str
     mount_path: str
     mode: Literal["ReadWrite", "ReadOnly"] = "ReadWrite"
 
     @field_validator("node")
     @classmethod
-    def _node(cls, v: str) -> str:
-        return check_dns_label(v, "node")
+    def _node(cls, v: str | None) -> str | None:
+        return None if v is None else check_dns_label(v, "node")
+
+    @field_validator("filesystem")
+    @classmethod
+    def _filesystem(cls, v: str | None) -> str | None:
+        return None if v is None else check_dns_label(v, "filesystem")
+
+    @model_validator(mode="after")
+    def _one_place(self):
+        if (self.node is None) == (self.filesystem is None):
+            raise ValueError("give either node (a drive on one machine: its name) or filesystem (a shared filesystem "
+                             "the machines have mounted: its name, as the agents declare it with --shared-fs), not "
+                             + ("both" if self.node else "neither"))
+        return self
+
+    def where(self) -> str:
+        """For events and messages: `gpu-01 at /data/x` or `shared filesystem lab at /x`."""
+        return f"{self.node} at {self.path}" if self.node else f"shared filesystem {self.filesystem} at {self.path}"
 
     @field_validator("path")
     @classmethod
@@ -400,6 +422,61 @@ class DriveSpecBody(Strict):
 class DriveCreate(Strict):
     metadata: Metadata
     spec: DriveSpecBody
+
+
+def check_address(value: str) -> str:
+    """A machine's address: an IPv4 or IPv6 address, in its normal form."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address (such as 10.0.0.12 or fd00::12)") from None
+
+
+def parse_shared_filesystems(items: list[str]) -> dict[str, str]:
+    """`NAME=/mnt/path` entries (a machine's shared filesystems) to {name: path}; ValueError naming the bad one."""
+    out: dict[str, str] = {}
+    for item in (x.strip() for x in items):
+        if not item:
+            continue
+        name, eq, path = item.partition("=")
+        name, path = name.strip(), path.strip()
+        if not eq or not name or not path:
+            raise ValueError(f"{item!r}: write NAME=/mnt/path (the filesystem's name, then where it is mounted here)")
+        try:
+            check_dns_label(name, "shared filesystem name")
+            check_absolute_path(path, "shared filesystem path")
+        except ValueError as e:
+            raise ValueError(f"{item!r}: {e}") from None
+        if name in out and out[name] != path:
+            raise ValueError(f"shared filesystem {name} is given twice ({out[name]} and {path})")
+        out[name] = path.rstrip("/") or "/"
+    return out
+
+
+def check_host_path(value: str) -> str:
+    """A host path grant: `/abs/path` (folders on the machines) or `NAME:/path` (inside shared filesystem NAME)."""
+    name, colon, rest = value.partition(":")
+    if colon and not value.startswith("/"):
+        check_dns_label(name, f"host path {value!r}: shared filesystem name")
+        check_absolute_path(rest, f"host path {value!r}: path inside shared filesystem {name}")
+        return value
+    return check_absolute_path(value, "host path")
+
+
+def granted_root(source: dict, host_paths: list[str]) -> str | None:
+    """The grant (one of `host_paths`) a drive source lies within, or None: a machine folder needs a `/path` grant,
+    a shared filesystem's folder a `NAME:/path` grant of that filesystem."""
+    fs = source.get("filesystem")
+    for root in host_paths or []:
+        name, colon, rest = root.partition(":")
+        if fs:
+            if colon and not root.startswith("/") and name == fs and path_within(source["path"], rest):
+                return root
+        elif root.startswith("/") and path_within(source["path"], root):
+            return root
+    return None
 
 
 def path_within(path: str, root: str) -> bool:

@@ -93,9 +93,10 @@ def test_run_the_page_command(c):
         assert events.startswith("TIME") and re.search(r"RunSubmitted\s+urgent-eval\s", events)
         machines = ok(astra(c, "astraeus", "machines")).splitlines()
         assert machines[0].split() == ["NAME", "CLUSTER", "STATE", "GPUS", "GPUS", "USED", "GPUS", "FREE", "CPUS",
-                                       "MEMORY", "RUNTIME"]
+                                       "MEMORY", "RUNTIME", "ADDRESS", "SHARED", "FS"]
         assert machines[1].split()[:6] == ["gpu-01", "main", "Ready", "8", "8", "0"]
-        assert re.search(r"\s(process|container \(runc [0-9.]+\))$", machines[1]), machines[1]
+        # the agent's address: the source of its route to the control plane (here, loopback)
+        assert re.search(r"\s(process|container \(runc [0-9.]+\))\s+127\.0\.0\.1$", machines[1]), machines[1]
 
         data = json.loads(ok(astra(c, "astraeus", "runs", "-o", "json")))
         assert [x["metadata"]["name"] for x in data["items"]] == ["urgent-eval"]

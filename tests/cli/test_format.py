@@ -74,10 +74,14 @@ def test_human():
 
 def test_machines_table_shows_gpus_used_and_free():
     out = fmt.machines_table([{"name": "gpu-01", "cluster": "main", "state": "Ready", "gpus": 8, "gpus_used": 1,
-                               "gpus_free": 7, "cpu_cores": 64.0, "memory_bytes": 512 * 1024**3}])
+                               "gpus_free": 7, "cpu_cores": 64.0, "memory_bytes": 512 * 1024**3},
+                              {"name": "gpu-02", "cluster": "main", "state": "Ready", "gpus": 8, "gpus_used": 0,
+                               "gpus_free": 8, "cpu_cores": 64.0, "memory_bytes": 512 * 1024**3, "runtime": "process",
+                               "address": "10.77.0.3", "shared_filesystems": {"lab": "/mnt/lab", "home": "/home"}}])
     assert out.splitlines() == [
-        "NAME    CLUSTER  STATE  GPUS  GPUS USED  GPUS FREE  CPUS  MEMORY   RUNTIME",
+        "NAME    CLUSTER  STATE  GPUS  GPUS USED  GPUS FREE  CPUS  MEMORY   RUNTIME  ADDRESS    SHARED FS",
         "gpu-01  main     Ready  8     1          7          64    512 GiB",
+        "gpu-02  main     Ready  8     0          8          64    512 GiB  process  10.77.0.3  home,lab",
     ]
 
 

@@ -74,6 +74,41 @@ LOG_BATCH = 2000
 LOG_POST_BYTES = 1 << 20  # one POST /logs carries at most about this much text
 
 
+def route_address(url: str) -> str | None:
+    """The source address of this machine's route to the control plane at `url`: the address the control plane and
+    the other machines reach it at, when no --address says otherwise. No packet is sent (a UDP connect only picks
+    the route). None when the name does not resolve or there is no route."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError):
+        return None
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.connect(sockaddr)
+                return sock.getsockname()[0]
+        except OSError:
+            continue
+    return None
+
+
+def nfs_ability_or_none() -> P.NfsAbility | None:
+    """What this machine can do for drives across machines (astraeus.agent.nfs), or None if it cannot tell."""
+    try:
+        from astraeus.agent.nfs import nfs_ability
+    except ImportError:
+        return None
+    try:
+        return nfs_ability()
+    except OSError as e:
+        log.warning("cannot tell what NFS this machine has: %s", e)
+        return None
+
+
 class NeedsRegister(Exception):
     pass
 
@@ -165,7 +200,8 @@ class Agent:
                  cpu_cores: float | None = None, memory_bytes: int | None = None, state_dir: str | None = None,
                  stop_grace: float | None = None, labels: dict[str, str] | None = None,
                  stop_workers_on_exit: bool = False, poll_wait: float = 30.0, image_map: ImageMap | None = None,
-                 runtime_kind: str | None = None):
+                 runtime_kind: str | None = None, address: str | None = None,
+                 shared_filesystems: dict[str, str] | None = None):
         base = server.rstrip("/")
         self.base = base if base.endswith("/api/v1/agent") else base + "/api/v1/agent"
         self.token = token  # the join token (or this machine's credential, given as is)
@@ -189,6 +225,8 @@ class Agent:
         self.cpu_cores = float(cpu_cores if cpu_cores is not None else (os.cpu_count() or 1))
         self.memory_bytes = int(memory_bytes if memory_bytes is not None else psutil.virtual_memory().total)
         self.labels = dict(labels or {})
+        self.address = address  # None: the source address of the route to the control plane, found at each join
+        self.shared_filesystems = dict(shared_filesystems or {})
         self.stop_workers_on_exit = stop_workers_on_exit
         self.poll_wait = poll_wait
 
@@ -256,13 +294,18 @@ class Agent:
     def register(self, client: httpx.Client) -> None:
         body = P.Register(name=self.name, gpus=self.gpus.count, gpu_models=self.gpus.models,
                           cpu_cores=self.cpu_cores, memory_bytes=self.memory_bytes,
-                          stop_grace_seconds=self.stop_grace, labels=self.labels, runtime=self.runtime_name)
+                          stop_grace_seconds=self.stop_grace, labels=self.labels, runtime=self.runtime_name,
+                          address=self.address or route_address(self.base),
+                          shared_filesystems=self.shared_filesystems, nfs=nfs_ability_or_none())
         self.credential = self._load_credential()  # deleting the file is how an operator makes it join again
         payload = body.model_dump(mode="json")
         r = client.post(self.base + "/register", json=payload)
-        if r.status_code == 422 and "runtime" in r.text:  # a control plane older than the field: it is only shown
-            payload.pop("runtime", None)
-            r = client.post(self.base + "/register", json=payload)
+        if r.status_code == 422:  # a control plane older than these fields (0005, 0006): they are left out
+            newer = ("runtime", "address", "shared_filesystems", "nfs")
+            if any(k in r.text for k in newer):
+                for k in newer:
+                    payload.pop(k, None)
+                r = client.post(self.base + "/register", json=payload)
         if self.credential and r.status_code in (401, 403):
             if _code(r) == "CREDENTIAL_REVOKED":
                 log.error("this machine's credential was revoked (%s); delete %s to join again", _message(r),
@@ -284,7 +327,8 @@ class Agent:
         with self.lock:
             self.version = 0  # ask for the whole desired state at once
         self.registered.set()
-        log.info("registered %s in cluster %s (%d GPUs, %s)", self.name, self.cluster, self.gpus.count, self.gpus.source)
+        log.info("registered %s in cluster %s (%d GPUs, %s; address %s)", self.name, self.cluster, self.gpus.count,
+                 self.gpus.source, body.address or "unknown")
         self.wake_report.set()
 
     def _sleep(self, seconds: float) -> bool:
@@ -650,7 +694,8 @@ def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_c
               memory_bytes: int | None = None, state_dir: str | None = None, stop_grace: float | None = None,
               labels: dict[str, str] | None = None, stop_workers_on_exit: bool = False,
               poll_wait: float = 30.0, image_map: ImageMap | None = None, runtime: Runtime | None = None,
-              runtime_kind: str | None = None) -> None:
+              runtime_kind: str | None = None, address: str | None = None,
+              shared_filesystems: dict[str, str] | None = None) -> None:
     """Run the agent until SIGTERM/SIGINT (see the module docstring). `runtime` (built by the caller, e.g. with
     build_runtime) or `runtime_kind` ("auto", "container", "process"; default $ASTRAEUS_RUNTIME) says how
     workers run."""
@@ -659,7 +704,7 @@ def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_c
     agent = Agent(server, token, name, runtime=runtime, gpus=gpus, cpu_cores=cpu_cores, memory_bytes=memory_bytes,
                   state_dir=state_dir, stop_grace=stop_grace, labels=labels,
                   stop_workers_on_exit=stop_workers_on_exit, poll_wait=poll_wait, image_map=image_map,
-                  runtime_kind=runtime_kind)
+                  runtime_kind=runtime_kind, address=address, shared_filesystems=shared_filesystems)
 
     def on_signal(signum, _frame):
         log.info("signal %s: exiting%s", signum, " (stopping workers)" if stop_workers_on_exit else

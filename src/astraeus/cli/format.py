@@ -172,8 +172,10 @@ def machines_table(machines: list[dict[str, Any]]) -> str:
     for m in machines:
         rows.append([m.get("name", ""), m.get("cluster", ""), m.get("state", ""), m.get("gpus", 0),
                      m.get("gpus_used", 0), m.get("gpus_free", 0), _num(m.get("cpu_cores")),
-                     human_bytes(m.get("memory_bytes")), m.get("runtime") or ""])
-    return table(["NAME", "CLUSTER", "STATE", "GPUS", "GPUS USED", "GPUS FREE", "CPUS", "MEMORY", "RUNTIME"], rows)
+                     human_bytes(m.get("memory_bytes")), m.get("runtime") or "", m.get("address") or "",
+                     ",".join(sorted(m.get("shared_filesystems") or {}))])
+    return table(["NAME", "CLUSTER", "STATE", "GPUS", "GPUS USED", "GPUS FREE", "CPUS", "MEMORY", "RUNTIME", "ADDRESS",
+                  "SHARED FS"], rows)
 
 
 def registries_table(items: list[dict[str, Any]]) -> str:
@@ -187,8 +189,9 @@ def drives_table(drives: list[dict[str, Any]]) -> str:
     for d in drives:
         meta, spec, status = d.get("metadata") or {}, d.get("spec") or {}, d.get("status") or {}
         sources = spec.get("sources") or []
-        where = ", ".join(f"{s.get('node')}:{s.get('path')}" if s.get("node") else str(s.get("path", ""))
-                          for s in sources)
+        where = ", ".join(f"{s.get('node')}:{s.get('path')}" if s.get("node") else
+                          f"{s.get('filesystem')}:{s.get('path')} (shared)" if s.get("filesystem") else
+                          str(s.get("path", "")) for s in sources)
         mounts = sorted({s.get("mount_path", "") for s in sources if s.get("mount_path")})
         modes = sorted({s.get("mode", "") for s in sources if s.get("mode")})
         rows.append([meta.get("name", ""), ", ".join(mounts), ", ".join(modes), spec.get("transport", ""),

@@ -18,7 +18,8 @@ from astraeus.imageref import registry_of
 from astraeus.server import lifecycle, registries, services
 from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
-from astraeus.spec import env_values, path_within
+from astraeus import drives as drive_rules
+from astraeus.spec import env_values, granted_root
 
 REGISTER_FIRST = ("this is a join token: it can only register a machine. POST /api/v1/agent/register with it; the "
                   "answer's `credential` is the machine's own token, for its assignments, reports and logs")
@@ -94,6 +95,9 @@ def register(session: Session, tok: Token, body: P.Register, at: float,
     m.stop_grace_seconds = body.stop_grace_seconds  # 0 s is a real answer: stop at once
     m.labels = dict(body.labels)
     m.runtime = body.runtime
+    m.address = body.address
+    m.shared_filesystems = dict(body.shared_filesystems)
+    m.nfs = body.nfs.model_dump() if body.nfs else None
     session.flush()
     secret = None
     if tok.machine_id is None:
@@ -135,6 +139,9 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     pulls = {(w.run.workspace_id, registry_of(w.run.spec["task_template"]["image"])) for w in workers
              if (w.desired or "Running") == "Running"}
     creds = registries.for_images(session, {p for p in pulls if p[1]})
+    keepers = {k.name: k for k in session.scalars(select(Machine).where(
+        Machine.cluster_id == m.cluster_id, Machine.name.in_({(d.spec["sources"][0].get("node") or "")
+                                                              for d in drives.values()})))}
     out = []
     for w in workers:
         run = w.run
@@ -152,18 +159,14 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in (w.gpu_indices or [])),
             "SLURM_JOB_NAME": run.name,
         })
+        env.update(w.rendezvous or {})  # a multi-machine gang's ranks and master, for this attempt
         access = grants.get(run.workspace_id)
         mounts = []
         for ref in tt.get("datavolume_refs") or []:
             d = drives.get((run.workspace_id, ref["name"]))
             if d is None or access is None:
                 continue
-            src = d.spec["sources"][0]
-            granted = next((r for r in (access.host_paths or []) if path_within(src["path"], r)), None)
-            mounts.append(P.Mount(drive=d.name, host_path=src["path"], mount_path=ref["mount_path"],
-                                  read_only=ref.get("mode") == "ReadOnly" or src.get("mode") == "ReadOnly",
-                                  create=bool((d.spec.get("permissions") or {}).get("create")),
-                                  granted_root=granted))
+            mounts.append(_mount(d, ref, access, m, keepers))
         configs = [P.ConfigFile(mount_path=mp, value=c["value"]) for c in tt.get("configs") or [] for mp in c["mounts"]]
         desired = w.desired or "Running"
         auth = None
@@ -181,6 +184,86 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     return out
 
 
+def _facts(m: Machine) -> drive_rules.MachineFacts:
+    return drive_rules.MachineFacts.of(m.name, m.state == lifecycle.MachineState.READY, m.address,
+                                       m.shared_filesystems, m.nfs)
+
+
+def _mount(d: Drive, ref: dict, access: Access, m: Machine, keepers: dict[str, Machine]) -> P.Mount:
+    """How a worker on machine `m` reaches drive `d`: its folder here (on this machine, or on a shared filesystem
+    mounted here), or an NFS mount from the machine that keeps it."""
+    src = d.spec["sources"][0]
+    granted = granted_root(src, access.host_paths or [])
+    ro = ref.get("mode") == "ReadOnly" or src.get("mode") == "ReadOnly"
+    create = bool((d.spec.get("permissions") or {}).get("create"))
+    fs = src.get("filesystem")
+    if fs:
+        # Placement put the worker on a machine that has the filesystem; should it no longer declare it, the path
+        # names it, and opening the folder fails with that name.
+        base = (m.shared_filesystems or {}).get(fs) or f"/nonexistent/shared-filesystem-{fs}"
+        root = drive_rules.shared_path(base, granted.partition(":")[2]) if granted else None
+        return P.Mount(drive=d.name, host_path=drive_rules.shared_path(base, src["path"]), mount_path=ref["mount_path"],
+                       read_only=ro, create=create, granted_root=root)
+    node = src.get("node")
+    if node == m.name or node not in keepers:
+        return P.Mount(drive=d.name, host_path=src["path"], mount_path=ref["mount_path"], read_only=ro, create=create,
+                       granted_root=granted)
+    keeper = keepers[node]
+    proto, port = drive_rules.choose_transport(d.spec.get("transport", "Auto"), _facts(keeper).rdma, _facts(m).rdma)
+    nfs = P.NfsSource(server=keeper.address or keeper.name, machine=keeper.name, export_path=src["path"],
+                      transport=proto, port=port)
+    return P.Mount(drive=d.name, nfs=nfs, host_path="/", mount_path=ref["mount_path"], read_only=ro, create=create)
+
+
+def exports(session: Session, m: Machine) -> list[P.Export]:
+    """The drives machine `m` keeps that workers on other machines use now: each exported to those machines'
+    addresses only (and to nobody once the last of them ended)."""
+    if m.state != lifecycle.MachineState.READY:
+        return []
+    rows = session.execute(
+        select(Worker, Run, Workspace, Machine).join(Run, Worker.run_id == Run.id)
+        .join(Workspace, Run.workspace_id == Workspace.id).join(Machine, Worker.machine_id == Machine.id)
+        .where(Run.cluster_id == m.cluster_id, Worker.machine_id != m.id, Worker.state.in_(lifecycle.ACTIVE))).all()
+    wanted: dict[tuple[int, str], set[str]] = {}
+    for _w, run, _ws, there in rows:
+        for ref in run.spec["task_template"].get("datavolume_refs") or []:
+            wanted.setdefault((run.workspace_id, ref["name"]), set()).add(there.address or there.name)
+    if not wanted:
+        return []
+    ws_ids = {k[0] for k in wanted}
+    spaces = {x.id: x for x in session.scalars(select(Workspace).where(Workspace.id.in_(ws_ids)))}
+    grants = {a.workspace_id: a for a in session.scalars(select(Access).where(
+        Access.workspace_id.in_(ws_ids), Access.cluster_id == m.cluster_id))}
+    out = []
+    for d in session.scalars(select(Drive).where(Drive.cluster_id == m.cluster_id, Drive.workspace_id.in_(ws_ids))
+                             .order_by(Drive.id)):
+        clients = wanted.get((d.workspace_id, d.name))
+        src = d.spec["sources"][0]
+        if not clients or src.get("node") != m.name or d.workspace_id not in grants:
+            continue
+        out.append(P.Export(drive=f"{spaces[d.workspace_id].ns}.{d.name}", path=src["path"],
+                            granted_root=granted_root(src, grants[d.workspace_id].host_paths or []),
+                            clients=sorted(clients), read_only=src.get("mode") == "ReadOnly",
+                            create=bool((d.spec.get("permissions") or {}).get("create"))))
+    return out
+
+
+def keepers_of(session: Session, runs) -> set[int]:
+    """The machines that keep drives (on one machine) these runs use: their exports follow the runs' workers, so
+    their agents must hear when a worker of one is placed or ends."""
+    names = {(r.cluster_id, r.workspace_id, ref["name"]) for r in runs
+             for ref in r.spec["task_template"].get("datavolume_refs") or []}
+    if not names:
+        return set()
+    nodes = {(d.cluster_id, d.spec["sources"][0].get("node")) for d in session.scalars(select(Drive).where(
+        Drive.workspace_id.in_({n[1] for n in names}))) if (d.cluster_id, d.workspace_id, d.name) in names}
+    nodes = {n for n in nodes if n[1]}
+    if not nodes:
+        return set()
+    return {mid for mid, cid, name in session.execute(select(Machine.id, Machine.cluster_id, Machine.name).where(
+        Machine.name.in_({n[1] for n in nodes}))) if (cid, name) in nodes}
+
+
 def _placed_here(session: Session, m: Machine) -> dict[str, Worker]:
     """The workers placed on machine `m`, by identity."""
     rows = session.execute(select(Worker, Workspace.ns).join(Run, Worker.run_id == Run.id)
@@ -189,11 +272,14 @@ def _placed_here(session: Session, m: Machine) -> dict[str, Worker]:
     return {P.worker_identity(ns, w.name): w for w, ns in rows}
 
 
-def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
+def report(session: Session, m: Machine, body: P.Report, at: float, also: set[int] | None = None) -> bool:
     """Heartbeat and worker states. Returns True when room was freed or a machine returned: what the
-    scheduler, the machines' assignments and log followers must see. A worker is found by its identity among
+    scheduler, the machines' assignments and log followers must see (`also` gets the machines keeping drives an
+    ended worker used, whose exports change). A worker is found by its identity among
     the workers placed on this machine only: a report never reaches another machine's worker."""
     changed = lifecycle.machine_heartbeat(session, m, at)
+    also = set() if also is None else also  # filled with the machines whose exports may change
+    ended: list[Run] = []
     here = _placed_here(session, m)
     for r in body.workers:
         w = here.get(r.worker)
@@ -208,13 +294,17 @@ def report(session: Session, m: Machine, body: P.Report, at: float) -> bool:
                 lifecycle.process_seen(w, r.pid, r.environment)
                 lifecycle.starting(session, w.run, w, r.message, at)
         elif state == "Exited":
+            ended.append(w.run)
             if w.state == "Starting" and r.pid:  # it ran, and ended before a report said so
                 lifecycle.running(session, w.run, w, r.pid, r.environment, r.started_at or at)
             lifecycle.ended(session, w.run, w, r.exit_code, r.signal, None, at, oom_limit_bytes=r.oom_limit_bytes)
             changed = True
         elif state == "StartFailed":
+            ended.append(w.run)
             lifecycle.start_failed(session, w.run, w, r.message or "unknown", at)
             changed = True
+    if ended:
+        also.update(keepers_of(session, ended))
     return changed
 
 

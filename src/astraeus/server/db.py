@@ -119,6 +119,11 @@ class Machine(Base):
     labels: Mapped[dict] = mapped_column(JSON, default=dict)
     # How its agent runs workers ("container (runc 1.1.5)", "process"); None from an agent before revision 0005.
     runtime: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Revision 0006: where other machines reach it; its shared filesystems {name: mount path}; its NFS abilities
+    # ({"server": "ganesha"|"kernel"|None, "client": bool, "rdma": bool}). None/empty from an older agent.
+    address: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    shared_filesystems: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    nfs: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     state: Mapped[str] = mapped_column(String(16), default="Ready")  # Ready | Lost
     last_heartbeat: Mapped[float] = mapped_column(Float, default=now)
     registered_at: Mapped[float] = mapped_column(Float, default=now)
@@ -186,6 +191,8 @@ class Worker(Base):
     # scheduler places it again; `crash_streak` counts failures in a row that came soon after a start.
     restart_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     crash_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Revision 0006: a multi-machine gang's rendezvous for this attempt (astraeus.rendezvous), set when placed.
+    rendezvous: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     run: Mapped[Run] = relationship(back_populates="workers")
     machine: Mapped[Machine | None] = relationship()
     __table_args__ = (Index("ix_workers_machine", "machine_id"), Index("ix_workers_run", "run_id"),

@@ -16,10 +16,13 @@ from prometheus_client import Counter, Histogram
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from astraeus import drives as drive_rules
+from astraeus import rendezvous
 from astraeus import scheduler as sched
-from astraeus.server import lifecycle
+from astraeus.server import agents, lifecycle
 from astraeus.server.core import STATE_LOCK, ControlPlane
 from astraeus.server.db import Access, Cluster, Drive, Machine, Run, Worker, Workspace
+from astraeus.server.leader import NotLeader, Term, fence
 
 log = logging.getLogger("astraeus.loop")
 
@@ -49,6 +52,8 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                       labels=tuple(sorted((m.labels or {}).items())), stop_grace_seconds=m.stop_grace_seconds,
                       schedulable=m.state == lifecycle.MachineState.READY)
         for m in sorted(machines, key=lambda m: m.name))
+    facts = {m.name: drive_rules.MachineFacts.of(m.name, m.state == lifecycle.MachineState.READY, m.address,
+                                                  m.shared_filesystems, m.nfs) for m in machines}
     # Runs are named in the plan by name; two workspaces may use one name, so those get "name@ns" keys.
     seen: dict[str, int] = {}
     for r in runs:
@@ -94,9 +99,12 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
             if d is None:
                 excluded += [(m.name, f"drive {ref['name']} no longer exists") for m in machines]
                 continue
-            node = d.spec["sources"][0]["node"]
-            excluded += [(m.name, f"drive {ref['name']} is kept on {node}; a worker elsewhere cannot mount it yet "
-                                  "(cross-machine drives come with NFS)") for m in machines if m.name != node]
+            src = d.spec["sources"][0]
+            keeper = facts.get(src.get("node"))
+            for m in machines:
+                why = drive_rules.unreachable(ref["name"], src, d.spec.get("transport", "Auto"), facts[m.name], keeper)
+                if why:
+                    excluded.append((m.name, why))
         waiting.append(sched.WaitingRun(
             name=key(run), workspace=ns, priority=run.priority, submitted_at=run.created_at,
             workers=tuple(sched.WorkerRequest(index=w.index, gpus=w.gpus, cpu_cores=w.cpu_cores,
@@ -122,6 +130,29 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                "queue_reasons": {key(r): r.queue_reason for r in runs},
                "why_not": {w.name: w.why_not for r in runs for w in r.workers if w.state == lifecycle.WorkerState.PENDING}}
     return snap, lookups
+
+
+def set_rendezvous(session: Session, run: Run) -> None:
+    """A gang just placed gets its attempt's rendezvous (astraeus.rendezvous): ranks by worker index, rank 0's
+    machine address, and a port no other live gang of the cluster uses. Kept on each worker row."""
+    if not rendezvous.is_gang(run.spec.get("start"), len(run.workers)):
+        return
+    workers = sorted(run.workers, key=lambda w: w.index)
+    if any(w.machine_id is None or w.state not in lifecycle.ACTIVE for w in workers):
+        return  # not all placed (cannot happen for a gang): nothing to meet
+    machines = {m.id: m for m in session.scalars(select(Machine).where(
+        Machine.id.in_({w.machine_id for w in workers})))}
+    used = set()
+    for env in session.scalars(select(Worker.rendezvous).join(Run, Worker.run_id == Run.id).where(
+            Run.cluster_id == run.cluster_id, Run.id != run.id, Worker.index == 0,
+            Worker.state.in_(lifecycle.ACTIVE), Worker.rendezvous.is_not(None))):
+        if env and str(env.get("ASTRAEUS_MASTER_PORT", "")).isdigit():
+            used.add(int(env["ASTRAEUS_MASTER_PORT"]))
+    port = rendezvous.choose_port(used, f"{run.uid}:{workers[0].attempt}")
+    nodes = [rendezvous.Node(machine=machines[w.machine_id].name, address=machines[w.machine_id].address,
+                             gpus=len(w.gpu_indices or [])) for w in workers]
+    for w, env in zip(workers, rendezvous.environments(run.name, nodes, port), strict=True):
+        w.rendezvous = env
 
 
 def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> tuple[set[int], bool]:
@@ -166,6 +197,8 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
             lifecycle.place(session, run, w, m.id, list(p.gpu_indices), p.cpu_cores, p.memory_bytes, at, m.name)
             touched.add(m.id)
             STARTS.inc()
+        set_rendezvous(session, run)
+        touched.update(agents.keepers_of(session, [run]))  # their exports follow the run's workers
         lifecycle.refresh_run(session, run, at)
     for stop in plan.stops:
         run = run_named(stop.run)
@@ -246,31 +279,45 @@ def stops_asked_since(session: Session, since: float) -> dict[tuple[int, float],
     return {(wid, t): mid for wid, t, mid in rows if mid is not None}
 
 
-def cycle(cp: ControlPlane, at: float | None = None) -> set[int]:
+def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -> set[int]:
     """One pass: timers, then a plan per cluster. Returns the machines to notify.
 
-    The snapshot is read and planned without the state lock, so API writes and agent reports are not held up
-    by a large queue; only the timers and the apply take it (see apply_plan)."""
+    Only the scheduling leader acts (astraeus.server.leader): `term` is its holding of the lease (None: this
+    replica's current one, if it leads; a follower does nothing). Each transaction that writes is fenced: in that
+    same transaction the lease is checked to be still this term's, else it writes nothing (NotLeader) and the pass
+    ends. The snapshot is read and planned without the state lock, so API writes and agent reports are not held
+    up by a large queue; only the timers and the apply take it (see apply_plan)."""
     at = time.time() if at is None else at
+    term = term or (cp.leader.current() if cp.leader is not None else None)
+    if term is None:
+        return set()
+    lease = cp.settings.lease_seconds
     t0 = time.perf_counter()
-    with STATE_LOCK, cp.sessions() as session, session.begin():
-        touched = detect_lost_machines(session, at)
-        touched |= enforce_time_limits(session, at)
-    replan = False
-    with cp.sessions() as session:
-        clusters = list(session.scalars(select(Cluster)))
-    for cluster in clusters:
-        with cp.sessions() as session:
-            snap, lookups = build_snapshot(session, cluster, at)
-        if not snap.waiting and not any(u.stopping for u in snap.running):
-            continue
-        p0 = time.perf_counter()
-        plan = sched.plan(snap, at)
-        PLAN_SECONDS.observe(time.perf_counter() - p0)
+    touched: set[int] = set()
+    try:
         with STATE_LOCK, cp.sessions() as session, session.begin():
-            applied, skipped = apply_plan(session, plan, lookups, at)
-        touched |= applied
-        replan = replan or skipped
+            fence(session, term, lease)
+            touched = detect_lost_machines(session, at)
+            touched |= enforce_time_limits(session, at)
+        replan = False
+        with cp.sessions() as session:
+            clusters = list(session.scalars(select(Cluster)))
+        for cluster in clusters:
+            with cp.sessions() as session:
+                snap, lookups = build_snapshot(session, cluster, at)
+            if not snap.waiting and not any(u.stopping for u in snap.running):
+                continue
+            p0 = time.perf_counter()
+            plan = sched.plan(snap, at)
+            PLAN_SECONDS.observe(time.perf_counter() - p0)
+            with STATE_LOCK, cp.sessions() as session, session.begin():
+                fence(session, term, lease)
+                applied, skipped = apply_plan(session, plan, lookups, at)
+            touched |= applied
+            replan = replan or skipped
+    except NotLeader as e:
+        log.warning("applied nothing: %s", e)
+        return touched
     if replan:
         cp.notifier.wake_scheduler()
     CYCLE_SECONDS.observe(time.perf_counter() - t0)
@@ -287,15 +334,21 @@ class SchedulingLoop:
         self._stops_told: set[tuple[int, float]] = set()
 
     def start(self) -> None:
+        """Start trying to lead (cp.leader), and the loop, which cycles only while this replica leads."""
         self._stop.clear()
+        if self.cp.leader is not None:
+            self.cp.leader.start()
         self._thread = threading.Thread(target=self._run, name="scheduling-loop", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the loop, then give the lease up so that another replica leads at once."""
         self._stop.set()
-        self.cp.notifier.wake_scheduler()
+        self.cp.notifier.wake_scheduler(remote=True)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.cp.leader is not None:
+            self.cp.leader.stop()
 
     def _run(self) -> None:
         n = self.cp.notifier
@@ -312,12 +365,15 @@ class SchedulingLoop:
                 # Batch a burst of changes into one cycle: wait the debounce, and at least as long as the last
                 # cycle took, so that scheduling never takes more than about half of the control plane's time.
                 time.sleep(max(s.schedule_debounce, self.last_cycle_seconds))
+            term = self.cp.leader.term() if self.cp.leader is not None else None
+            if term is None:
+                continue  # a follower: the leader plans; the lease thread wakes this loop when it leads
             try:
                 c0 = time.perf_counter()
                 now = time.time()
                 full = (woke or now - last_full >= s.schedule_interval
                         or (self.next_restart is not None and now >= self.next_restart))
-                touched = self.cycle_once(full=full)
+                touched = self.cycle_once(full=full, term=term)
                 self.last_cycle_seconds = min(time.perf_counter() - c0, 1.0)
                 if full:
                     last_full = time.time()
@@ -327,9 +383,12 @@ class SchedulingLoop:
                 log.exception("scheduling cycle failed")
                 time.sleep(0.5)
 
-    def cycle_once(self, full: bool = True) -> set[int]:
+    def cycle_once(self, full: bool = True, term: Term | None = None) -> set[int]:
+        term = term or (self.cp.leader.current() if self.cp.leader is not None else None)
+        if term is None:
+            return set()
         if full:
-            touched = cycle(self.cp)
+            touched = cycle(self.cp, term=term)
             now = time.time()
             with self.cp.sessions() as session:
                 self.next_restart = next_restart_at(session, now)
@@ -340,8 +399,13 @@ class SchedulingLoop:
             self._stops_told = set(stops)
             return touched
         at = time.time()
-        with STATE_LOCK, self.cp.sessions() as session, session.begin():
-            touched = detect_lost_machines(session, at) | enforce_time_limits(session, at)
+        try:
+            with STATE_LOCK, self.cp.sessions() as session, session.begin():
+                fence(session, term, self.cp.settings.lease_seconds)
+                touched = detect_lost_machines(session, at) | enforce_time_limits(session, at)
+        except NotLeader as e:
+            log.warning("applied nothing: %s", e)
+            return set()
         if touched:
             self.cp.notifier.wake_scheduler()
         return touched

@@ -176,7 +176,7 @@ def set_access(session: Session, ws: Workspace, cluster: Cluster, **fields) -> A
         if v is not None:
             if k == "host_paths":
                 for p in v:
-                    S.check_absolute_path(p, "host path")
+                    S.check_host_path(p)
                 v = list(v)
             setattr(acc, k, v)
     session.flush()
@@ -454,20 +454,23 @@ def create_drive(session: Session, caller: Caller, body: S.DriveCreate, at: floa
     cluster, access = _cluster_for(session, caller, None)
     src = body.spec.sources[0]
     granted = access.host_paths or []
-    if not any(S.path_within(src.path, root) for root in granted):
+    if S.granted_root(src.model_dump(), granted) is None:
         allowed = ", ".join(granted) or "none"
+        where = f"in shared filesystem {src.filesystem} " if src.filesystem else ""
+        grant = f"{src.filesystem}:/path" if src.filesystem else "/path"
         raise ApiError(403, "HOST_PATH_NOT_GRANTED",
-                       f"spec.sources[0].path {src.path} is outside the host paths granted to workspace "
+                       f"spec.sources[0].path {src.path} {where}is outside the host paths granted to workspace "
                        f"{caller.workspace.name} on cluster {cluster.name} ({allowed}): use a path under one of them, "
-                       "or ask an organisation admin to grant it (Settings → Clusters → Change → Host paths)")
+                       f"or ask an organisation admin to grant it (Settings → Clusters → Change → Host paths; a grant "
+                       f"for this drive is written {grant})")
     name = body.metadata.name
     if session.scalar(select(Drive.id).where(Drive.workspace_id == caller.workspace.id, Drive.name == name)):
         raise ApiError(409, "ALREADY_EXISTS", f"a drive named {name} already exists: choose another metadata.name")
     d = Drive(workspace_id=caller.workspace.id, cluster_id=cluster.id, name=name,
-              spec=body.spec.model_dump(mode="json"), created_at=at)
+              spec=body.spec.model_dump(mode="json", exclude_none=True), created_at=at)
     session.add(d)
     lifecycle.event(session, caller.workspace.id, "DriveCreated", name,
-                    f"drive {name} on {src.node} at {src.path}", at)
+                    f"drive {name} on {src.where()}", at)
     session.flush()
     return d
 
@@ -526,6 +529,8 @@ def machines_view(session: Session, cluster_ids: list[int]) -> list[dict]:
                     "gpus_used": u, "gpus_free": max(0, m.gpus - u) if m.state == "Ready" else 0,
                     "gpu_models": m.gpu_models, "cpu_cores": m.cpu_cores, "memory_bytes": m.memory_bytes,
                     "stop_grace_seconds": m.stop_grace_seconds, "labels": m.labels, "runtime": m.runtime,
+                    "address": m.address, "shared_filesystems": m.shared_filesystems or {},
+                    "nfs": m.nfs or {"server": None, "client": False, "rdma": False},
                     "last_heartbeat": iso(m.last_heartbeat)})
     return out
 

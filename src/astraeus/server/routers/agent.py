@@ -52,17 +52,18 @@ def agent_assignments(tok: AgentTok, s: Sess, cp: CP, machine: str, after: int =
     version = cp.notifier.wait_machine(mid, after, wait) if wait else cp.notifier.machine_version(mid)
     with cp.sessions() as s2:
         m2 = s2.get(Machine, mid)
-        return P.Assignments(version=version, assignments=agents.assignments(s2, m2))
+        return P.Assignments(version=version, assignments=agents.assignments(s2, m2), exports=agents.exports(s2, m2))
 
 
 @router.post("/report")
 def agent_report(tok: AgentTok, s: Sess, cp: CP, body: P.Report) -> P.Ack:
     with tx(s):
         m = agents.machine_for(s, tok, body.machine)
-        changed = agents.report(s, m, body, time.time())
+        keepers: set[int] = set()
+        changed = agents.report(s, m, body, time.time(), keepers)
         mid = m.id
     if changed:
-        cp.notifier.bump_machines([mid])
+        cp.notifier.bump_machines([mid, *keepers])
         cp.notifier.bump_logs()
         cp.notifier.wake_scheduler()
     return P.Ack()

@@ -1,0 +1,78 @@
+"""Rendezvous for a gang placed on several machines: what each of its workers finds in its environment so that
+`torchrun train.py` (no flags), a Slurm-minded script or a hand-written `init_process_group` finds its peers.
+
+Pure: the control plane calls it once per gang attempt, when the gang is placed, and keeps the result on each
+worker row (so the values are stable for the attempt and new for the next one). A gang is a run whose workers
+start together (start: Gang) and which has two workers or more; rank = the worker's index.
+
+Names (docs/api.md, "What a worker finds in its environment"):
+  Astraeus   ASTRAEUS_NODE_RANK, ASTRAEUS_NUM_NODES, ASTRAEUS_MASTER_ADDR, ASTRAEUS_MASTER_PORT, ASTRAEUS_NODE_ADDRS
+  torchrun   PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_NPROC_PER_NODE (torchrun reads its
+             flags from PET_<FLAG>), and MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK
+  Slurm      SLURM_JOB_NUM_NODES, SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST, SLURM_GPUS_ON_NODE
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+# The ports a gang's rank 0 listens on (torchrun's TCPStore): the control plane gives each live gang attempt of a
+# cluster its own, so that two gangs whose rank 0 share a machine (or a host, for machines without their own
+# network) never collide. 29500 is torch's default MASTER_PORT; the range sits below Linux's ephemeral ports.
+PORTS = range(29500, 30500)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One worker of the gang, in rank order: the machine it was placed on."""
+
+    machine: str
+    address: str | None  # the machine's registered address; its name where an older agent gave none
+    gpus: int
+
+
+def is_gang(start: str | None, workers: int) -> bool:
+    return (start or "Gang") != "Independent" and workers >= 2
+
+
+def choose_port(used: set[int], seed: str, ports: range = PORTS) -> int:
+    """A port of `ports` that no other live gang attempt uses, picked at random (seeded by the attempt, so the same
+    attempt planned twice picks the same one; a new attempt most likely a new one, away from sockets the last
+    attempt may have left in TIME_WAIT). ValueError when all are taken."""
+    free = [p for p in ports if p not in used]
+    if not free:
+        raise ValueError(f"every rendezvous port {ports.start}-{ports.stop - 1} is in use by a live gang")
+    return random.Random(seed).choice(free)
+
+
+def environments(run: str, nodes: list[Node], port: int) -> list[dict[str, str]]:
+    """Each rank's environment, in rank order."""
+    n = len(nodes)
+    addrs = [nd.address or nd.machine for nd in nodes]
+    master = addrs[0]
+    out = []
+    for rank, nd in enumerate(nodes):
+        per_node = max(nd.gpus, 1)  # a CPU gang: one process per machine
+        out.append({
+            "ASTRAEUS_NODE_RANK": str(rank),
+            "ASTRAEUS_NUM_NODES": str(n),
+            "ASTRAEUS_MASTER_ADDR": master,
+            "ASTRAEUS_MASTER_PORT": str(port),
+            "ASTRAEUS_NODE_ADDRS": ",".join(addrs),
+            "PET_NNODES": str(n),
+            "PET_NODE_RANK": str(rank),
+            "PET_MASTER_ADDR": master,
+            "PET_MASTER_PORT": str(port),
+            "PET_NPROC_PER_NODE": str(per_node),
+            "MASTER_ADDR": master,
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(sum(max(x.gpus, 1) for x in nodes)),
+            "NODE_RANK": str(rank),
+            "SLURM_JOB_NUM_NODES": str(n),
+            "SLURM_NNODES": str(n),
+            "SLURM_NODEID": str(rank),
+            "SLURM_JOB_NODELIST": ",".join(x.machine for x in nodes),
+            "SLURM_GPUS_ON_NODE": str(nd.gpus),
+        })
+    return out

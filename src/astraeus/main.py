@@ -241,10 +241,15 @@ def up(
     runtime: Annotated[str | None, typer.Option(
         help="How the agents run workers: auto, container or process (see `astraeus agent --help`; default: "
              "$ASTRAEUS_RUNTIME or auto)", show_default=False)] = None,
+    netns: Annotated[bool, typer.Option(
+        "--netns", help="Each machine in its own network namespace with its own address on a bridge, reaching the "
+                        "control plane at the bridge's address (root and iproute2; removed on exit)")] = False,
+    shared_fs: Annotated[list[str], typer.Option(
+        "--shared-fs", help="NAME=/path: a shared filesystem every machine has mounted there (repeatable; passed "
+                            "to each agent)", show_default=False)] = None,
 ):
     """A local cluster in the foreground: a control plane and N agents with simulated GPUs. Ctrl-C stops it."""
     from astraeus.agent.agent import RUNTIMES, RuntimeChoiceError, choose_runtime
-    from astraeus.server.core import ControlPlane
     from astraeus.settings import AgentSettings
 
     settings = _settings("up", home, "127.0.0.1", port)
@@ -262,22 +267,110 @@ def up(
         except RuntimeChoiceError as e:
             typer.echo(f"astraeus up: {e}", err=True)
             raise typer.Exit(2) from None
+    shared = _up_shared_fs(shared_fs or [])
+    names = [f"gpu-{i + 1:02d}" for i in range(machines)]
     home = settings.home
+    layout = _up_network(home, names, netns)  # before the control plane: it listens on the bridge's address
+    try:
+        _up(settings, cp_args=(org, workspace, cluster, host_path, lost_after, max_priority), names=names,
+            gpus=gpus, cpus=cpus, memory_gib=memory_gib, runtime=asked, shared=shared, layout=layout)
+    finally:
+        if layout is not None:
+            from astraeus.fleet import netns as fleet_netns
+
+            fleet_netns.destroy(layout)
+            fleet_netns.record_path(home).unlink(missing_ok=True)
+
+
+def _up_shared_fs(items: list[str]) -> dict[str, str]:
+    """`up --shared-fs NAME=/path` entries, checked here rather than in each agent's log."""
+    from astraeus.spec import parse_shared_filesystems
+
+    try:
+        return parse_shared_filesystems(items)
+    except ValueError as e:
+        typer.echo(f"astraeus up: --shared-fs {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _up_network(home: Path, names: list[str], netns: bool):
+    """With --netns: remove what an earlier `up` in this home left (a crash), then make a bridge and a network
+    namespace per machine (astraeus.fleet.netns) and return their layout; without it, only remove leftovers."""
+    from astraeus.fleet import netns as fleet_netns
+
+    why = fleet_netns.unavailable()
+    if netns and why:
+        typer.echo(f"astraeus up: --netns {why}", err=True)
+        raise typer.Exit(2)
+    if why:  # no --netns: nothing to make, and nothing this user could have made
+        return None
+    recorded = fleet_netns.load(home)
+    other = fleet_netns.owner_alive(recorded)
+    if other:
+        typer.echo(f"astraeus up: another `astraeus up` (pid {other}) runs in {home}: stop it, or use another --home",
+                   err=True)
+        raise typer.Exit(2)
+    removed = fleet_netns.remove_leftovers(home)
+    if removed:
+        typer.echo(f"astraeus up: removed what an earlier `astraeus up` in {home} left: {', '.join(removed)}",
+                   err=True)
+    if not netns:
+        return None
+    try:
+        layout = fleet_netns.plan(home, names, fleet_netns.networks_taken(), owner_pid=os.getpid())
+    except ValueError as e:
+        typer.echo(f"astraeus up: --netns: {e}", err=True)
+        raise typer.Exit(2) from None
+    fleet_netns.save(home, layout)  # recorded before anything is made: a crash from here on leaves a record
+    signal.signal(signal.SIGTERM, _interrupted)  # until the control plane serves: stop cleanly, removing it all
+    try:
+        fleet_netns.create(layout)
+    except (fleet_netns.NetnsError, KeyboardInterrupt) as e:
+        fleet_netns.destroy(layout)
+        fleet_netns.record_path(home).unlink(missing_ok=True)
+        if isinstance(e, KeyboardInterrupt):
+            raise typer.Exit(130) from None
+        typer.echo(f"astraeus up: --netns: cannot make the machines' network: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"astraeus up: {len(names)} machine(s) in network namespaces on {layout.bridge} {layout.subnet}: "
+               + ", ".join(f"{m.name} {m.address}" for m in layout.machines), err=True)
+    return layout
+
+
+def _interrupted(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, layout) -> None:
+    from astraeus.server.core import ControlPlane
+
+    org, workspace, cluster, host_path, lost_after, max_priority = cp_args
+    asked = runtime
+    machines = len(names)
+    home = settings.home
+    if layout is not None:
+        settings.host = layout.gateway  # the agents reach it over the bridge; the host has that address too
     try:
         cp = ControlPlane.open(settings)
     except Exception as e:
         typer.echo(f"astraeus up: cannot open the database ({type(e).__name__}: {str(e).splitlines()[0]})", err=True)
         raise typer.Exit(1) from None
     boot = bootstrap(cp, org, workspace, cluster, host_path or ["/data/astraeus"], lost_after, max_priority)
-    base = settings.console_base()
+    # With --netns the agents and the env file use the bridge's address, even with ASTRAEUS_PUBLIC_URL set.
+    base = f"http://{layout.gateway}:{settings.port}" if layout is not None else settings.console_base()
     procs: list[subprocess.Popen] = []
 
     def start_agents(server) -> None:
-        for i in range(machines):
-            name = f"gpu-{i + 1:02d}"
+        for name in names:
             cmd = [sys.executable, "-m", "astraeus.main", "agent", "--server", base,
                    "--name", name, "--gpus", str(gpus), "--cpus", str(cpus), "--memory-gib", str(memory_gib),
                    "--state-dir", str(home / "agents" / name), "--stop-workers-on-exit", "--runtime", asked]
+            for fs, path in shared.items():
+                cmd += ["--shared-fs", f"{fs}={path}"]
+            if layout is not None:
+                from astraeus.fleet.netns import exec_argv
+
+                cmd = exec_argv(layout.machine(name).netns, cmd)
             log = open(home / f"agent-{name}.log", "ab")
             # The join token goes in the environment, not the command line, where `ps` would show it; each
             # agent exchanges it for its machine's own credential, kept in its state dir.

@@ -112,10 +112,11 @@ class Server:
     env: dict[str, str]
     proc: subprocess.Popen | None = None
     vars: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"  # a fleet network's gateway: agents in its namespaces reach the server there
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def api(self) -> str:
@@ -127,7 +128,7 @@ class Server:
         envf.unlink(missing_ok=True)
         log = open(self.home / "server.log", "ab")
         self.proc = subprocess.Popen([str(VENV_BIN / "astraeus"), "server", "--home", str(self.home), "--port",
-                                      str(self.port)], stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                      str(self.port), "--host", self.host], stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
         end = time.time() + timeout
         while time.time() < end:
@@ -181,16 +182,21 @@ class AgentProc:
     stop_grace: float = 2.0
     env: dict[str, str] = field(default_factory=dict)  # e.g. the runtime: tests.conftest.RuntimeChoice.env
     proc: subprocess.Popen | None = None
+    netns: str | None = None  # the network namespace it runs in (Fleet.network), or the host's
 
     def start(self) -> AgentProc:
         env = dict(os.environ)
         env["ASTRAEUS_STOP_GRACE"] = str(self.stop_grace)
         env.update(self.env)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [str(VENV_BIN / "astraeus"), "agent", "--server", self.server_url, "--token", self.token, "--name",
-             self.name, "--gpus", str(self.gpus), "--cpus", "256", "--memory-gib", "2048", "--state-dir",
-             str(self.state_dir)], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        argv = [str(VENV_BIN / "astraeus"), "agent", "--server", self.server_url, "--token", self.token, "--name",
+                self.name, "--gpus", str(self.gpus), "--cpus", "256", "--memory-gib", "2048", "--state-dir",
+                str(self.state_dir)]
+        if self.netns:
+            from astraeus.fleet.netns import exec_argv
+
+            argv = exec_argv(self.netns, argv)  # nsenter execs the agent: self.proc.pid is the agent's
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return self
 
     def kill9(self) -> None:
@@ -214,23 +220,42 @@ class Fleet:
         self.tmp = tmp
         self.servers: list[Server] = []
         self.agents: list[AgentProc] = []
+        self.networks: list = []  # astraeus.fleet.netns.Layout
 
-    def server(self, env: dict | None = None, home: Path | None = None) -> Server:
+    def network(self, machines: list[str]):
+        """A bridge and one network namespace per machine, each with its own address (astraeus.fleet.netns):
+        start the server with `host=layout.gateway` and each agent with `netns=layout.machine(name).netns`.
+        Skips the test where namespaces cannot be made (not root, no iproute2)."""
+        from astraeus.fleet import netns
+
+        why = netns.unavailable()
+        if why:
+            pytest.skip(f"network namespaces: {why}")
+        home = self.tmp / f"net{len(self.networks)}"
+        netns.remove_leftovers(home)
+        layout = netns.plan(home, machines, netns.networks_taken())
+        self.networks.append(layout)
+        netns.save(home, layout)
+        netns.create(layout)
+        return layout
+
+    def server(self, env: dict | None = None, home: Path | None = None, host: str = "127.0.0.1") -> Server:
         e = dict(os.environ)
         e.update({"ASTRAEUS_HEARTBEAT": "1", "ASTRAEUS_SCHEDULE_INTERVAL": "2"})
         e.pop("ASTRAEUS_DATABASE_URL", None)
         e.update(env or {})
-        s = Server(home=home or self.tmp / f"home{len(self.servers)}", port=free_port(), env=e)
+        s = Server(home=home or self.tmp / f"home{len(self.servers)}", port=free_port(), env=e, host=host)
         self.servers.append(s)
         return s.start()
 
     def agent(self, server: Server, name: str = "gpu-01", gpus: int = 8, stop_grace: float = 2.0,
-              url: str | None = None, env: dict | None = None) -> AgentProc:
+              url: str | None = None, env: dict | None = None, netns: str | None = None) -> AgentProc:
         """An agent on `server`; `env` adds to its environment (default: the process runtime, whatever the machine
-        would choose: these tests' runs name images no registry here serves)."""
+        would choose: these tests' runs name images no registry here serves); `netns`: run it in that network
+        namespace (Fleet.network)."""
         a = AgentProc(url or server.url, server.vars["ASTRAEUS_MACHINE_TOKEN"], name, self.tmp / f"agent-{name}",
                       self.tmp / f"agent-{name}.log", gpus=gpus, stop_grace=stop_grace,
-                      env=dict(env if env is not None else {"ASTRAEUS_RUNTIME": "process"}))
+                      env=dict(env if env is not None else {"ASTRAEUS_RUNTIME": "process"}), netns=netns)
         self.agents.append(a)
         return a.start()
 
@@ -241,6 +266,11 @@ class Fleet:
             reap(a.state_dir)
         for s in self.servers:
             s.stop()
+        if self.networks:
+            from astraeus.fleet import netns
+
+            for layout in self.networks:
+                netns.destroy(layout)
 
 
 @pytest.fixture

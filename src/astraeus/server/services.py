@@ -457,12 +457,11 @@ def create_drive(session: Session, caller: Caller, body: S.DriveCreate, at: floa
     if S.granted_root(src.model_dump(), granted) is None:
         allowed = ", ".join(granted) or "none"
         where = f"in shared filesystem {src.filesystem} " if src.filesystem else ""
-        grant = f"{src.filesystem}:/path" if src.filesystem else "/path"
+        grant = f"; a grant in it is written {src.filesystem}:/path" if src.filesystem else ""
         raise ApiError(403, "HOST_PATH_NOT_GRANTED",
                        f"spec.sources[0].path {src.path} {where}is outside the host paths granted to workspace "
                        f"{caller.workspace.name} on cluster {cluster.name} ({allowed}): use a path under one of them, "
-                       f"or ask an organisation admin to grant it (Settings → Clusters → Change → Host paths; a grant "
-                       f"for this drive is written {grant})")
+                       f"or ask an organisation admin to grant it (Settings → Clusters → Change → Host paths{grant})")
     name = body.metadata.name
     if session.scalar(select(Drive.id).where(Drive.workspace_id == caller.workspace.id, Drive.name == name)):
         raise ApiError(409, "ALREADY_EXISTS", f"a drive named {name} already exists: choose another metadata.name")

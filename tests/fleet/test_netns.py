@@ -136,6 +136,13 @@ def test_up_netns_two_machines_with_their_own_addresses(tmp_path):
                           and all(x["state"] == "Ready" for x in m.values()) and m, what="2 machines Ready")
             assert {n: m.get("address") for n, m in ms.items()} == {m.name: m.address for m in lay.machines}
             assert ms["gpu-01"]["address"] != ms["gpu-02"]["address"]
+        # and in `astra astraeus machines`, the ADDRESS column
+        out = subprocess.run([str(VENV_BIN / "astra"), "astraeus", "machines"], capture_output=True, text=True,
+                             env=c.env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()[1:] if line.strip()}
+        assert all(m.address in rows[m.name] for m in lay.machines), out.stdout
+        with c.client() as cl:
             # a worker on gpu-02 runs in gpu-02's namespace: it has gpu-02's address, not gpu-01's
             code = ("import os, subprocess\n"
                     "print('netns', os.stat('/proc/self/ns/net').st_ino, flush=True)\n"

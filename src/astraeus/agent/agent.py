@@ -250,6 +250,12 @@ class Agent:
         self.threads: list[threading.Thread] = []
         self.exit_requested = threading.Event()
         self.draining = False  # set on shutdown: start nothing new
+        # Drives across machines (astraeus.agent.nfs): the exports the control plane last gave (None: none yet),
+        # applied by the exports thread; the drives mounted from other machines for this machine's workers.
+        self.exports_wanted: list[P.Export] | None = None
+        self.wake_exports = threading.Event()
+        self.exporter = None  # astraeus.agent.nfs.Exports, made by the exports thread
+        self.nfs_mounts = None  # astraeus.agent.nfs.NfsMounts, made at the first worker with an NFS drive
 
     # ------------------------------------------------------------ http
     def _client(self, timeout: float = 15.0) -> httpx.Client:
@@ -352,7 +358,7 @@ class Agent:
                         raise NeedsRegister(f"/assignments: {r.status_code}")
                     r.raise_for_status()
                     data = P.Assignments.model_validate(r.json())
-                    self.set_assignments(data.version, data.assignments)
+                    self.set_assignments(data.version, data.assignments, data.exports)
                     backoff.reset()
                 except NeedsRegister as e:
                     log.warning("control plane does not know this machine (%s); registering again", e)
@@ -371,12 +377,60 @@ class Agent:
                     if self._sleep(backoff.next()):
                         return
 
-    def set_assignments(self, version: int, items: list[P.Assignment]) -> None:
+    def set_assignments(self, version: int, items: list[P.Assignment], exports: list[P.Export] | None = None) -> None:
         new = {a.key: a for a in items}
         with self.lock:
             self.version = version
             self.assignments = new
+            if exports is not None:
+                self.exports_wanted = list(exports)
         self.wake_reconcile.set()
+        if exports is not None:
+            self.wake_exports.set()
+
+    def exports_loop(self) -> None:
+        """Make this machine's NFS exports what the control plane last said (in this thread: a slow NFS server
+        never holds up polling or reconciling); retried with backoff when it fails."""
+        from astraeus.agent.nfs import ExportError, Exports
+
+        applied = None
+        backoff = Backoff(first=1.0, cap=30.0)
+        try:
+            self.exporter = Exports(self.state_dir)  # stops a server a crashed agent left behind
+        except OSError as e:
+            log.warning("cannot look for an NFS server left behind: %s", e)
+        while not self.stopping.is_set():
+            self.wake_exports.wait(1.0)
+            self.wake_exports.clear()
+            with self.lock:
+                wanted = self.exports_wanted
+            if wanted is None or self.stopping.is_set() or self.exporter is None:
+                continue
+            if applied and not self.exporter.running():
+                log.warning("the NFS server exited; starting it again")
+                applied = None
+            sig = [e.model_dump(mode="json") for e in wanted]
+            if sig == applied:
+                continue
+            try:
+                problems = self.exporter.apply(wanted)
+                applied = sig
+                backoff.reset()
+                for drive, why in problems.items():
+                    log.warning("drive %s is not exported: %s", drive, why)
+            except (ExportError, OSError) as e:
+                log.warning("cannot apply this machine's NFS exports (%s); retrying", e)
+                if self._sleep(backoff.next()):
+                    return
+                self.wake_exports.set()
+
+    def _nfs_needed(self) -> set[str]:
+        """The drives mounted from other machines that a worker here still needs (starting or not ended)."""
+        with self.lock:
+            assigned = dict(self.assignments or {})
+        starting = set(self.starting)
+        live = {k for k, st in self.statuses().items() if not st.final}
+        return {t for k, a in assigned.items() if k in starting or k in live for t in self.nfs_mounts.targets(a)}
 
     def reconcile_loop(self) -> None:
         while not self.stopping.is_set():
@@ -441,6 +495,8 @@ class Agent:
                     self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False,
                                       reason=NOT_ASSIGNED)
             self._collect_garbage(assigned, statuses)
+            if self.nfs_mounts is not None:
+                self.nfs_mounts.release(self._nfs_needed, self.pool.submit)
         changed = False
         for key, st in statuses.items():
             sig = (st.state, st.pid, st.exit_code, st.signal, st.message)
@@ -454,6 +510,15 @@ class Agent:
     def _start(self, a: P.Assignment) -> None:
         key = a.key
         try:
+            if any(m.nfs is not None for m in a.mounts):  # drives kept on other machines: mounted here first
+                from astraeus.agent.nfs import NfsMountError, NfsMounts
+
+                if self.nfs_mounts is None:
+                    self.nfs_mounts = NfsMounts(self.state_dir)
+                try:
+                    a = self.nfs_mounts.local(a)
+                except NfsMountError as e:
+                    raise StartFailed(str(e)) from None
             st = self.runtime.start(a)
             log.info("started %s attempt %s: pid %s in %s", key[0], key[1], st.pid, st.environment)
         except StartFailed as e:
@@ -631,7 +696,8 @@ class Agent:
         if adopted:
             log.info("adopted %d worker attempt(s), %d still running", len(adopted), len(live))
         for target, name in ((self.poll_loop, "poll"), (self.reconcile_loop, "reconcile"),
-                             (self.report_loop, "report"), (self.log_loop, "logs"), (self.event_loop, "events")):
+                             (self.report_loop, "report"), (self.log_loop, "logs"), (self.event_loop, "events"),
+                             (self.exports_loop, "exports")):
             t = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
             t.start()
             self.threads.append(t)
@@ -651,9 +717,17 @@ class Agent:
         self.wake_reconcile.set()
         self.wake_report.set()
         self.wake_logs.set()
+        self.wake_exports.set()
         for t in self.threads:
             t.join(timeout=0.2 if t.name == "agent-poll" else 5)  # a long-poll may hold the poll thread
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.exporter is not None:  # nothing is exported by an agent that is not running
+            try:
+                self.exporter.stop()
+            except OSError as e:
+                log.warning("stopping the NFS server: %s", e)
+        if self.stop_workers_on_exit and self.nfs_mounts is not None:
+            self.nfs_mounts.unmount_all()
         if self.registered.is_set():  # last words: states and logs, best effort
             try:
                 with self._client(timeout=3) as client:

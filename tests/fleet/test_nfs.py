@@ -1,0 +1,387 @@
+"""Drives across machines over NFS (astraeus.agent.nfs): NFS-Ganesha on this host exports a drive's folder to one
+network namespace's address only, and libnfs' userspace client (`nfs-cp`, `nfs-ls`) reads and writes it from that
+namespace and is refused from another; the mount options the transports give; a mount that never gets an answer
+ends with a clear reason at its deadline; and, on a cluster of two machines in their own namespaces, the keeping
+agent exports a drive to exactly the machine that runs its worker, and stops when that worker ends.
+
+This host's kernel has no NFS client or server (/proc/filesystems lists no nfs): the kernel mount is tested only
+where it has one (the one skip), and a machine here claims an NFS client only when told (ASTRAEUS_NFS_CLIENT)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from astraeus import protocol as P
+from astraeus.agent import nfs
+from astraeus.drives import NFS_RDMA_PORT, NFS_TCP_PORT, choose_transport
+from tests.conftest import free_port, start_cluster, wait_for
+
+needs_ganesha = pytest.mark.skipif(
+    nfs.nfs_ability().server != "ganesha" or not shutil.which("nfs-cp") or os.geteuid() != 0,
+    reason="needs root, NFS-Ganesha (nfs-ganesha nfs-ganesha-vfs) and libnfs-utils (make system-deps)")
+
+NS = "ws-" + "0123456789ab"  # a workspace namespace, as the control plane names them
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+class Nets:
+    """Network namespaces, each joined to this host by a veth pair on its own /30: `host(name)` is this host's
+    address on that link (where Ganesha answers), `addr(name)` the namespace's."""
+
+    def __init__(self):
+        self.tag = secrets.token_hex(2)
+        self.net = 100 + int(self.tag, 16) % 150
+        self.names: dict[str, int] = {}
+
+    def add(self, name: str, blackhole: bool = False) -> str:
+        i = len(self.names)
+        self.names[name] = i
+        ns, h, c = self.ns(name), f"bnh{self.tag}{i}", f"bnc{self.tag}{i}"
+        ip("netns", "add", ns)
+        ip("link", "add", h, "type", "veth", "peer", "name", c)
+        ip("link", "set", c, "netns", ns)
+        ip("addr", "add", f"{self.host(name)}/30", "dev", h)
+        ip("link", "set", h, "up")
+        ip("-n", ns, "addr", "add", f"{self.addr(name)}/30", "dev", c)
+        ip("-n", ns, "link", "set", c, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        if blackhole:  # packets come in; nothing ever goes back to this host: a server that never answers
+            ip("-n", ns, "route", "add", "blackhole", f"{self.host(name)}/32")
+        return self.addr(name)
+
+    def ns(self, name: str) -> str:
+        return f"bnfs-{self.tag}-{name}"
+
+    def host(self, name: str) -> str:
+        return f"10.{self.net}.{self.names[name]}.1"
+
+    def addr(self, name: str) -> str:
+        return f"10.{self.net}.{self.names[name]}.2"
+
+    def run(self, name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.ns(name), *argv], capture_output=True, text=True,
+                              timeout=timeout)
+
+    def remove(self) -> None:
+        for name, i in self.names.items():
+            ip("link", "del", f"bnh{self.tag}{i}", check=False)
+            ip("netns", "del", self.ns(name), check=False)
+
+
+@pytest.fixture
+def nets():
+    n = Nets()
+    yield n
+    n.remove()
+
+
+@pytest.fixture
+def exports(tmp_path):
+    x = nfs.Exports(str(tmp_path / "state"), port=free_port())
+    yield x
+    x.stop()
+
+
+def url(nets: Nets, name: str, port: int, path: str, **args) -> str:
+    q = "&".join([f"version=4&nfsport={port}"] + [f"{k}={v}" for k, v in args.items()])
+    return f"nfs://{nets.host(name)}{path}?{q}"
+
+
+def ganesha_pids(conf: str) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        argv = nfs._cmdline(int(pid))
+        if argv and os.path.basename(argv[0]) == "ganesha.nfsd" and conf in argv and nfs._pid_alive(int(pid)):
+            out.append(int(pid))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the exports
+@needs_ganesha
+def test_drive_exported_to_its_machines_only_and_unexported_after_the_last(nets, exports, tmp_path):
+    nets.add("gpu-02")
+    nets.add("gpu-03")
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "datasets").mkdir()
+    (root / "datasets" / "train.txt").write_text("tokens\n")
+    ckpt = P.Export(drive=f"{NS}.ft-ckpt", path=str(root / "ft-ckpt"), granted_root=str(root),
+                    clients=[nets.addr("gpu-02")], create=True)
+    data = P.Export(drive=f"{NS}.datasets", path=str(root / "datasets"), granted_root=str(root),
+                    clients=[nets.addr("gpu-03"), nets.addr("gpu-02")], read_only=True)
+    assert exports.apply([ckpt, data]) == {}
+    uid, gid = nfs.workspace_ids(ckpt.drive, None)
+    st = (root / "ft-ckpt").stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (uid, gid, 0o700)  # made, and handed to the workspace
+
+    # gpu-02 writes a checkpoint (its root acts as the workspace's user there) and reads it back
+    src = tmp_path / "step-7.pt"
+    src.write_bytes(b"weights at step 7\n")
+    w = nets.run("gpu-02", "nfs-cp", str(src), url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ft-ckpt/step-7.pt"))
+    assert w.returncode == 0 and "copied 18 bytes" in w.stdout, w.stderr
+    saved = root / "ft-ckpt" / "step-7.pt"
+    assert saved.read_bytes() == b"weights at step 7\n" and saved.stat().st_uid == uid
+    back = tmp_path / "back.pt"
+    r = nets.run("gpu-02", "nfs-cp", url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ft-ckpt/step-7.pt"),
+                 str(back))
+    assert r.returncode == 0 and back.read_bytes() == b"weights at step 7\n", r.stderr
+    # another user of gpu-02 is not the workspace's: the folder is the workspace's alone
+    other = nets.run("gpu-02", "nfs-cp", str(src),
+                     url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ft-ckpt/x.pt", uid=4242, gid=4242))
+    assert other.returncode != 0 and "NFS4ERR_ACCESS" in other.stderr
+    # the ReadOnly drive reads from both machines and takes no write
+    ls = nets.run("gpu-03", "nfs-ls", url(nets, "gpu-03", exports.port, f"/astraeus/{NS}.datasets"))
+    assert ls.returncode == 0 and "train.txt" in ls.stdout, ls.stderr
+    ro = nets.run("gpu-03", "nfs-cp", str(src), url(nets, "gpu-03", exports.port, f"/astraeus/{NS}.datasets/x.pt"))
+    assert ro.returncode != 0 and "NFS4ERR_ROFS" in ro.stderr and not (root / "datasets" / "x.pt").exists()
+
+    # gpu-03 runs no worker of ft-ckpt: refused, and nothing it sends lands in the folder
+    ls = nets.run("gpu-03", "nfs-ls", url(nets, "gpu-03", exports.port, f"/astraeus/{NS}.ft-ckpt"))
+    assert ls.returncode != 0 and "NFS4ERR_NOENT" in ls.stderr and "step-7" not in ls.stdout
+    w = nets.run("gpu-03", "nfs-cp", str(src), url(nets, "gpu-03", exports.port, f"/astraeus/{NS}.ft-ckpt/evil.pt"))
+    assert w.returncode != 0 and not (root / "ft-ckpt" / "evil.pt").exists()
+
+    # gpu-02's worker moved to gpu-03: the list changes, the server re-reads it (same process)
+    pids = ganesha_pids(exports.conf)
+    assert len(pids) == 1
+    assert exports.apply([ckpt.model_copy(update={"clients": [nets.addr("gpu-03")]})]) == {}
+    assert ganesha_pids(exports.conf) == pids
+    ls = nets.run("gpu-03", "nfs-ls", url(nets, "gpu-03", exports.port, f"/astraeus/{NS}.ft-ckpt"))
+    assert ls.returncode == 0 and "step-7.pt" in ls.stdout, ls.stderr
+    ls = nets.run("gpu-02", "nfs-ls", url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ft-ckpt"))
+    assert ls.returncode != 0 and "NFS4ERR_NOENT" in ls.stderr
+
+    # the last worker elsewhere ended: nothing is exported, and the server is gone
+    assert exports.apply([]) == {}
+    assert ganesha_pids(exports.conf) == [] and not os.path.exists(exports.conf)
+    ls = nets.run("gpu-03", "nfs-ls", url(nets, "gpu-03", exports.port, f"/astraeus/{NS}.ft-ckpt"))
+    assert ls.returncode != 0 and "step-7" not in ls.stdout
+    assert saved.read_bytes() == b"weights at step 7\n"  # the bytes stay on the keeping machine
+
+
+@needs_ganesha
+def test_export_refuses_symlinks_and_bad_addresses_and_keeps_the_rest(nets, exports, tmp_path):
+    nets.add("gpu-02")
+    root = tmp_path / "data"
+    (root / "ok").mkdir(parents=True)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (root / "link").symlink_to(secret)
+    problems = exports.apply([
+        P.Export(drive=f"{NS}.escape", path=str(root / "link"), granted_root=str(root), clients=[nets.addr("gpu-02")]),
+        P.Export(drive=f"{NS}.outside", path=str(secret), granted_root=str(root), clients=[nets.addr("gpu-02")]),
+        P.Export(drive=f"{NS}.badaddr", path=str(root / "ok"), granted_root=str(root), clients=["10.0.0.1; rm"]),
+        P.Export(drive=f"{NS}.ok", path=str(root / "ok"), granted_root=str(root), clients=[nets.addr("gpu-02")]),
+    ])
+    assert "symlink" in problems[f"{NS}.escape"]
+    assert "outside the granted host path" in problems[f"{NS}.outside"]
+    assert "not an address or a host name" in problems[f"{NS}.badaddr"]
+    assert f"{NS}.ok" not in problems
+    ok = nets.run("gpu-02", "nfs-ls", url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ok"))
+    assert ok.returncode == 0, ok.stderr
+    bad = nets.run("gpu-02", "nfs-ls", url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.escape"))
+    assert bad.returncode != 0 and "NFS4ERR_NOENT" in bad.stderr
+
+
+@needs_ganesha
+def test_a_server_left_by_a_crashed_agent_is_replaced(nets, tmp_path):
+    nets.add("gpu-02")
+    (tmp_path / "d").mkdir()
+    port = free_port()
+    e = P.Export(drive=f"{NS}.d", path=str(tmp_path / "d"), clients=[nets.addr("gpu-02")])
+    first = nfs.Exports(str(tmp_path / "state"), port=port)
+    first.apply([e])
+    old = ganesha_pids(first.conf)
+    assert len(old) == 1
+    # the agent crashed (its Exports is gone, the server runs on); the next agent with the same state dir starts
+    second = nfs.Exports(str(tmp_path / "state"), port=port)
+    try:
+        assert ganesha_pids(second.conf) == []  # the stale server was stopped
+        assert second.apply([e]) == {}
+        new = ganesha_pids(second.conf)
+        assert len(new) == 1 and new != old
+        ok = nets.run("gpu-02", "nfs-ls", url(nets, "gpu-02", port, f"/astraeus/{NS}.d"))
+        assert ok.returncode == 0, ok.stderr
+    finally:
+        second.stop()
+        first.proc and first.proc.poll()  # reap it
+    assert ganesha_pids(second.conf) == []
+
+
+# ------------------------------------------------------------------------------------------------ the mounts
+@pytest.mark.parametrize("transport,server_rdma,client_rdma,proto,port", [
+    ("Auto", True, True, "rdma", NFS_RDMA_PORT),
+    ("Auto", True, False, "tcp", NFS_TCP_PORT),
+    ("Auto", False, False, "tcp", NFS_TCP_PORT),
+    ("TCP", True, True, "tcp", NFS_TCP_PORT),
+    ("RDMA", True, True, "rdma", NFS_RDMA_PORT),
+])
+def test_mount_options_follow_the_drive_transport(transport, server_rdma, client_rdma, proto, port):
+    got = choose_transport(transport, server_rdma, client_rdma)
+    assert got == (proto, port)
+    opts = nfs.mount_options(*got).split(",")
+    assert opts[:3] == ["vers=4.2", f"proto={proto}", f"port={port}"] and "hard" in opts and "ro" not in opts
+    assert nfs.mount_options(*got, read_only=True).split(",")[-1] == "ro"
+
+
+def test_mount_options_refuse_what_mount_would_not_take():
+    with pytest.raises(ValueError, match="unknown NFS transport 'udp': tcp or rdma"):
+        nfs.mount_options("udp", 2049)
+    with pytest.raises(ValueError, match="NFS port 0 is not a port"):
+        nfs.mount_options("tcp", 0)
+
+
+def test_mount_of_a_server_that_never_answers_fails_at_its_deadline(nets, tmp_path):
+    dark = nets.add("gpu-01", blackhole=True)
+    src = P.NfsSource(server=dark, machine="gpu-01", export_path="/data/ft-ckpt", transport="tcp", port=2049)
+    target = tmp_path / "nfs" / f"{NS}.ft-ckpt"
+    t0 = time.monotonic()
+    with pytest.raises(nfs.NfsMountError) as e:
+        nfs.mount(src, str(target), deadline=3, drive=f"{NS}.ft-ckpt")
+    took = time.monotonic() - t0
+    assert str(e.value) == f"cannot mount drive ft-ckpt from gpu-01 ({dark}) over NFS/TCP: the server did not " \
+                           "answer within 3 s"
+    assert took < 3 + 10  # the deadline, plus killing the child and a lazy unmount
+    assert not target.exists()
+
+
+@needs_ganesha
+def test_mount_names_the_machine_and_why(nets, exports, tmp_path):
+    nets.add("gpu-01")
+    (tmp_path / "d").mkdir()
+    exports.apply([P.Export(drive=f"{NS}.ft-ckpt", path=str(tmp_path / "d"), clients=["127.0.0.1"])])
+    target = tmp_path / "m"
+    # nothing listens on that port: refused at once
+    closed = P.NfsSource(server=nets.host("gpu-01"), machine="gpu-01", export_path="/", port=free_port())
+    with pytest.raises(nfs.NfsMountError, match=rf"^cannot mount drive ft-ckpt from gpu-01 \({nets.host('gpu-01')}\) "
+                                                r"over NFS/TCP: the server refused NFS on port \d+: Connection refused$"):
+        nfs.mount(closed, str(target), deadline=10, drive=f"{NS}.ft-ckpt")
+    if not ({"nfs", "nfs4"} & nfs._filesystems()):
+        # the server answers; this machine's kernel cannot mount NFS, and the reason says so
+        up = P.NfsSource(server=nets.host("gpu-01"), machine="gpu-01", export_path="/", port=exports.port)
+        with pytest.raises(nfs.NfsMountError) as e:
+            nfs.mount(up, str(target), deadline=10, drive=f"{NS}.ft-ckpt")
+        assert str(e.value).startswith(f"cannot mount drive ft-ckpt from gpu-01 ({nets.host('gpu-01')}) over "
+                                       "NFS/TCP: ")
+        assert str(e.value).endswith("(this machine's kernel has no NFS client: /proc/filesystems lists no nfs4)")
+    assert not target.exists()
+
+
+@needs_ganesha
+def test_kernel_mount(nets, exports, tmp_path):
+    """The real `mount -t nfs4` from another namespace, through astraeus.agent.nfs.mount; only where the kernel has
+    an NFS client (this host's has none)."""
+    if not ({"nfs", "nfs4"} & nfs._filesystems()):
+        pytest.skip("this kernel has no NFS client (/proc/filesystems lists no nfs): the kernel mount is not tested "
+                    "here")
+    nets.add("gpu-02")
+    root = tmp_path / "d"
+    root.mkdir()
+    e = P.Export(drive=f"{NS}.ft-ckpt", path=str(root), clients=[nets.addr("gpu-02")], create=True)
+    assert exports.apply([e]) == {}
+    uid, _ = nfs.workspace_ids(e.drive, None)
+    target = tmp_path / "mnt"
+    code = (
+        "import os, sys\n"
+        "from astraeus import protocol as P\nfrom astraeus.agent import nfs\n"
+        f"src = P.NfsSource(server='{nets.host('gpu-02')}', machine='gpu-01', export_path='/', port={exports.port})\n"
+        f"nfs.mount(src, '{target}', deadline=20, drive='{e.drive}')\n"
+        f"open('{target}/step-1.pt', 'w').write('w1')\n"
+        f"st = os.stat('{target}/step-1.pt')\n"
+        "print('owner', st.st_uid)\n"
+        f"assert nfs.unmount('{target}')\n")
+    r = nets.run("gpu-02", str(Path(os.sys.executable)), "-c", code, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"owner {uid}" in r.stdout
+    assert (root / "step-1.pt").read_text() == "w1"
+
+
+# ------------------------------------------------------------------------------------------------ a cluster
+@needs_ganesha
+@pytest.mark.faults
+def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(tmp_path):
+    """`astraeus up --machines 2 --netns`: gpu-01 keeps drive ft-ckpt; a run placed on gpu-02 uses it. gpu-02 says
+    it can mount NFS (ASTRAEUS_NFS_CLIENT=true: this kernel cannot, so the worker cannot start, and says why).
+    While the worker is placed, gpu-01 exports the folder to gpu-02's address only, and the export is read from
+    gpu-02's namespace with nfs-cp; once the worker ended, gpu-01 exports nothing."""
+    from astraeus.fleet import netns as fleet
+
+    home = tmp_path / "home"
+    out = Path("/data/astraeus") / f"test-nfs-{uuid.uuid4().hex[:12]}"
+    c = start_cluster(home, machines=2, gpus=1, extra_args=["--netns"], env={"ASTRAEUS_NFS_CLIENT": "true"})
+    layout = fleet.load(home)
+    g1, g2 = layout.machine("gpu-01"), layout.machine("gpu-02")
+    nft = ["nsenter", f"--net=/run/netns/{g2.netns}", "nft"]
+    try:
+        with c.client() as api:
+            drive = {"metadata": {"name": "ft-ckpt"}, "spec": {"sources": [
+                {"node": "gpu-01", "path": str(out), "mount_path": "/ckpt", "mode": "ReadWrite"}],
+                "permissions": {"create": True}, "transport": "Auto"}}
+            r = api.post("/drives", json=drive)
+            assert r.status_code == 201, r.text
+            # A partial network fault for the length of the test: gpu-02's root (its agent) gets no answer from
+            # gpu-01's NFS port, so its mount waits for the deadline and the worker stays placed meanwhile; the
+            # test reads the export from gpu-02 as another user.
+            subprocess.run([*nft, "add table inet bnfs; add chain inet bnfs out { type filter hook output priority 0; }; "
+                            f"add rule inet bnfs out ip daddr {g1.address} tcp dport 2049 meta skuid 0 drop"],
+                           check=True, capture_output=True, text=True)
+            run = {"metadata": {"name": "trainer"}, "spec": {"task_template": {
+                "image": "python:3.11", "command": "python", "args": ["-c", "print('never')"],
+                "restart_policy": "Never", "datavolume_refs": [{"name": "ft-ckpt", "mount_path": "/ckpt"}],
+                "requested_resources": {"cpu_cores": 1, "memory_bytes": 1 << 28, "gpu_requests": {"count": 1},
+                                        "node_selection": {"mode": "Names", "names": ["gpu-02"]}}}}}
+            r = api.post("/runs", json=run)
+            assert r.status_code == 201, r.text
+            # gpu-01 made the folder (handed to the workspace's user) and exports it to gpu-02
+            wait_for(lambda: out.is_dir() and (home / "agents" / "gpu-01" / "nfs-server" / "ganesha.conf").exists(),
+                     timeout=30, what="gpu-01's export")
+            conf = (home / "agents" / "gpu-01" / "nfs-server" / "ganesha.conf").read_text()
+            assert f"Clients = {g2.address}; Access_Type = RW;" in conf and conf.count("CLIENT {") == 1
+            owner = out.stat().st_uid
+            os.chown(out, owner, owner)
+            (out / "step-3.pt").write_text("weights\n")
+            os.chown(out / "step-3.pt", owner, owner)
+            ns = _workspace_ns(conf)
+            got = tmp_path / "got.pt"
+            read = subprocess.run(
+                ["nsenter", f"--net=/run/netns/{g2.netns}", "setpriv", f"--reuid={owner}", f"--regid={owner}",
+                 "--clear-groups", "nfs-cp", f"nfs://{g1.address}/astraeus/{ns}.ft-ckpt/step-3.pt?version=4&uid="
+                 f"{owner}&gid={owner}", str(got)], capture_output=True, text=True, timeout=30)
+            assert read.returncode == 0 and got.read_text() == "weights\n", read.stderr
+            # the worker's reason names the machine it could not reach
+            w = wait_for(lambda: (lambda x: x if x.get("state") == "Failed" else None)(c.worker("trainer-0")),
+                         timeout=60, what="the worker to fail")
+            assert f"cannot mount drive ft-ckpt from gpu-01 ({g1.address}) over NFS/TCP: the server did not answer " \
+                   "within 20 s" in str(w), w
+            # its last worker elsewhere ended: gpu-01 exports nothing, and its NFS server is gone
+            wait_for(lambda: not (home / "agents" / "gpu-01" / "nfs-server" / "ganesha.conf").exists(), timeout=30,
+                     what="gpu-01 to unexport")
+            log = (home / "agent-gpu-01.log").read_text()
+            assert f"{ns}.ft-ckpt ({out} as /astraeus/{ns}.ft-ckpt) to {g2.address}" in log
+            assert "stopping the NFS server" in log
+            gone = subprocess.run(["nsenter", f"--net=/run/netns/{g2.netns}", "setpriv", f"--reuid={owner}",
+                                   f"--regid={owner}", "--clear-groups", "nfs-ls",
+                                   f"nfs://{g1.address}/astraeus/{ns}.ft-ckpt?version=4"],
+                                  capture_output=True, text=True, timeout=30)
+            assert gone.returncode != 0
+    finally:
+        subprocess.run([*nft, "delete table inet bnfs"], capture_output=True)
+        c.stop()
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _workspace_ns(conf: str) -> str:
+    """The workspace's namespace, from the pseudo path of the one export in a Ganesha config."""
+    line = next(ln for ln in conf.splitlines() if 'Pseudo = "/astraeus/' in ln)
+    return line.split('Pseudo = "/astraeus/')[1].split(".ft-ckpt")[0]

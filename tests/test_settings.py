@@ -37,7 +37,8 @@ def _clean_env(tmp_path, **extra) -> dict:
     (["agent", "--server", "http://127.0.0.1:1", "--token", "x"], "ASTRAEUS_STOP_GRACE", "-1",
      'astraeus agent: ASTRAEUS_STOP_GRACE: must be a number of seconds >= 0, got "-1"'),
     (["agent", "--token", "x"], "ASTRAEUS_SERVER", "cp-host:8420",
-     'astraeus agent: ASTRAEUS_SERVER: must be an http:// or https:// URL, got "cp-host:8420"'),
+     'astraeus agent: ASTRAEUS_SERVER: must be an http:// or https:// URL, or several comma-separated, got '
+     '"cp-host:8420"'),
 ])
 def test_bad_value_stops_the_program_with_one_line_naming_it(tmp_path, argv, var, value, line):
     p = subprocess.run([sys.executable, "-m", "astraeus.main", *argv], env=_clean_env(tmp_path, **{var: value}),

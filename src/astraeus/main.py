@@ -161,8 +161,10 @@ def server(
 
 @app.command()
 def agent(
-    server: Annotated[str | None, typer.Option(help="The control plane's URL (default: $ASTRAEUS_SERVER)",
-                                               show_default=False)] = None,
+    server: Annotated[str | None, typer.Option(
+        help="The control plane's URL, or several replicas' URLs comma-separated (http://cp1:8420,http://cp2:8420): "
+             "the agent moves to the next when one stops answering (default: $ASTRAEUS_SERVER)",
+        show_default=False)] = None,
     token: Annotated[str | None, typer.Option(
         help="A join token, exchanged for this machine's own credential when it first registers "
              "(default: $ASTRAEUS_MACHINE_TOKEN)", show_default=False)] = None,
@@ -196,6 +198,14 @@ def agent(
         missing = "--server (or ASTRAEUS_SERVER)" if not server else "--token (or ASTRAEUS_MACHINE_TOKEN)"
         typer.echo(f"astraeus agent: missing {missing}: the control plane's URL and a machine token", err=True)
         raise typer.Exit(2)
+    from astraeus.settings import http_urls
+
+    try:
+        server = http_urls(server)
+    except ValueError as e:
+        typer.echo(f"astraeus agent: --server: {e}: give the control plane's URL, or several comma-separated",
+                   err=True)
+        raise typer.Exit(2) from None
     asked = runtime or env.runtime
     if asked not in RUNTIMES:
         typer.echo(f"astraeus agent: --runtime {asked}: use auto, container or process", err=True)

@@ -43,6 +43,27 @@ def _http_url(value: str | None) -> str | None:
     return value.rstrip("/") if value else value
 
 
+def http_urls(value: str) -> str:
+    """One http(s) URL or several, comma-separated (the control plane's replicas): each checked, trailing slashes
+    dropped; ValueError naming the first bad one."""
+    from urllib.parse import urlsplit
+
+    urls = [u.strip() for u in value.split(",")]
+    for url in urls:
+        if not url:
+            raise ValueError("an empty URL in the list (two commas in a row, or one at an end)")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 -- raises on a port that is not a number
+        except ValueError as e:
+            raise ValueError(f"{url!r} is not a valid URL: {e}") from None
+        if not parts.hostname:
+            raise ValueError(f"{url!r} has no host")
+    return ",".join(u.rstrip("/") for u in urls)
+
+
 class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, extra="ignore")
 
@@ -147,8 +168,10 @@ class AgentSettings(HomeSettings):
     READ_BY: ClassVar[str] = "`astraeus agent`"
 
     server: str | None = setting(
-        None, "The control plane's URL (`http://cp-host:8420`); `--server` overrides it. `astraeus up` and "
-        "`astraeus server` write it to `<home>/env`.", "an http:// or https:// URL")
+        None, "The control plane's URL (`http://cp-host:8420`), or several replicas' URLs, comma-separated "
+        "(`http://cp1:8420,http://cp2:8420,http://cp3:8420`): the agent uses one at a time and moves to the next "
+        "when it stops answering; `--server` overrides it. `astraeus up` and `astraeus server` write it to "
+        "`<home>/env`.", "an http:// or https:// URL, or several comma-separated")
     machine_token: str | None = setting(
         None, "A machine token (an organisation admin issues one with `POST /api/v1/o/<org>/tokens "
         "{\"kind\": \"machine\", \"cluster\": ...}`; `astraeus up` and `astraeus server` write a fresh one to "
@@ -225,7 +248,7 @@ class AgentSettings(HomeSettings):
     @field_validator("server")
     @classmethod
     def _server_url(cls, v: str | None) -> str | None:
-        return _http_url(v)
+        return http_urls(v) if v is not None else v
 
     @field_validator("address")
     @classmethod

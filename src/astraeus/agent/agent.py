@@ -8,7 +8,7 @@ Entry point for `astraeus agent` (src/astraeus/main.py wires typer to it):
               poll_wait: float = 30.0, image_map: ImageMap | None = None) -> None
 
 blocks until SIGTERM/SIGINT. `server` is the control plane's base URL (http://127.0.0.1:8420; a URL that already
-ends in /api/v1/agent works too); `token` a join token (an admin's machine token) or this machine's
+ends in /api/v1/agent works too), or several replicas' URLs, comma-separated; `token` a join token (an admin's machine token) or this machine's
 credential. gpus=None → NVML's count (0 without NVML); gpus=N → N simulated GPUs. cpu_cores/memory_bytes
 default to the machine's. state_dir, stop_grace and image_map default to the environment's (astraeus.settings.AgentSettings: $ASTRAEUS_STATE_DIR or $ASTRAEUS_HOME/agents/<name>,
 $ASTRAEUS_STOP_GRACE or 30 s, $ASTRAEUS_IMAGE_MAP).
@@ -40,6 +40,12 @@ long-polls /assignments, reconciles, reports every worker's state on each change
 heartbeat_seconds (POST /report), and ships log lines (POST /logs, batched, retried; the server dedups by
 (worker, attempt, seq)). While the control plane is down it retries with backoff and keeps its workers as they
 were last assigned.
+
+Replicas: the agent talks to one replica at a time and moves to the next (logging "control plane URL not answering
+(why); using URL") when a request to it fails with a connection error, a timeout or a 5xx. A failover restarts no
+worker and does not register again (the replicas share one database); the next poll asks the new replica for the
+whole desired state. Each answer to /assignments carries the scheduling leader's epoch: the agent records the
+highest it has seen and ignores (with a log line) an answer made under an older one.
 """
 
 from __future__ import annotations
@@ -202,8 +208,11 @@ class Agent:
                  stop_workers_on_exit: bool = False, poll_wait: float = 30.0, image_map: ImageMap | None = None,
                  runtime_kind: str | None = None, address: str | None = None,
                  shared_filesystems: dict[str, str] | None = None):
-        base = server.rstrip("/")
-        self.base = base if base.endswith("/api/v1/agent") else base + "/api/v1/agent"
+        self.servers = agent_bases(server)  # the control plane's replicas: one is used at a time
+        self.server_lock = threading.Lock()
+        self.current = 0  # index in self.servers of the replica in use
+        self.epoch = 0  # the highest scheduling leader epoch seen in an answer
+        self.failovers = 0
         self.token = token  # the join token (or this machine's credential, given as is)
         self.name = name
         env = AgentSettings.load() if state_dir is None or stop_grace is None or runtime is None else None
@@ -258,6 +267,53 @@ class Agent:
         self.nfs_mounts = None  # astraeus.agent.nfs.NfsMounts, made at the first worker with an NFS drive
 
     # ------------------------------------------------------------ http
+    @property
+    def base(self) -> str:
+        """The agent API of the replica in use (http://cp-host:8420/api/v1/agent)."""
+        return self.servers[self.current]
+
+    def failover(self, e: Exception) -> bool:
+        """A request failed with `e`: when it says the replica it went to is not answering (a connection error, a
+        timeout, a 5xx) and that replica is still the one in use, move to the next replica; True when moved.
+        Nothing else changes: the machine stays registered (every replica shares the database) and its workers
+        run on; the next poll asks the new replica for the whole desired state."""
+        if len(self.servers) < 2 or not not_answering(e):
+            return False
+        failed = self._replica_of(e)
+        with self.server_lock:
+            if failed != self.servers[self.current]:
+                return False  # another thread moved already
+            self.current = (self.current + 1) % len(self.servers)
+            self.failovers += 1
+            now = self.servers[self.current]
+        with self.lock:
+            self.version = 0
+        log.warning("control plane %s not answering (%s); using %s", root_url(failed), why_not(e), root_url(now))
+        return True
+
+    def _replica_of(self, e: Exception) -> str:
+        try:
+            url = str(e.request.url)  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):
+            return self.base
+        return next((b for b in self.servers if url.startswith(b + "/") or url == b), self.base)
+
+    def take_epoch(self, epoch: int | None) -> bool:
+        """Whether to use an answer made under scheduling leader `epoch`: not when a newer epoch was seen (a
+        replica that lost the lead, or an answer read before the new leader took it). Records the highest."""
+        if epoch is None:
+            return True
+        with self.server_lock:
+            seen = self.epoch
+            if epoch < seen:
+                log.warning("ignoring assignments from %s made under leader epoch %d: epoch %d was seen already",
+                            root_url(self.base), epoch, seen)
+                return False
+            self.epoch = epoch
+        if seen and epoch > seen:
+            log.info("scheduling leader epoch %d (was %d)", epoch, seen)
+        return True
+
     def _client(self, timeout: float = 15.0) -> httpx.Client:
         return httpx.Client(auth=self._auth, timeout=timeout)
 
@@ -348,7 +404,11 @@ class Agent:
             while not self.stopping.is_set():
                 try:
                     if not self.registered.is_set():
+                        credential = self.credential
                         self.register(client)
+                        if self.credential != credential:  # joined afresh (a new database?): its epochs start anew
+                            with self.server_lock:
+                                self.epoch = 0
                     with self.lock:
                         after = self.version
                     r = client.get(self.base + "/assignments",
@@ -358,6 +418,10 @@ class Agent:
                         raise NeedsRegister(f"/assignments: {r.status_code}")
                     r.raise_for_status()
                     data = P.Assignments.model_validate(r.json())
+                    if not self.take_epoch(data.epoch):
+                        if self._sleep(backoff.next()):
+                            return
+                        continue
                     self.set_assignments(data.version, data.assignments, data.exports)
                     backoff.reset()
                 except NeedsRegister as e:
@@ -373,7 +437,8 @@ class Agent:
                     if self._sleep(backoff.next()):
                         return
                 except (httpx.HTTPError, ValueError) as e:
-                    log.warning("control plane unreachable (%s); retrying", e)
+                    if not self.failover(e):
+                        log.warning("control plane unreachable (%s); retrying", e)
                     if self._sleep(backoff.next()):
                         return
 
@@ -571,7 +636,8 @@ class Agent:
                 except NeedsRegister:
                     self._sleep(backoff.next())
                 except (httpx.HTTPError, ValueError) as e:
-                    log.warning("report failed (%s); retrying", e)
+                    if not self.failover(e):
+                        log.warning("report failed (%s); retrying", e)
                     self.wake_report.set()
                     self._sleep(backoff.next())
 
@@ -601,7 +667,8 @@ class Agent:
                 except NeedsRegister:
                     self._sleep(backoff.next())
                 except (httpx.HTTPError, ValueError) as e:
-                    log.warning("log shipping failed (%s); retrying", e)
+                    if not self.failover(e):
+                        log.warning("log shipping failed (%s); retrying", e)
                     self._sleep(backoff.next())
 
     @staticmethod
@@ -748,6 +815,41 @@ class Agent:
 
     def request_exit(self) -> None:
         self.exit_requested.set()
+
+
+def agent_bases(server: str | list[str]) -> list[str]:
+    """The agent API base of each control plane replica in `server`: one URL or several, comma-separated (or a
+    list); a URL that already ends in /api/v1/agent is kept as is. ValueError when none is given."""
+    urls = server.split(",") if isinstance(server, str) else list(server)
+    out: list[str] = []
+    for url in urls:
+        url = url.strip().rstrip("/")
+        if not url:
+            continue
+        base = url if url.endswith("/api/v1/agent") else url + "/api/v1/agent"
+        if base not in out:
+            out.append(base)
+    if not out:
+        raise ValueError("no control plane URL given")
+    return out
+
+
+def root_url(base: str) -> str:
+    """http://cp-host:8420 of an agent API base."""
+    return base[: -len("/api/v1/agent")] if base.endswith("/api/v1/agent") else base
+
+
+def not_answering(e: Exception) -> bool:
+    """Whether a failed request says its replica is not answering: a connection error or timeout, or a 5xx."""
+    if isinstance(e, httpx.HTTPStatusError):
+        return e.response.status_code >= 500
+    return isinstance(e, httpx.TransportError)
+
+
+def why_not(e: Exception) -> str:
+    if isinstance(e, httpx.HTTPStatusError):
+        return f"{e.response.status_code} {e.response.reason_phrase}".rstrip()
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def _message(r: httpx.Response) -> str:

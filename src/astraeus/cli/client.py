@@ -2,6 +2,11 @@
 
 Configuration: `astra login --api URL --token T` writes $ASTRAEUS_CONFIG or ~/.config/astraeus/config.json;
 the environment's ASTRAEUS_API / ASTRAEUS_TOKEN (which `astraeus up` writes) win over the file.
+
+Several control plane replicas: the API URL may be several, comma-separated
+(`http://cp1:8420/api/v1/o/ORG/w/WS,http://cp2:8420`; a URL without a path takes the first one's). The client
+uses one at a time, and tries the next when one does not answer: for a GET on a connection error, a timeout or a
+5xx; for anything else only when the connection could not be made (nothing was sent, so nothing can happen twice).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -76,6 +81,34 @@ def save_config(api: str, token: str, env: Mapping[str, str] | None = None) -> P
     return path
 
 
+def api_urls(api: str) -> list[str]:
+    """The replicas' API URLs in `api` (one, or several comma-separated): a URL with no path takes the first
+    one's path (`http://cp1:8420/api/v1/o/ORG/w/WS,http://cp2:8420`)."""
+    urls = [u.strip().rstrip("/") for u in api.split(",")]
+    urls = [u for u in urls if u]
+    if not urls:
+        return [api.rstrip("/")]
+    path = urlsplit(urls[0]).path if "://" in urls[0] else ""
+    out: list[str] = []
+    for url in urls:
+        if "://" in url and not urlsplit(url).path and path:
+            url += path
+        if url not in out:
+            out.append(url)
+    return out
+
+
+IDEMPOTENT = ("GET", "HEAD", "OPTIONS")
+
+
+def not_answering(e: Exception | None, status: int | None, method: str) -> bool:
+    """Whether to try the next replica: a GET after a connection error, a timeout or a 5xx; anything else only
+    when the connection was never made (so the request was not sent)."""
+    if method.upper() in IDEMPOTENT:
+        return (status is not None and status >= 500) or isinstance(e, httpx.TransportError)
+    return isinstance(e, httpx.ConnectError | httpx.ConnectTimeout)
+
+
 def error_message(response: httpx.Response) -> ApiError:
     """An API error answer → one line: `403 PRIORITY_NOT_ALLOWED: priority 60 is above …`."""
     status = response.status_code
@@ -113,17 +146,38 @@ def q(name: str) -> str:
 
 class Client:
     def __init__(self, config: Config, timeout: float = 30.0, transport: httpx.BaseTransport | None = None):
-        self.api = config.api
+        self.apis = api_urls(config.api)
+        self.current = 0  # the replica in use: the one that answered last
         self.timeout = timeout
-        try:
-            self._http = httpx.Client(
-                base_url=config.api + "/",
-                headers={"Authorization": f"Bearer {config.token}", "User-Agent": "astra"},
-                timeout=timeout,
-                transport=transport,
-            )
-        except (httpx.InvalidURL, ValueError) as e:
-            raise ApiError(f"the Astraeus API URL {config.api!r} is not valid: {e}") from None
+        for api in self.apis:
+            try:
+                httpx.URL(api + "/")
+            except (httpx.InvalidURL, ValueError) as e:
+                raise ApiError(f"the Astraeus API URL {api!r} is not valid: {e}") from None
+        self._http = httpx.Client(
+            headers={"Authorization": f"Bearer {config.token}", "User-Agent": "astra"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    @property
+    def api(self) -> str:
+        """The API URL in use."""
+        return self.apis[self.current]
+
+    def _url(self, path: str) -> str:
+        path = path.lstrip("/")
+        return f"{self.api}/{path}" if path else self.api  # the workspace itself: $API exactly, no trailing slash
+
+    def _next(self) -> bool:
+        """Move to the next replica; False when every one was tried since the last answer."""
+        self._tried += 1
+        if self._tried >= len(self.apis):
+            return False
+        self.current = (self.current + 1) % len(self.apis)
+        return True
+
+    _tried = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Client:
@@ -140,7 +194,8 @@ class Client:
 
     def _transport_error(self, e: Exception) -> ApiError:
         if isinstance(e, httpx.ConnectError | httpx.ConnectTimeout):
-            return ApiError(f"cannot reach the Astraeus API at {self.api}: {e}")
+            where = self.api if len(self.apis) == 1 else " or ".join(self.apis)
+            return ApiError(f"cannot reach the Astraeus API at {where}: {e}")
         if isinstance(e, httpx.TimeoutException):
             return ApiError(f"the Astraeus API at {self.api} did not answer within {self.timeout:g}s")
         if isinstance(e, httpx.UnsupportedProtocol | httpx.InvalidURL):
@@ -149,11 +204,17 @@ class Client:
 
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None) -> Any:
         """Send one request; the answer's JSON (or text when it is not JSON). Raises ApiError."""
-        path = path.lstrip("/") or self.api  # the workspace itself: $API exactly, no trailing slash
-        try:
-            r = self._http.request(method, path, json=json_body, params=_params(params))
-        except httpx.HTTPError as e:
-            raise self._transport_error(e) from None
+        self._tried = 0
+        while True:
+            try:
+                r = self._http.request(method, self._url(path), json=json_body, params=_params(params))
+            except httpx.HTTPError as e:
+                if not_answering(e, None, method) and self._next():
+                    continue
+                raise self._transport_error(e) from None
+            if not_answering(None, r.status_code, method) and self._next():
+                continue
+            break
         if r.status_code >= 400:
             raise error_message(r)
         if not r.content:
@@ -180,14 +241,24 @@ class Client:
     def stream(self, path: str, **params: Any) -> Iterator[str]:
         """Text as it arrives (logs with follow=true): no read timeout."""
         timeout = httpx.Timeout(self.timeout, read=None)
-        try:
-            with self._http.stream("GET", path.lstrip("/"), params=_params(params), timeout=timeout) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    raise error_message(r)
-                yield from r.iter_text()
-        except httpx.HTTPError as e:
-            raise self._transport_error(e) from None
+        self._tried = 0
+        while True:
+            started = False  # once text was shown, another replica would show it again: no retry
+            try:
+                with self._http.stream("GET", self._url(path), params=_params(params), timeout=timeout) as r:
+                    if r.status_code >= 500 and self._next():
+                        continue
+                    if r.status_code >= 400:
+                        r.read()
+                        raise error_message(r)
+                    for text in r.iter_text():
+                        started = True
+                        yield text
+                return
+            except httpx.HTTPError as e:
+                if not started and not_answering(e, None, "GET") and self._next():
+                    continue
+                raise self._transport_error(e) from None
 
 
 def _params(params: dict[str, Any] | None) -> dict[str, Any] | None:

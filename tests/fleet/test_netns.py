@@ -167,6 +167,7 @@ def test_up_netns_two_machines_with_their_own_addresses(tmp_path):
             netns.remove_leftovers(home)
 
 
+@pytest.mark.faults
 @needs_netns
 def test_a_crashed_up_leaves_leftovers_the_next_up_removes(tmp_path):
     home = tmp_path / "home"

@@ -124,7 +124,9 @@ def test_create_cut_heal_destroy(tmp_path):
 @needs_netns
 def test_up_netns_two_machines_with_their_own_addresses(tmp_path):
     home = tmp_path / "home"
-    c = start_cluster(home, machines=2, gpus=2, extra_args=["--netns"])
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    c = start_cluster(home, machines=2, gpus=2, extra_args=["--netns", "--shared-fs", f"lab={lab}"])
     try:
         lay = netns.load(home)
         assert lay is not None and [m.name for m in lay.machines] == ["gpu-01", "gpu-02"]
@@ -136,6 +138,8 @@ def test_up_netns_two_machines_with_their_own_addresses(tmp_path):
                           and all(x["state"] == "Ready" for x in m.values()) and m, what="2 machines Ready")
             assert {n: m.get("address") for n, m in ms.items()} == {m.name: m.address for m in lay.machines}
             assert ms["gpu-01"]["address"] != ms["gpu-02"]["address"]
+            # --shared-fs reached every agent
+            assert all(m.get("shared_filesystems") == {"lab": str(lab)} for m in ms.values()), ms
         # and in `astra astraeus machines`, the ADDRESS column
         out = subprocess.run([str(VENV_BIN / "astra"), "astraeus", "machines"], capture_output=True, text=True,
                              env=c.env, timeout=60)

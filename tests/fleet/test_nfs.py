@@ -314,7 +314,7 @@ def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(t
     """`astraeus up --machines 2 --netns`: gpu-01 keeps drive ft-ckpt; a run placed on gpu-02 uses it. gpu-02 says
     it can mount NFS (ASTRAEUS_NFS_CLIENT=true: this kernel cannot, so the worker cannot start, and says why).
     While the worker is placed, gpu-01 exports the folder to gpu-02's address only, and the export is read from
-    gpu-02's namespace with nfs-cp; once the worker ended, gpu-01 exports nothing."""
+    gpu-02's namespace with nfs-cat; once the worker ended, gpu-01 exports nothing."""
     from astraeus.fleet import netns as fleet
 
     home = tmp_path / "home"
@@ -353,12 +353,11 @@ def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(t
             (out / "step-3.pt").write_text("weights\n")
             os.chown(out / "step-3.pt", owner, owner)
             ns = _workspace_ns(conf)
-            got = tmp_path / "got.pt"
             read = subprocess.run(
                 ["nsenter", f"--net=/run/netns/{g2.netns}", "setpriv", f"--reuid={owner}", f"--regid={owner}",
-                 "--clear-groups", "nfs-cp", f"nfs://{g1.address}/astraeus/{ns}.ft-ckpt/step-3.pt?version=4&uid="
-                 f"{owner}&gid={owner}", str(got)], capture_output=True, text=True, timeout=30)
-            assert read.returncode == 0 and got.read_text() == "weights\n", read.stderr
+                 "--clear-groups", "nfs-cat", f"nfs://{g1.address}/astraeus/{ns}.ft-ckpt/step-3.pt?version=4"],
+                capture_output=True, text=True, timeout=30)
+            assert read.returncode == 0 and read.stdout == "weights\n", read.stderr
             # the worker's reason names the machine it could not reach
             w = wait_for(lambda: (lambda x: x if x.get("state") == "Failed" else None)(c.worker("trainer-0")),
                          timeout=60, what="the worker to fail")

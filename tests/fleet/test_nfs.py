@@ -384,3 +384,26 @@ def _workspace_ns(conf: str) -> str:
     """The workspace's namespace, from the pseudo path of the one export in a Ganesha config."""
     line = next(ln for ln in conf.splitlines() if 'Pseudo = "/astraeus/' in ln)
     return line.split('Pseudo = "/astraeus/')[1].split(".ft-ckpt")[0]
+
+
+# ------------------------------------------------------------------------------------------------ the machine
+def test_what_this_machine_says_it_can_do(monkeypatch):
+    monkeypatch.delenv("ASTRAEUS_NFS_CLIENT", raising=False)
+    a = nfs.nfs_ability()
+    assert a.server == ("ganesha" if shutil.which("ganesha.nfsd") and nfs.ganesha_plugins_dir() else None)
+    kernel = {"nfs", "nfs4"} & nfs._filesystems()
+    if not kernel and not os.path.isdir(f"/lib/modules/{os.uname().release}"):
+        assert a.client is False  # this host: no NFS in the kernel, no modules to load
+    if kernel:
+        assert a.client is True
+    monkeypatch.setenv("ASTRAEUS_NFS_CLIENT", "true")  # an operator who knows the first mount loads the module
+    assert nfs.nfs_ability().client is True
+    monkeypatch.setenv("ASTRAEUS_NFS_CLIENT", "false")
+    assert nfs.nfs_ability().client is False
+
+
+def test_a_bad_nfs_port_says_what_to_change(monkeypatch, tmp_path):
+    monkeypatch.setenv("ASTRAEUS_NFS_PORT", "nfs")
+    with pytest.raises(nfs.ExportError, match=r"NFS port 'nfs' \(ASTRAEUS_NFS_PORT\) is not a port: give one in "
+                                              r"1-65535, or leave it unset for 2049"):
+        nfs.Exports(str(tmp_path))

@@ -462,8 +462,8 @@ class Agent:
         backoff = Backoff(first=1.0, cap=30.0)
         try:
             self.exporter = Exports(self.state_dir)  # stops a server a crashed agent left behind
-        except OSError as e:
-            log.warning("cannot look for an NFS server left behind: %s", e)
+        except (OSError, ValueError) as e:
+            log.error("drives kept here cannot be exported: %s", e)
         while not self.stopping.is_set():
             self.wake_exports.wait(1.0)
             self.wake_exports.clear()

@@ -44,7 +44,7 @@ import threading
 import time
 
 from astraeus import protocol as P
-from astraeus.drives import NFS_RDMA_PORT, NFS_TCP_PORT
+from astraeus.drives import NFS_TCP_PORT
 
 log = logging.getLogger("astraeus.agent.nfs")
 
@@ -106,10 +106,13 @@ def kernel_nfs_client() -> bool:
 
 def nfs_ability() -> P.NfsAbility:
     """What this machine can do for drives across machines: export with NFS-Ganesha ("ganesha": ganesha.nfsd and
-    its VFS FSAL installed), mount NFSv4 (client), and RDMA (a device in /sys/class/infiniband)."""
+    its VFS FSAL installed), mount NFSv4 (client), and NFS over RDMA (a device in /sys/class/infiniband). A machine
+    that exports reports no RDMA: the agent serves NFS over TCP only (Debian's Ganesha has no NFS/RDMA transport),
+    and `Auto` must not pick RDMA for a drive it keeps. (The kernel's nfsd is not used: a machine with only it
+    reports no server, and the drives it keeps are used there only.)"""
     server = "ganesha" if shutil.which(GANESHA) and ganesha_plugins_dir() else None
     try:
-        rdma = bool(os.listdir("/sys/class/infiniband"))
+        rdma = bool(os.listdir("/sys/class/infiniband")) and server is None
     except OSError:
         rdma = False
     return P.NfsAbility(server=server, client=kernel_nfs_client(), rdma=rdma)
@@ -193,8 +196,8 @@ def ganesha_config(exports: list[dict], port: int, recovery_dir: str, plugins_di
         -> str:
     """Ganesha's config for `exports` (pure): each {"id", "path", "pseudo", "clients": {addr: "RW"|"RO"}, "uid",
     "gid"}.
-    NFSv4 only, TCP (RDMA too on port 20049 where the machine has it is left to a Ganesha built with it), no NLM,
-    no RQUOTA, no UDP, no portmapper; every export closed to all but its CLIENT block."""
+    NFSv4 only, over TCP; no NLM, no RQUOTA, no UDP, no portmapper; every export closed to all but its CLIENT
+    block."""
     core = [f"NFS_Port = {int(port)};", "Protocols = 4;", "Enable_NLM = false;", "Enable_RQUOTA = false;",
             "Enable_UDP = false;", f'Plugins_Dir = "{plugins_dir}";']
     if bind:
@@ -249,7 +252,14 @@ class Exports:
     def __init__(self, state_dir: str, port: int | None = None, bind: str | None = None,
                  start_timeout: float = 15.0):
         self.dir = os.path.join(os.path.abspath(state_dir), "nfs-server")
-        self.port = int(port if port is not None else os.environ.get("ASTRAEUS_NFS_PORT") or NFS_TCP_PORT)
+        said = port if port is not None else os.environ.get("ASTRAEUS_NFS_PORT") or NFS_TCP_PORT
+        try:
+            self.port = int(said)
+        except ValueError:
+            self.port = 0
+        if not 0 < self.port < 65536:
+            raise ExportError(f"NFS port {said!r} (ASTRAEUS_NFS_PORT) is not a port: give one in 1-65535, or leave "
+                              "it unset for 2049")
         self.bind = bind
         self.start_timeout = start_timeout
         self.conf = os.path.join(self.dir, "ganesha.conf")

@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -301,7 +302,7 @@ def test_kernel_mount(nets, exports, tmp_path):
         f"st = os.stat('{target}/step-1.pt')\n"
         "print('owner', st.st_uid)\n"
         f"assert nfs.unmount('{target}')\n")
-    r = nets.run("gpu-02", str(Path(os.sys.executable)), "-c", code, timeout=60)
+    r = nets.run("gpu-02", sys.executable, "-c", code, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"owner {uid}" in r.stdout
     assert (root / "step-1.pt").read_text() == "w1"

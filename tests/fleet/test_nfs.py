@@ -280,6 +280,44 @@ def test_mount_names_the_machine_and_why(nets, exports, tmp_path):
 
 
 @needs_ganesha
+def test_a_drive_mounted_here_is_shared_asked_again_and_released(nets, exports, tmp_path):
+    """NfsMounts: the second worker of a drive uses the folder the first one's mount made, after asking the server
+    again (a server that went away makes its start fail, naming the machine); the folder is unmounted once no worker
+    needs it. The kernel here cannot mount NFS, so a tmpfs stands where the first worker's NFS mount would be."""
+    nets.add("gpu-01")
+    (tmp_path / "d").mkdir()
+    exports.apply([P.Export(drive=f"{NS}.ft-ckpt", path=str(tmp_path / "d"), clients=["127.0.0.1"])])
+    state = tmp_path / "agent"
+    mounts = nfs.NfsMounts(str(state), deadline=10)
+    src = P.NfsSource(server=nets.host("gpu-01"), machine="gpu-01", export_path=str(tmp_path / "d"), port=exports.port)
+    a = P.Assignment(worker=f"{NS}.trainer-0", attempt=1, workspace=NS, command="python", mounts=[
+        P.Mount(drive="ft-ckpt", nfs=src, host_path="/run-1", mount_path="/ckpt", create=True),
+        P.Mount(drive="local", host_path="/data/local", mount_path="/local")])
+    target = state / "nfs" / f"{NS}.ft-ckpt"
+    assert mounts.targets(a) == {str(target)}
+    target.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(target)], check=True)
+    try:
+        local = mounts.local(a)
+        m = local.mounts[0]
+        assert (m.nfs, m.host_path, m.granted_root, m.mount_path, m.create) == (
+            None, f"{target}/run-1", str(target), "/ckpt", True)
+        assert local.mounts[1] == a.mounts[1]  # a drive of this machine is left as it is
+        exports.stop()  # gpu-01's server went away
+        with pytest.raises(nfs.NfsMountError, match=rf"^cannot mount drive ft-ckpt from gpu-01 "
+                                                    rf"\({nets.host('gpu-01')}\) over NFS/TCP: the server refused NFS "
+                                                    rf"on port {exports.port}: Connection refused$"):
+            mounts.local(a)
+        assert mounts.mounted() == {str(target)}  # still there for the worker that runs on it
+        mounts.release(lambda: {str(target)}, lambda f, *args: f(*args))
+        assert mounts.mounted() == {str(target)}
+        mounts.release(lambda: set(), lambda f, *args: f(*args))  # its last worker ended
+        assert mounts.mounted() == set() and not target.exists()
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+@needs_ganesha
 def test_kernel_mount(nets, exports, tmp_path):
     """The real `mount -t nfs4` from another namespace, through astraeus.agent.nfs.mount; only where the kernel has
     an NFS client (this host's has none)."""

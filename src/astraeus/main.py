@@ -212,17 +212,14 @@ def agent(
         raise typer.Exit(2)
     from astraeus.spec import check_address, parse_shared_filesystems
 
-    for option, check in (("--address", lambda: check_address(address) if address is not None else None),
-                          ("--shared-fs", lambda: dict(env.shared_fs, **parse_shared_filesystems(shared_fs or [])))):
-        try:
-            value = check()
-        except ValueError as e:
-            typer.echo(f"astraeus agent: {option}: {e}", err=True)
-            raise typer.Exit(2) from None
-        if option == "--address":
-            address = value
-        else:
-            shared = value
+    option = "--address"
+    try:
+        address = check_address(address) if address is not None else None
+        option = "--shared-fs"
+        shared = dict(env.shared_fs, **parse_shared_filesystems(shared_fs or []))
+    except ValueError as e:
+        typer.echo(f"astraeus agent: {option}: {e}", err=True)
+        raise typer.Exit(2) from None
     try:
         run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
                   memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,

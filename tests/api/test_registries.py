@@ -249,7 +249,8 @@ def test_astra_sets_lists_and_deletes_credentials_reading_the_password_from_stdi
         r = run("machines")
         assert r.returncode == 0, r.stderr
         header, row = r.stdout.splitlines()[:2]
-        assert header.split()[-1] == "RUNTIME" and row.split()[0] == "gpu-01" and row.split()[-1] == "process"
+        assert header.split()[-4:] == ["RUNTIME", "ADDRESS", "SHARED", "FS"], header
+        assert row.split()[0] == "gpu-01" and row.split()[-2:] == ["process", "127.0.0.1"], row
         assert "(runtime: process)" in (tmp_path / "home" / "up.log").read_text()
     finally:
         cluster.stop()

@@ -399,8 +399,9 @@ def test_0002_is_a_no_op_where_the_release_already_added_the_column(tmp_path):
 
 
 # Columns that revisions after 0001 add, with the value an existing row gets.
-ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0}, "tokens": {"machine_id": None},
-                    "machines": {"runtime": None}}
+ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvous": None},
+                    "tokens": {"machine_id": None},
+                    "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None}}
 
 
 def test_downgrade_to_0001_keeps_every_row(released, tmp_path):

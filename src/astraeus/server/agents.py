@@ -13,12 +13,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, selectinload
 
+from astraeus import drives as drive_rules
 from astraeus import protocol as P
 from astraeus.imageref import registry_of
 from astraeus.server import lifecycle, registries, services
 from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
-from astraeus import drives as drive_rules
 from astraeus.spec import env_values, granted_root
 
 REGISTER_FIRST = ("this is a join token: it can only register a machine. POST /api/v1/agent/register with it; the "

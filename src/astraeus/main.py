@@ -44,8 +44,10 @@ def bootstrap(cp, org: str, workspace: str, cluster: str, host_paths: list[str],
               max_priority: int | None = None) -> dict:
     """The defaults a fresh control plane needs, and fresh tokens to reach it (secrets are kept only hashed)."""
     from astraeus.server import services
+    from astraeus.server.core import lock_state
 
     with cp.sessions() as s, s.begin():
+        lock_state(s)  # several replicas starting at once: one makes the defaults, the others find them
         o = services.ensure_org(s, org)
         c = services.ensure_cluster(s, o, cluster, lost_after=lost_after)
         ws = services.ensure_workspace(s, o, workspace)
@@ -139,15 +141,25 @@ def server(
     workspace: Annotated[str, typer.Option()] = "vision",
     cluster: Annotated[str, typer.Option()] = "main",
     host_path: Annotated[list[str], typer.Option(help="Host path granted to the default workspace")] = None,
+    replica_id: Annotated[str | None, typer.Option(
+        help="This replica's name in the scheduling lease and /healthz (default: $ASTRAEUS_REPLICA_ID or "
+             "host:port)", show_default=False)] = None,
 ):
     """The control plane: API, console, scheduling loop. PostgreSQL through ASTRAEUS_DATABASE_URL
-    (every variable: docs/configuration.md)."""
+    (every variable: docs/configuration.md); on PostgreSQL, start several on other machines or ports for a
+    control plane with no single point of failure: one of them leads the scheduling at a time."""
     from astraeus.server.core import ControlPlane
+    from astraeus.server.db import AlreadyServing, SchemaTooNew
 
     settings = _settings("server", home, host, port)
+    if replica_id:
+        settings.replica_id = replica_id
     home = settings.home
     try:
-        cp = ControlPlane.open(settings)
+        cp = ControlPlane.open(settings, exclusive=True)
+    except (SchemaTooNew, AlreadyServing) as e:  # a newer schema, or SQLite served by another process
+        typer.echo(f"astraeus server: {e}", err=True)
+        raise typer.Exit(1) from None
     except Exception as e:  # an unreachable database: refuse to start, change nothing
         typer.echo(f"astraeus server: cannot open the database ({type(e).__name__}: {str(e).splitlines()[0]})",
                    err=True)

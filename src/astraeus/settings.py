@@ -141,6 +141,15 @@ class ServerSettings(HomeSettings):
     log_max_lines_per_worker: int = setting(
         100_000, "The most log lines kept per worker (all its attempts), as ASTRAEUS_LOG_MAX_BYTES_PER_WORKER.",
         "a whole number from 100 to 100000000", ge=100, le=100_000_000)
+    leader_lease_seconds: float = setting(
+        4.0, "Several replicas on one PostgreSQL database: how long the scheduling leader's lease lasts, in "
+        "seconds, by the database's clock; the leader renews it every third of that, and another replica takes "
+        "over within about this long after the leader dies or stops answering.",
+        "a number of seconds from 0.5 to 600", ge=0.5, le=600)
+    replica_id: str | None = setting(
+        None, "This replica's name in the scheduling lease, `/healthz` and the logs; `--replica-id` overrides "
+        "it. Unset: `<host>:<port>` (the machine's name for a wildcard host).",
+        "a name of 1 to 150 characters", min_length=1, max_length=150)
 
     @field_validator("database_url")
     @classmethod

@@ -228,7 +228,7 @@ def test_restart_loses_nothing(app, tmp_path):
 
 
 def test_openapi_and_health(app):
-    assert app.client.get("/healthz").json() == {"ok": True}
+    assert app.client.get("/healthz").json() == {"role": "leader", "epoch": 1, "database": "ok"}
     assert "/api/v1/o/{org}/w/{ws}/runs" in app.client.get("/openapi.json").json()["paths"]
     assert "astraeus_schedule_cycle_seconds" in app.client.get("/metrics").text
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from contextlib import asynccontextmanager
 
+import anyio
 import anyio.to_thread
 from fastapi import FastAPI
 
@@ -105,6 +106,64 @@ class BodyLimit:
             await self._answer(send, self._too_large(f"more than {self.limit} bytes were sent"))
 
 
+# SQLSTATEs after which the whole request is tried again: serialization failure, deadlock, lock not available.
+RETRIED = {"40001", "40P01", "55P03"}
+
+
+def _conflict(exc: BaseException) -> bool:
+    from sqlalchemy.exc import DBAPIError
+
+    while exc is not None:
+        if isinstance(exc, DBAPIError):
+            code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+            return code in RETRIED
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class RetryConflicts:
+    """Try a request again (up to `tries` times, a few milliseconds apart) when the database refused its
+    transaction for a conflict with another replica's (serialization failure, deadlock, lock timeout), as long
+    as nothing of the answer was sent: the transaction was rolled back, so the route runs again from the
+    start. The body is kept for that (BodyLimit, outside, has bounded it). Never a 5xx for a conflict."""
+
+    def __init__(self, app, tries: int = 5):
+        self.app, self.tries = app, tries
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        body, more = [], True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return await self.app(scope, _replay([msg]), send)
+            body.append(msg)
+            more = msg.get("more_body", False)
+        for attempt in range(self.tries):
+            started = False
+
+            async def guarded(msg):
+                nonlocal started
+                started = True
+                await send(msg)
+
+            try:
+                return await self.app(scope, _replay(list(body)), guarded)
+            except Exception as e:
+                if started or attempt == self.tries - 1 or not _conflict(e):
+                    raise
+                await anyio.sleep(0.005 * (2 ** attempt))
+
+
+def _replay(messages: list):
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await anyio.sleep_forever()  # only a disconnect could come after the body; none will
+    return receive
+
+
 def create_app(settings: Settings | None = None, cp: ControlPlane | None = None, run_loop: bool = True) -> FastAPI:
     settings = settings or Settings()
     cp = cp or ControlPlane.open(settings)
@@ -114,17 +173,20 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     async def lifespan(app: FastAPI):
         anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
         if run_loop:
-            loop.start()
-            cp.notifier.wake_scheduler()
+            cp.start_bus()  # PostgreSQL: hear the other replicas' wake-ups, tell them ours
+            loop.start()  # leads, or waits as a follower (server/leader.py)
+            cp.notifier.wake_scheduler(remote=True)
         yield
         if run_loop:
-            loop.stop()
+            loop.stop()  # gives the lease up: another replica leads at once
+            cp.stop_bus()
 
     app = FastAPI(title="Astraeus", version="0.1.0", lifespan=lifespan,
                   description="GPU cluster workload manager: runs, workers, drives, machines.")
     app.state.cp = cp
     app.state.loop = loop
     errors.install(app)
+    app.add_middleware(RetryConflicts)
     app.add_middleware(BodyLimit, limit=cp.settings.max_body_bytes)
     for module in ROUTERS:
         app.include_router(module.router)

@@ -1,15 +1,23 @@
-"""The control plane's shared parts: settings, the database handle, and the wake-ups between threads."""
+"""The control plane's shared parts: settings, the database handle, and the wake-ups between threads (and, on
+PostgreSQL, between replicas)."""
 
 from __future__ import annotations
 
+import json
+import logging
+import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
 
 from astraeus.server import db
 from astraeus.settings import ServerSettings
+
+log = logging.getLogger("astraeus.core")
 
 
 def _env() -> ServerSettings:
@@ -37,6 +45,10 @@ class Settings:
     log_max_bytes: int = field(default_factory=lambda: _env().log_max_bytes_per_worker)
     log_max_lines: int = field(default_factory=lambda: _env().log_max_lines_per_worker)
     console_session_hours: float = field(default_factory=lambda: _env().console_session_hours)
+    # Several replicas (issue 16): the scheduling lease's length (renewed every third of it) and this replica's
+    # name in the lease and /healthz (None: host:port).
+    lease_seconds: float = field(default_factory=lambda: _env().leader_lease_seconds)
+    replica_id: str | None = field(default_factory=lambda: _env().replica_id)
 
     @classmethod
     def from_env(cls, env: ServerSettings | None = None, **given) -> Settings:
@@ -44,7 +56,8 @@ class Settings:
         env = env or _env()
         kw = {"home": env.home, "database_url": env.database_url, "public_url": env.public_url,
               "schedule_interval": env.schedule_interval, "heartbeat_seconds": env.heartbeat,
-              "console_session_hours": env.console_session_hours}
+              "console_session_hours": env.console_session_hours, "lease_seconds": env.leader_lease_seconds,
+              "replica_id": env.replica_id}
         kw.update(max_body_bytes=env.max_body_bytes, log_max_bytes=env.log_max_bytes_per_worker,
                   log_max_lines=env.log_max_lines_per_worker)
         kw.update({k: v for k, v in given.items() if v is not None})
@@ -63,12 +76,36 @@ class Settings:
 
 # Every transaction that changes state takes this lock: API writes, agent reports and the scheduling loop's
 # apply. One control-plane process then never applies a decision made on state that another write has since
-# changed (a delete racing a scheduling cycle, say). Reads never take it.
+# changed (a delete racing a scheduling cycle, say). Reads never take it. Across replicas on PostgreSQL the same
+# transactions also take the advisory lock below (lock_state; why one lock: astraeus.server.leader).
 STATE_LOCK = threading.RLock()
+
+# pg_advisory_xact_lock's key for state changes (any bigint; "astraSTA").
+STATE_LOCK_KEY = 0x6173747261535441
+
+
+def lock_state(session: Session) -> None:
+    """Make the session's transaction a state change that no other replica's runs beside: on PostgreSQL, take
+    the transaction-level advisory lock (held until commit or rollback), then forget what the session had loaded
+    before it, so that everything the change reads is as committed by the writers before it. SQLite: one
+    process, whose STATE_LOCK the caller holds; nothing to do."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": STATE_LOCK_KEY})
+        session.expire_all()
+
+
+def _stamp(old: int) -> int:
+    """A machine's next version: past the last, and at least the time in milliseconds, so that versions from two
+    replicas are comparable (an agent that moves to another replica with `after` from the first is answered at
+    once when something changed since, not after its long-poll runs out)."""
+    return max(old + 1, int(time.time() * 1000))
 
 
 class Notifier:
-    """Version counters that threads wait on: per machine (desired workers) and for logs."""
+    """Version counters that threads wait on: per machine (desired workers) and for logs.
+
+    With several replicas (PostgreSQL), `bus` carries each bump to the other replicas (Bus, LISTEN/NOTIFY), and
+    theirs come back here with `remote=True` (not sent again)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -76,6 +113,7 @@ class Notifier:
         self._logs = 0
         self._wake = threading.Event()
         self.closing = False
+        self.bus: Bus | None = None
 
     def close(self) -> None:
         """Let every waiting long-poll and log follower return now: the control plane is stopping."""
@@ -86,18 +124,31 @@ class Notifier:
     # machines --------------------------------------------------------------------------------------
     def machine_version(self, machine_id: int) -> int:
         with self._cond:
-            return self._machine.setdefault(machine_id, 1)
+            return self._machine.setdefault(machine_id, _stamp(0))
 
-    def bump_machines(self, machine_ids) -> None:
+    def bump_machines(self, machine_ids, remote: bool = False) -> None:
+        ids = [m for m in machine_ids if m is not None]
         with self._cond:
-            for m in machine_ids:
-                if m is not None:
-                    self._machine[m] = self._machine.setdefault(m, 1) + 1
+            for m in ids:
+                self._machine[m] = _stamp(self._machine.get(m, 0))
             self._cond.notify_all()
+        if ids and self.bus is not None and not remote:
+            self.bus.send(machines=ids)
+
+    def bump_all(self) -> None:
+        """Every machine, the logs and the scheduler, here only: what another replica said may have been missed
+        (the bus reconnected, or is away)."""
+        with self._cond:
+            for m in list(self._machine):
+                self._machine[m] = _stamp(self._machine[m])
+            self._logs += 1
+            self._cond.notify_all()
+        self._wake.set()
 
     def wait_machine(self, machine_id: int, after: int, timeout: float) -> int:
         with self._cond:
-            self._cond.wait_for(lambda: self.closing or self._machine.setdefault(machine_id, 1) > after, timeout=timeout)
+            self._cond.wait_for(lambda: self.closing or self._machine.setdefault(machine_id, _stamp(0)) > after,
+                                timeout=timeout)
             return self._machine[machine_id]
 
     # logs ------------------------------------------------------------------------------------------
@@ -105,10 +156,12 @@ class Notifier:
         with self._cond:
             return self._logs
 
-    def bump_logs(self) -> None:
+    def bump_logs(self, remote: bool = False) -> None:
         with self._cond:
             self._logs += 1
             self._cond.notify_all()
+        if self.bus is not None and not remote:
+            self.bus.send(logs=True)
 
     def wait_logs(self, after: int, timeout: float) -> int:
         with self._cond:
@@ -116,13 +169,157 @@ class Notifier:
             return self._logs
 
     # the scheduling loop ---------------------------------------------------------------------------
-    def wake_scheduler(self) -> None:
+    def wake_scheduler(self, remote: bool = False) -> None:
         self._wake.set()
+        if self.bus is not None and not remote:
+            self.bus.send(scheduler=True)
 
     def wait_scheduler(self, timeout: float) -> bool:
         woke = self._wake.wait(timeout)
         self._wake.clear()
         return woke
+
+
+class Bus:
+    """Wake-ups between replicas on PostgreSQL: LISTEN/NOTIFY on channel `astraeus`, on two connections of its
+    own (psycopg 3, autocommit), in two threads. What one replica's Notifier bumps (a machine's assignments, the
+    logs, the scheduler) is sent, coalesced over a few milliseconds, as one JSON payload
+    `{"o": origin, "m": [machine ids], "l": 1, "s": 1}`; the others bump the same, locally. Payloads are sent
+    after the change committed (the callers bump after their transaction), and NOTIFY is delivered only to
+    listeners, so a replica reads the change as soon as it hears of it. Fallback: while the listening connection
+    is down, and once each time it is back, every machine, the logs and the scheduler are woken (every
+    `fallback_seconds`), so nothing waits longer than that for a missed message."""
+
+    CHANNEL = "astraeus"
+    MAX_IDS = 500  # more machines than this in one payload: wake them all instead (NOTIFY payloads < 8000 B)
+
+    def __init__(self, url: str, notifier: Notifier, origin: str, fallback_seconds: float = 1.0):
+        from sqlalchemy.engine import make_url
+
+        self.dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self.notifier, self.origin, self.fallback_seconds = notifier, origin, fallback_seconds
+        self._q: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.connected = threading.Event()  # the listener is listening
+        self.received = 0
+
+    def start(self) -> None:
+        self._stop.clear()
+        self.notifier.bus = self
+        for target, name in ((self._listen, "bus-listen"), (self._publish, "bus-publish")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.notifier.bus is self:
+            self.notifier.bus = None
+        self._q.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads = []
+
+    def send(self, machines=(), logs: bool = False, scheduler: bool = False) -> None:
+        self._q.put((tuple(machines), logs, scheduler))
+
+    # ------------------------------------------------------------------------------------- publishing
+    def _payloads(self, first) -> list[str]:
+        items = [first]
+        time.sleep(0.002)  # coalesce a burst (a cycle's bumps, a report's three) into one payload
+        while True:
+            try:
+                items.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        machines: set[int] = set()
+        logs = scheduler = False
+        for it in items:
+            if it is None:
+                continue
+            machines.update(it[0])
+            logs, scheduler = logs or it[1], scheduler or it[2]
+        body: dict = {"o": self.origin}
+        if len(machines) > self.MAX_IDS:
+            body["a"] = 1
+        elif machines:
+            body["m"] = sorted(machines)
+        if logs:
+            body["l"] = 1
+        if scheduler:
+            body["s"] = 1
+        return [json.dumps(body, separators=(",", ":"))] if len(body) > 1 else []
+
+    def _publish(self) -> None:
+        import psycopg
+
+        conn = None
+        while not self._stop.is_set():
+            first = self._q.get()
+            if first is None or self._stop.is_set():
+                break
+            for payload in self._payloads(first):
+                for _ in range(2):  # once more on a fresh connection after PostgreSQL restarted
+                    try:
+                        if conn is None or conn.closed:
+                            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
+                        conn.execute("SELECT pg_notify(%s, %s)", (self.CHANNEL, payload))
+                        break
+                    except Exception as e:
+                        log.info("bus: could not notify the other replicas (%s)", str(e).splitlines()[0] if
+                                 str(e) else type(e).__name__)
+                        try:
+                            if conn is not None:
+                                conn.close()
+                        except Exception:
+                            pass
+                        conn = None
+        if conn is not None:
+            conn.close()
+
+    # -------------------------------------------------------------------------------------- listening
+    def _deliver(self, payload: str) -> None:
+        try:
+            body = json.loads(payload)
+        except ValueError:
+            return
+        if body.get("o") == self.origin:
+            return
+        self.received += 1
+        n = self.notifier
+        if body.get("a"):
+            n.bump_all()
+            return
+        if body.get("m"):
+            n.bump_machines(body["m"], remote=True)
+        if body.get("l"):
+            n.bump_logs(remote=True)
+        if body.get("s"):
+            n.wake_scheduler(remote=True)
+
+    def _listen(self) -> None:
+        import psycopg
+
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=3) as conn:
+                    conn.execute(f"LISTEN {self.CHANNEL}")
+                    self.connected.set()
+                    self.notifier.bump_all()  # whatever was said while this connection was away
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self._deliver(note.payload)
+                        conn.execute("SELECT 1")  # a dead server is noticed here, within half a second
+            except Exception as e:
+                self.connected.clear()
+                if self._stop.is_set():
+                    break
+                log.info("bus: not listening (%s); waking everything every %g s meanwhile",
+                         str(e).splitlines()[0] if str(e) else type(e).__name__, self.fallback_seconds)
+                self.notifier.bump_all()
+                self._stop.wait(self.fallback_seconds)
+        self.connected.clear()
 
 
 @dataclass
@@ -131,9 +328,46 @@ class ControlPlane:
     engine: object
     sessions: sessionmaker
     notifier: Notifier
+    leader: object = None  # astraeus.server.leader.Leader: this replica's side of the scheduling lease
+    bus: Bus | None = None  # PostgreSQL: wake-ups between replicas, while the replica serves
+    sqlite_lock: object = None  # the open lock file while this process serves its SQLite database alone
 
     @classmethod
-    def open(cls, settings: Settings) -> ControlPlane:
-        engine = db.make_engine(settings.url())
-        db.migrate(engine)
-        return cls(settings=settings, engine=engine, sessions=db.session_factory(engine), notifier=Notifier())
+    def open(cls, settings: Settings, exclusive: bool = False) -> ControlPlane:
+        """Open the database and migrate it. `exclusive` (a serving process, `astraeus server`): on SQLite, hold
+        the database's lock file (db.AlreadyServing when another process serves it). db.SchemaTooNew when the
+        database was migrated by a newer astraeus."""
+        from astraeus.server.leader import Leader, default_replica_id
+
+        url = settings.url()
+        held = db.hold_sqlite(url) if exclusive else None
+        try:
+            engine = db.make_engine(url)
+            db.migrate(engine)
+        except BaseException:
+            if held is not None:
+                held.close()
+            raise
+        notifier = Notifier()
+        cp = cls(settings=settings, engine=engine, sessions=db.session_factory(engine), notifier=notifier,
+                 sqlite_lock=held)
+        replica = settings.replica_id or default_replica_id(settings.host, settings.port)
+        cp.leader = Leader(cp.sessions, replica, settings.lease_seconds,
+                           on_lead=lambda: notifier.wake_scheduler(remote=True))
+        return cp
+
+    @property
+    def postgres(self) -> bool:
+        return self.engine.dialect.name == "postgresql"
+
+    def start_bus(self) -> None:
+        """PostgreSQL: start hearing the other replicas' wake-ups (SQLite: one process, nothing to do)."""
+        if self.postgres and self.bus is None:
+            self.bus = Bus(self.engine.url.render_as_string(hide_password=False), self.notifier,
+                           self.leader.holder if self.leader else "replica")
+            self.bus.start()
+
+    def stop_bus(self) -> None:
+        if self.bus is not None:
+            self.bus.stop()
+            self.bus = None

@@ -261,6 +261,21 @@ class RegistryCredential(Base):
                f"username={self.username!r})"
 
 
+class Lease(Base):
+    """The scheduling leader's lease (revision 0007; astraeus.server.leader): one row per lease `name`. `holder`
+    is the replica that holds it, `epoch` grows by one each time it is taken anew, and `expires_at` is judged by
+    the database's clock (epoch seconds from PostgreSQL's clock_timestamp(); the process clock on SQLite, where
+    there is one replica)."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    expires_at: Mapped[float] = mapped_column(Float, default=0.0)
+    acquired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    renewed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 # ------------------------------------------------------------------------------------------- the engine
 
 
@@ -299,17 +314,80 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_size=20, max_overflow=40, pool_pre_ping=True)
 
 
+# The transaction-level advisory lock that `migrate` upgrades under on PostgreSQL (any bigint; "astraMIG").
+MIGRATE_LOCK = 0x617374724D4947
+
+
+class SchemaTooNew(RuntimeError):
+    """The database's schema revision is unknown to this code: a newer astraeus migrated it."""
+
+
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest alembic revision (creating it on an empty database)."""
+    """Bring the schema to the newest alembic revision (creating it on an empty database).
+
+    On PostgreSQL, several replicas may start at once: the upgrade runs under a transaction-level advisory lock
+    (MIGRATE_LOCK), so one migrates while the others wait, then find it done. A database at a revision this code
+    does not know (a newer astraeus upgraded it) is refused with SchemaTooNew, before anything is changed."""
     from alembic import command
     from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util.exc import CommandError
+    from sqlalchemy import text
 
     here = Path(__file__).parent / "migrations"
     cfg = Config()
     cfg.set_main_option("script_location", str(here))
+    script = ScriptDirectory.from_config(cfg)
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATE_LOCK})
+        current = MigrationContext.configure(conn).get_current_heads()
+        for rev in current:
+            try:
+                known = script.get_revision(rev)
+            except (CommandError, KeyError):
+                known = None
+            if known is None:
+                heads = ", ".join(script.get_heads())
+                raise SchemaTooNew(f"the database is at schema revision {rev}, newer than this astraeus (knows up "
+                                   f"to {heads}): upgrade astraeus")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+class AlreadyServing(RuntimeError):
+    """Another process serves this SQLite database."""
+
+
+def hold_sqlite(url: str):
+    """Take an exclusive lock on a file beside the SQLite database (`<db>.lock`, flock) for as long as the
+    returned file stays open; AlreadyServing when another process holds it. SQLite is the one-process embedded
+    default: several replicas need PostgreSQL. Returns None for a database that is not a SQLite file."""
+    import fcntl
+
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    path = u.database
+    if u.get_backend_name() != "sqlite" or not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    lock = open(path + ".lock", "a+")  # noqa: SIM115 - held open while serving
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        who = lock.read().strip() or "another process"
+        lock.close()
+        raise AlreadyServing(
+            f"another astraeus server ({who}) is serving the SQLite database {path}: SQLite serves one control-plane "
+            "process; stop that one first, or run several replicas on PostgreSQL (set ASTRAEUS_DATABASE_URL)"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 def session_factory(engine: Engine) -> sessionmaker:

@@ -22,6 +22,7 @@ from astraeus import scheduler as sched
 from astraeus.server import agents, lifecycle
 from astraeus.server.core import STATE_LOCK, ControlPlane
 from astraeus.server.db import Access, Cluster, Drive, Machine, Run, Worker, Workspace
+from astraeus.server.leader import NotLeader, Term, fence
 
 log = logging.getLogger("astraeus.loop")
 
@@ -278,31 +279,45 @@ def stops_asked_since(session: Session, since: float) -> dict[tuple[int, float],
     return {(wid, t): mid for wid, t, mid in rows if mid is not None}
 
 
-def cycle(cp: ControlPlane, at: float | None = None) -> set[int]:
+def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -> set[int]:
     """One pass: timers, then a plan per cluster. Returns the machines to notify.
 
-    The snapshot is read and planned without the state lock, so API writes and agent reports are not held up
-    by a large queue; only the timers and the apply take it (see apply_plan)."""
+    Only the scheduling leader acts (astraeus.server.leader): `term` is its holding of the lease (None: this
+    replica's current one, if it leads; a follower does nothing). Each transaction that writes is fenced: in that
+    same transaction the lease is checked to be still this term's, else it writes nothing (NotLeader) and the pass
+    ends. The snapshot is read and planned without the state lock, so API writes and agent reports are not held
+    up by a large queue; only the timers and the apply take it (see apply_plan)."""
     at = time.time() if at is None else at
+    term = term or (cp.leader.current() if cp.leader is not None else None)
+    if term is None:
+        return set()
+    lease = cp.settings.lease_seconds
     t0 = time.perf_counter()
-    with STATE_LOCK, cp.sessions() as session, session.begin():
-        touched = detect_lost_machines(session, at)
-        touched |= enforce_time_limits(session, at)
-    replan = False
-    with cp.sessions() as session:
-        clusters = list(session.scalars(select(Cluster)))
-    for cluster in clusters:
-        with cp.sessions() as session:
-            snap, lookups = build_snapshot(session, cluster, at)
-        if not snap.waiting and not any(u.stopping for u in snap.running):
-            continue
-        p0 = time.perf_counter()
-        plan = sched.plan(snap, at)
-        PLAN_SECONDS.observe(time.perf_counter() - p0)
+    touched: set[int] = set()
+    try:
         with STATE_LOCK, cp.sessions() as session, session.begin():
-            applied, skipped = apply_plan(session, plan, lookups, at)
-        touched |= applied
-        replan = replan or skipped
+            fence(session, term, lease)
+            touched = detect_lost_machines(session, at)
+            touched |= enforce_time_limits(session, at)
+        replan = False
+        with cp.sessions() as session:
+            clusters = list(session.scalars(select(Cluster)))
+        for cluster in clusters:
+            with cp.sessions() as session:
+                snap, lookups = build_snapshot(session, cluster, at)
+            if not snap.waiting and not any(u.stopping for u in snap.running):
+                continue
+            p0 = time.perf_counter()
+            plan = sched.plan(snap, at)
+            PLAN_SECONDS.observe(time.perf_counter() - p0)
+            with STATE_LOCK, cp.sessions() as session, session.begin():
+                fence(session, term, lease)
+                applied, skipped = apply_plan(session, plan, lookups, at)
+            touched |= applied
+            replan = replan or skipped
+    except NotLeader as e:
+        log.warning("applied nothing: %s", e)
+        return touched
     if replan:
         cp.notifier.wake_scheduler()
     CYCLE_SECONDS.observe(time.perf_counter() - t0)
@@ -319,15 +334,21 @@ class SchedulingLoop:
         self._stops_told: set[tuple[int, float]] = set()
 
     def start(self) -> None:
+        """Start trying to lead (cp.leader), and the loop, which cycles only while this replica leads."""
         self._stop.clear()
+        if self.cp.leader is not None:
+            self.cp.leader.start()
         self._thread = threading.Thread(target=self._run, name="scheduling-loop", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the loop, then give the lease up so that another replica leads at once."""
         self._stop.set()
-        self.cp.notifier.wake_scheduler()
+        self.cp.notifier.wake_scheduler(remote=True)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.cp.leader is not None:
+            self.cp.leader.stop()
 
     def _run(self) -> None:
         n = self.cp.notifier
@@ -344,12 +365,15 @@ class SchedulingLoop:
                 # Batch a burst of changes into one cycle: wait the debounce, and at least as long as the last
                 # cycle took, so that scheduling never takes more than about half of the control plane's time.
                 time.sleep(max(s.schedule_debounce, self.last_cycle_seconds))
+            term = self.cp.leader.term() if self.cp.leader is not None else None
+            if term is None:
+                continue  # a follower: the leader plans; the lease thread wakes this loop when it leads
             try:
                 c0 = time.perf_counter()
                 now = time.time()
                 full = (woke or now - last_full >= s.schedule_interval
                         or (self.next_restart is not None and now >= self.next_restart))
-                touched = self.cycle_once(full=full)
+                touched = self.cycle_once(full=full, term=term)
                 self.last_cycle_seconds = min(time.perf_counter() - c0, 1.0)
                 if full:
                     last_full = time.time()
@@ -359,9 +383,12 @@ class SchedulingLoop:
                 log.exception("scheduling cycle failed")
                 time.sleep(0.5)
 
-    def cycle_once(self, full: bool = True) -> set[int]:
+    def cycle_once(self, full: bool = True, term: Term | None = None) -> set[int]:
+        term = term or (self.cp.leader.current() if self.cp.leader is not None else None)
+        if term is None:
+            return set()
         if full:
-            touched = cycle(self.cp)
+            touched = cycle(self.cp, term=term)
             now = time.time()
             with self.cp.sessions() as session:
                 self.next_restart = next_restart_at(session, now)
@@ -372,8 +399,13 @@ class SchedulingLoop:
             self._stops_told = set(stops)
             return touched
         at = time.time()
-        with STATE_LOCK, self.cp.sessions() as session, session.begin():
-            touched = detect_lost_machines(session, at) | enforce_time_limits(session, at)
+        try:
+            with STATE_LOCK, self.cp.sessions() as session, session.begin():
+                fence(session, term, self.cp.settings.lease_seconds)
+                touched = detect_lost_machines(session, at) | enforce_time_limits(session, at)
+        except NotLeader as e:
+            log.warning("applied nothing: %s", e)
+            return set()
         if touched:
             self.cp.notifier.wake_scheduler()
         return touched

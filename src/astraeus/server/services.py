@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from astraeus import spec as S
 from astraeus.server import lifecycle
-from astraeus.server.core import STATE_LOCK
+from astraeus.server.core import STATE_LOCK, lock_state
 from astraeus.server.db import (
     Access,
     Cluster,
@@ -41,9 +41,11 @@ class ApiError(Exception):
 
 @contextmanager
 def tx(s: Session):
-    """Commit what the block did, or nothing at all; one state change at a time (see core.STATE_LOCK)."""
+    """Commit what the block did, or nothing at all; one state change at a time, in this process (core.STATE_LOCK)
+    and across replicas on PostgreSQL (core.lock_state: an advisory lock, then the block reads fresh rows)."""
     with STATE_LOCK:
         try:
+            lock_state(s)
             yield
             s.commit()
         except BaseException:

@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query
 
 from astraeus import protocol as P
-from astraeus.server import agents
+from astraeus.server import agents, leader
 from astraeus.server import bodies as B
 from astraeus.server.db import Machine, Token
 from astraeus.server.routers.deps import CP, Sess, tx
@@ -52,7 +52,10 @@ def agent_assignments(tok: AgentTok, s: Sess, cp: CP, machine: str, after: int =
     version = cp.notifier.wait_machine(mid, after, wait) if wait else cp.notifier.machine_version(mid)
     with cp.sessions() as s2:
         m2 = s2.get(Machine, mid)
-        return P.Assignments(version=version, assignments=agents.assignments(s2, m2), exports=agents.exports(s2, m2))
+        # the scheduling lease's epoch, read with the assignments: an agent ignores answers older than one it saw
+        epoch, _, _ = leader.current(s2)
+        return P.Assignments(version=version, assignments=agents.assignments(s2, m2), exports=agents.exports(s2, m2),
+                             epoch=epoch)
 
 
 @router.post("/report")

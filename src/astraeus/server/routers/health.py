@@ -1,21 +1,32 @@
-"""Plumbing, not in the OpenAPI schema: a health check that reaches the database, and Prometheus metrics."""
+"""Plumbing, not in the OpenAPI schema: a health check that reaches the database and names this replica's role
+(scheduling leader or follower), and Prometheus metrics."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import select
 
-from astraeus.server.routers.deps import CP, Sess
+from astraeus.server import leader
+from astraeus.server.routers.deps import CP
 
 router = APIRouter(include_in_schema=False)
 
 
 @router.get("/healthz")
-def healthz(s: Sess):
-    s.execute(select(1))
-    return {"ok": True}
+def healthz(cp: CP):
+    """This replica's role in scheduling and whether its database answers: `{"role": "leader"|"follower",
+    "epoch": N, "database": "ok"}`, or 503 with `"database": "unreachable"`. `epoch` is the scheduling lease's:
+    this replica's own while it leads, else the database's."""
+    ld = cp.leader
+    term = ld.term() if ld is not None else None
+    try:
+        with cp.sessions() as s:
+            epoch, _, _ = leader.current(s)
+    except Exception:
+        return JSONResponse({"role": "leader" if term else "follower", "epoch": ld.epoch if ld else 0,
+                             "database": "unreachable"}, status_code=503)
+    return {"role": "leader" if term else "follower", "epoch": term.epoch if term else epoch, "database": "ok"}
 
 
 @router.get("/metrics")

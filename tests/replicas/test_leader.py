@@ -1,0 +1,354 @@
+"""Several control-plane replicas on one PostgreSQL database (issue 16, the server side): the scheduling lease
+(taken, renewed, expired by the database's clock), fencing (a replica whose lease was taken applies nothing),
+/healthz roles, wake-ups between replicas (LISTEN/NOTIFY), migrations under a lock and the refusal of code older
+than the schema, and the refusal of a second replica on SQLite. The replicas are real `astraeus server`
+processes where the test is about processes (SIGSTOP, SQLite's lock, the start-up refusal), in-process control
+planes on one database elsewhere."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from astraeus.main import bootstrap
+from astraeus.server import leader as L
+from astraeus.server import loop as sched_loop
+from astraeus.server.app import create_app
+from astraeus.server.core import ControlPlane, Settings
+from tests.conftest import VENV_BIN, drop_postgres, free_port, postgres_url, read_env, wait_for
+
+pytestmark = pytest.mark.postgres
+
+REG = {"gpus": 8, "cpu_cores": 64, "memory_bytes": 1 << 40, "stop_grace_seconds": 1}
+
+
+def _h(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _run(name: str, gpus: int = 1) -> dict:
+    return {"metadata": {"name": name}, "spec": {"task_template": {
+        "image": "python:3.11", "command": "sleep", "args": ["600"],
+        "requested_resources": {"gpu_requests": {"count": gpus}}}}}
+
+
+@pytest.fixture
+def pg():
+    url = postgres_url()
+    yield url
+    drop_postgres(url)
+
+
+def _cp(tmp_path: Path, url: str, name: str, lease: float = 2.0) -> ControlPlane:
+    return ControlPlane.open(Settings(home=tmp_path / name, database_url=url, lease_seconds=lease, replica_id=name))
+
+
+# ------------------------------------------------------------------------------------------ the lease
+
+
+def test_the_lease_is_taken_renewed_and_expires_by_the_database_clock(pg, tmp_path):
+    cp = _cp(tmp_path, pg, "a")
+    try:
+        with cp.sessions() as s, s.begin():
+            a = L.try_lead(s, "replica-a", 1.0)
+        assert a.taken and a.term == L.Term("replica-a", 1) and a.previous is None
+        with cp.sessions() as s, s.begin():
+            b = L.try_lead(s, "replica-b", 1.0)
+        assert b.term is None and b.holder == "replica-a" and b.epoch == 1  # another leads: b follows
+        with cp.sessions() as s, s.begin():
+            again = L.try_lead(s, "replica-a", 1.0)
+        assert again.term == L.Term("replica-a", 1) and not again.taken  # a renewal keeps the epoch
+        with cp.sessions() as s:
+            row = s.get(L.Lease, L.LEASE)
+            db_clock = float(s.scalar(L.text("SELECT extract(epoch FROM clock_timestamp())")))
+            # expires_at is on the database's clock: a second after the renewal, as PostgreSQL counts
+            assert 0 < row.expires_at - db_clock <= 1.0
+            wait_for(lambda: L.db_now(s) > row.expires_at, 10, what="the lease to run out by the database's clock")
+        with cp.sessions() as s, s.begin():
+            b = L.try_lead(s, "replica-b", 1.0)
+        assert b.taken and b.term == L.Term("replica-b", 2) and b.previous == "replica-a"  # epoch + 1
+        with cp.sessions() as s, s.begin():
+            a = L.try_lead(s, "replica-a", 1.0)
+        assert a.term is None and a.holder == "replica-b" and a.epoch == 2
+        with cp.sessions() as s, s.begin():
+            assert L.release(s, "replica-b")  # a clean stop gives it up: the next try takes it at once
+        with cp.sessions() as s, s.begin():
+            a = L.try_lead(s, "replica-a", 1.0)
+        assert a.taken and a.term == L.Term("replica-a", 3)
+    finally:
+        cp.engine.dispose()
+
+
+def test_a_replica_whose_lease_was_taken_applies_nothing(pg, tmp_path):
+    """Fencing, deterministically: replica A leads at epoch 1, replica B takes the lease (epoch 2); A's cycle in
+    its old term places nothing and its fence refuses; B's places the run."""
+    a = _cp(tmp_path, pg, "a")
+    b = _cp(tmp_path, pg, "b")
+    boot = bootstrap(a, "acme", "vision", "main", ["/data/astraeus"])
+    client = TestClient(create_app(a.settings, a, run_loop=False))
+    api = "/api/v1/o/acme/w/vision"
+    try:
+        old = a.leader.tick().term
+        assert old == L.Term(a.leader.holder, 1)
+        r = client.post("/api/v1/agent/register", headers=_h(boot["machine_token"]), json={"name": "gpu-01", **REG})
+        assert r.status_code == 200, r.text
+        assert client.post(api + "/runs", headers=_h(boot["token"]), json=_run("train")).status_code == 201
+        with a.sessions() as s, s.begin():
+            assert L.release(s, a.leader.holder)  # as if A's lease had run out while it was paused
+        new = b.leader.tick()
+        assert new.taken and new.term.epoch == 2
+        assert sched_loop.cycle(a, term=old) == set()  # the stale term: nothing applied
+        run = client.get(api + "/runs/train", headers=_h(boot["token"])).json()
+        assert run["status"]["state"] == "Pending", run
+        with a.sessions() as s, s.begin(), pytest.raises(L.NotLeader, match="epoch 1"):
+            L.fence(s, old)
+        assert sched_loop.cycle(b, term=new.term)  # the leader's places it
+        run = client.get(api + "/runs/train", headers=_h(boot["token"])).json()
+        assert run["status"]["state"] in ("Starting", "Running"), run
+        assert a.leader.tick().term is None  # A now follows
+    finally:
+        client.close()
+        a.engine.dispose()
+        b.engine.dispose()
+
+
+def test_healthz_names_the_leader_and_a_follower_takes_over_when_it_stops(pg, tmp_path):
+    a = _cp(tmp_path, pg, "a", lease=1.0)
+    b = _cp(tmp_path, pg, "b", lease=1.0)
+    bootstrap(a, "acme", "vision", "main", ["/data/astraeus"])
+    ca = TestClient(create_app(a.settings, a))
+    cb = TestClient(create_app(b.settings, b))
+    try:
+        with ca:
+            assert ca.get("/healthz").json() == {"role": "leader", "epoch": 1, "database": "ok"}
+            with cb:
+                assert cb.get("/healthz").json() == {"role": "follower", "epoch": 1, "database": "ok"}
+                metrics = ca.get("/metrics").text
+                assert "astraeus_leader_epoch" in metrics and "astraeus_lease_renewals_total" in metrics
+                assert "astraeus_leader_failovers_total" in metrics
+                ca.__exit__(None, None, None)  # A stops cleanly: it gives the lease up
+                wait_for(lambda: cb.get("/healthz").json()["role"] == "leader", 15, what="B to lead")
+                assert cb.get("/healthz").json() == {"role": "leader", "epoch": 2, "database": "ok"}
+                assert "astraeus_leader 1.0" in cb.get("/metrics").text
+                ca.__enter__()  # A again: a follower now
+                assert ca.get("/healthz").json() == {"role": "follower", "epoch": 2, "database": "ok"}
+    finally:
+        a.engine.dispose()
+        b.engine.dispose()
+
+
+def test_healthz_answers_503_when_the_database_does_not(pg, tmp_path):
+    cp = _cp(tmp_path, pg, "a")
+    client = TestClient(create_app(cp.settings, cp, run_loop=False))
+    try:
+        assert client.get("/healthz").json() == {"role": "follower", "epoch": 0, "database": "ok"}
+        from sqlalchemy import create_engine
+
+        dead = create_engine(cp.engine.url.set(port=free_port()))  # a port nothing listens on
+        cp.sessions.configure(bind=dead)
+        r = client.get("/healthz")
+        assert r.status_code == 503 and r.json()["database"] == "unreachable"
+        dead.dispose()
+    finally:
+        client.close()
+        cp.engine.dispose()
+
+
+# ------------------------------------------------------------------------------ wake-ups between replicas
+
+
+def test_a_change_on_one_replica_wakes_the_other(pg, tmp_path):
+    """An agent long-polling replica B hears at once of a placement made on replica A (NOTIFY), and B's
+    scheduler is woken by a submit accepted on A."""
+    a = _cp(tmp_path, pg, "a")
+    b = _cp(tmp_path, pg, "b")
+    try:
+        a.start_bus()
+        b.start_bus()
+        wait_for(lambda: a.bus.connected.is_set() and b.bus.connected.is_set(), 10, what="both buses to listen")
+        after = b.notifier.machine_version(7)
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("v", b.notifier.wait_machine(7, after, 20)))
+        t.start()
+        time.sleep(0.2)
+        a.notifier.bump_machines([7])
+        t.join()
+        assert got["v"] > after  # woken by A's bump, not by the 20 s running out (it would return `after`)
+        b.notifier.wait_scheduler(0)  # clear
+        a.notifier.wake_scheduler()
+        assert b.notifier.wait_scheduler(20)
+        logs = b.notifier.logs_version()
+        a.notifier.bump_logs()
+        assert b.notifier.wait_logs(logs, 20) > logs
+    finally:
+        a.stop_bus()
+        b.stop_bus()
+        a.engine.dispose()
+        b.engine.dispose()
+
+
+# ---------------------------------------------------------------------------------------------- migrations
+
+
+def test_replicas_starting_at_once_migrate_once(pg, tmp_path):
+    errors, cps = [], []
+
+    def start(name):
+        try:
+            cps.append(_cp(tmp_path, pg, name))
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(f"r{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with psycopg.connect(pg.replace("+psycopg", "")) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0007",)]
+    for cp in cps:
+        cp.engine.dispose()
+
+
+def _server(home: Path, port: int, env: dict, *extra: str) -> subprocess.Popen:
+    home.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([str(VENV_BIN / "astraeus"), "server", "--home", str(home), "--port", str(port), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def _env(tmp_path: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")}
+    return {**env, "ASTRAEUS_HOME": str(tmp_path / "home"), **extra}
+
+
+def test_older_code_refuses_a_newer_schema(pg, tmp_path):
+    cp = _cp(tmp_path, pg, "a")
+    cp.engine.dispose()
+    with psycopg.connect(pg.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+    p = _server(tmp_path / "r1", free_port(), _env(tmp_path, ASTRAEUS_DATABASE_URL=pg))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1
+    assert ("astraeus server: the database is at schema revision 0099, newer than this astraeus (knows up to "
+            "0007): upgrade astraeus") in err
+    with psycopg.connect(pg.replace("+psycopg", "")) as conn:  # and it changed nothing
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0099",)]
+
+
+def test_a_second_server_on_one_sqlite_database_refuses(tmp_path):
+    home = tmp_path / "home"
+    first = _server(home, free_port(), _env(tmp_path))
+    try:
+        wait_for(lambda: (home / "env").exists() and "ASTRAEUS_SERVER" in (home / "env").read_text(), 60,
+                 what="the first server")
+        second = _server(home, free_port(), _env(tmp_path))
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 1
+        assert f"another astraeus server (pid {first.pid}) is serving the SQLite database {home / 'astraeus.db'}" in err
+        assert "set ASTRAEUS_DATABASE_URL" in err
+        base = read_env(home / "env")["ASTRAEUS_SERVER"]
+        assert httpx.get(base + "/healthz", timeout=5).json()["role"] == "leader"  # the first one is untouched
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.communicate(timeout=30)
+
+
+# ------------------------------------------------------------------------------------ a paused leader
+
+
+class Replica:
+    def __init__(self, tmp_path: Path, name: str, env: dict):
+        self.name, self.port = name, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.home = tmp_path / name
+        self.proc = _server(self.home, self.port, env, "--replica-id", name)
+
+    def health(self) -> dict:
+        try:
+            return httpx.get(self.url + "/healthz", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.communicate()
+
+
+@pytest.mark.faults
+def test_a_leader_paused_past_its_lease_applies_nothing_and_rejoins_as_a_follower(pg, tmp_path):
+    lease = 1.5
+    env = _env(tmp_path, ASTRAEUS_DATABASE_URL=pg, ASTRAEUS_LEADER_LEASE_SECONDS=str(lease))
+    r1 = Replica(tmp_path, "r1", env)
+    replicas = [r1]
+    try:
+        wait_for(lambda: r1.health().get("role") == "leader", 60, what="r1 to lead")
+        r2, r3 = Replica(tmp_path, "r2", env), Replica(tmp_path, "r3", env)
+        replicas += [r2, r3]
+        wait_for(lambda: r2.health().get("role") == "follower" and r3.health().get("role") == "follower", 60,
+                 what="r2 and r3 to follow")
+        boot = read_env(r1.home / "env")  # each replica's own tokens reach every replica
+        user, machine = _h(boot["ASTRAEUS_TOKEN"]), _h(boot["ASTRAEUS_MACHINE_TOKEN"])
+        api = "/api/v1/o/acme/w/vision"
+        creds = {}
+        for name in ("gpu-01", "gpu-02"):
+            r = httpx.post(r3.url + "/api/v1/agent/register", headers=machine, json={"name": name, **REG})
+            assert r.status_code == 200, r.text
+            creds[name] = _h(r.json()["credential"])
+        for i in range(6):  # a burst, then the leader is paused in the middle of scheduling it
+            assert httpx.post(r2.url + api + "/runs", headers=user, json=_run(f"a{i}", 2)).status_code == 201
+        os.killpg(r1.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        wait_for(lambda: any(r.health().get("role") == "leader" for r in (r2, r3)), 30, what="a new leader")
+        new = next(r for r in (r2, r3) if r.health().get("role") == "leader")
+        assert new.health()["epoch"] == 2
+        for i in range(6):  # more than fits: the new leader places what fits
+            assert httpx.post(new.url + api + "/runs", headers=user, json=_run(f"b{i}", 2)).status_code == 201
+        time.sleep(max(0.0, 2 * lease - (time.monotonic() - t0)))
+        os.killpg(r1.proc.pid, signal.SIGCONT)
+        wait_for(lambda: r1.health() == {"role": "follower", "epoch": 2, "database": "ok"}, 30,
+                 what="r1 to rejoin as a follower")
+        # submits through the old leader reach the new one
+        assert httpx.post(r1.url + api + "/runs", headers=user, json=_run("c0", 2)).status_code == 201
+
+        def placed() -> list[dict]:
+            out = []
+            for name in ("gpu-01", "gpu-02"):
+                r = httpx.get(r1.url + "/api/v1/agent/assignments", params={"machine": name}, headers=creds[name])
+                assert r.status_code == 200 and r.json()["epoch"] == 2
+                out += [{**a, "machine": name} for a in r.json()["assignments"]]
+            return out
+
+        wait_for(lambda: len(placed()) == 8, 30, what="eight runs of two GPUs on two machines of eight")
+        time.sleep(2 * lease)  # long enough for a stale apply of r1's to show, had it written one
+        seen = placed()
+        assert len(seen) == 8
+        for name in ("gpu-01", "gpu-02"):
+            gpus = [g for a in seen if a["machine"] == name for g in a["gpu_indices"]]
+            assert len(gpus) == len(set(gpus)) <= 8  # no GPU given twice, never more than the machine's
+        workers = [a["worker"] for a in seen]
+        assert len(workers) == len(set(workers))  # one live placement per worker
+        runs = httpx.get(r3.url + api + "/runs", headers=user).json()["items"]
+        assert len(runs) == 13 and sum(r["status"]["state"] == "Pending" for r in runs) == 5
+        assert all(r.health()["database"] == "ok" for r in replicas)
+        roles = sorted(r.health()["role"] for r in replicas)
+        assert roles == ["follower", "follower", "leader"]
+    finally:
+        for r in replicas:
+            r.stop()

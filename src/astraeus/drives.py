@@ -48,6 +48,12 @@ def choose_transport(transport: str, server_rdma: bool, client_rdma: bool) -> tu
     return "tcp", NFS_TCP_PORT
 
 
+def export_path(drive: str) -> str:
+    """Where the keeping machine's NFS server shows drive `<workspace ns>.<name>`: one flat folder per drive, so that
+    two drives never nest whatever their folders are."""
+    return f"/astraeus/{drive}"
+
+
 def shared_path(mount: str, path: str) -> str:
     """The folder on a machine of `path` inside a shared filesystem mounted at `mount`."""
     return posixpath.join(mount, path.lstrip("/")).rstrip("/") or "/"

@@ -110,7 +110,8 @@ class NfsSource(Answer):
 
     server: str = Field(description="The keeping machine's address")
     machine: str = Field("", description="The keeping machine's name, for reasons")
-    export_path: str = Field(description="The exported folder (the drive's path on the keeping machine)")
+    export_path: str = Field(description="Where the drive is in the keeping machine's NFSv4 namespace: "
+                                         "/astraeus/<workspace ns>.<drive name>, one flat folder per drive")
     transport: Literal["tcp", "rdma"] = "tcp"
     port: Annotated[int, Field(ge=1, le=65535)] = 2049
 
@@ -121,6 +122,9 @@ class Export(Answer):
     unexported."""
 
     drive: str = Field(description="`<workspace ns>.<drive name>`, unique in the cluster")
+    workspace_number: Annotated[int, Field(ge=1, le=INT32)] | None = Field(
+        None, description="The drive's workspace's number: the export maps every client user to that workspace's "
+                          "uid (as Assignment.workspace_number), the uid its workers run as")
     path: str = Field(description="The folder on this machine (inside granted_root)")
     granted_root: str | None = None
     clients: list[str] = Field(default_factory=list, description="The addresses allowed to mount it")

@@ -166,7 +166,7 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             d = drives.get((run.workspace_id, ref["name"]))
             if d is None or access is None:
                 continue
-            mounts.append(_mount(d, ref, access, m, keepers))
+            mounts.append(_mount(d, ref, access, m, keepers, ws.ns))
         configs = [P.ConfigFile(mount_path=mp, value=c["value"]) for c in tt.get("configs") or [] for mp in c["mounts"]]
         desired = w.desired or "Running"
         auth = None
@@ -189,7 +189,7 @@ def _facts(m: Machine) -> drive_rules.MachineFacts:
                                        m.shared_filesystems, m.nfs)
 
 
-def _mount(d: Drive, ref: dict, access: Access, m: Machine, keepers: dict[str, Machine]) -> P.Mount:
+def _mount(d: Drive, ref: dict, access: Access, m: Machine, keepers: dict[str, Machine], ns: str) -> P.Mount:
     """How a worker on machine `m` reaches drive `d`: its folder here (on this machine, or on a shared filesystem
     mounted here), or an NFS mount from the machine that keeps it."""
     src = d.spec["sources"][0]
@@ -210,7 +210,7 @@ def _mount(d: Drive, ref: dict, access: Access, m: Machine, keepers: dict[str, M
                        granted_root=granted)
     keeper = keepers[node]
     proto, port = drive_rules.choose_transport(d.spec.get("transport", "Auto"), _facts(keeper).rdma, _facts(m).rdma)
-    nfs = P.NfsSource(server=keeper.address or keeper.name, machine=keeper.name, export_path=src["path"],
+    nfs = P.NfsSource(server=keeper.address or keeper.name, machine=keeper.name, export_path=drive_rules.export_path(f"{ns}.{d.name}"),
                       transport=proto, port=port)
     return P.Mount(drive=d.name, nfs=nfs, host_path="/", mount_path=ref["mount_path"], read_only=ro, create=create)
 
@@ -241,7 +241,8 @@ def exports(session: Session, m: Machine) -> list[P.Export]:
         src = d.spec["sources"][0]
         if not clients or src.get("node") != m.name or d.workspace_id not in grants:
             continue
-        out.append(P.Export(drive=f"{spaces[d.workspace_id].ns}.{d.name}", path=src["path"],
+        out.append(P.Export(drive=f"{spaces[d.workspace_id].ns}.{d.name}", workspace_number=d.workspace_id,
+                            path=src["path"],
                             granted_root=granted_root(src, grants[d.workspace_id].host_paths or []),
                             clients=sorted(clients), read_only=src.get("mode") == "ReadOnly",
                             create=bool((d.spec.get("permissions") or {}).get("create"))))

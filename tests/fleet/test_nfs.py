@@ -383,7 +383,7 @@ def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(t
             r = api.post("/runs", json=run)
             assert r.status_code == 201, r.text
             # gpu-01 made the folder (handed to the workspace's user) and exports it to gpu-02
-            wait_for(lambda: out.is_dir() and (home / "agents" / "gpu-01" / "nfs-server" / "ganesha.conf").exists(),
+            wait_for(lambda: out.is_dir() and "NFS exports: " in (home / "agent-gpu-01.log").read_text(),
                      timeout=30, what="gpu-01's export")
             conf = (home / "agents" / "gpu-01" / "nfs-server" / "ganesha.conf").read_text()
             assert f"Clients = {g2.address}; Access_Type = RW;" in conf and conf.count("CLIENT {") == 1

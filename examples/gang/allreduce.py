@@ -41,6 +41,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([rank + 1.0])
 dist.all_reduce(t, op=dist.ReduceOp.SUM)
 s = int(t.item())
-print(f"rank {rank} of {world} on {socket.gethostname()}/{me or '?'}: all_reduce sum = {s}", flush=True)
+# one write per line: the processes of a machine share one log, and print's text and newline could interleave
+print(f"rank {rank} of {world} on {socket.gethostname()}/{me or '?'}: all_reduce sum = {s}\n", end="", flush=True)
 dist.destroy_process_group()
 sys.exit(0 if s == world * (world + 1) // 2 else 1)

@@ -1,0 +1,103 @@
+"""A 2-machine gang that runs `torchrun allreduce.py` with no flags: two machines with their own addresses
+(`astraeus up --machines 2 --netns`), the rendezvous environment each worker gets, and an all_reduce (gloo, CPU)
+across the two network namespaces."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import start_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "gang"
+SHOWN = re.compile(r"^(ASTRAEUS_\w+|PET_\w+|MASTER_\w+|WORLD_SIZE|NODE_RANK|SLURM_\w+)=(.*)$")
+
+
+def netns_unavailable() -> str | None:
+    from astraeus.fleet import netns
+
+    return netns.unavailable()
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """Two machines, gpu-01 and gpu-02, with 2 simulated GPUs each, each in its own network namespace."""
+    why = netns_unavailable()
+    if why:
+        pytest.skip(f"--netns: {why}")
+    c = start_cluster(tmp_path / "home", gpus=2, machines=2, extra_args=["--netns"])
+    yield c
+    c.stop()
+
+
+def test_torchrun_with_no_flags_all_reduces_across_two_machines(fleet):
+    with fleet.client() as c:
+        machines = fleet.wait_for(lambda: (m := c.get("/machines").json()["items"]) and len(m) == 2
+                                  and all(x["state"] == "Ready" for x in m) and m, 60, what="two Ready machines")
+    addr = {m["name"]: m["address"] for m in machines}
+    assert sorted(addr) == ["gpu-01", "gpu-02"]
+    assert all(addr.values()) and addr["gpu-01"] != addr["gpu-02"], addr
+
+    # Each worker asks for both GPUs of a machine (4 GPUs, 2 per machine): the two must go to different machines.
+    # The command prints what it finds in its environment, then execs torchrun with no flags.
+    spec = {
+        "metadata": {"name": "allreduce"},
+        "spec": {
+            "start": "Gang",
+            "task_template": {
+                "image": "python:3.11",
+                "command": "bash",
+                "args": ["-c", "env | grep -E '^(ASTRAEUS_|PET_|MASTER_|WORLD_SIZE=|NODE_RANK=|SLURM_)' | sort; "
+                               "exec torchrun /app/allreduce.py"],
+                "restart_policy": "Never",
+                "time_limit_seconds": 300,
+                "requested_resources": {"gpu_requests": {"count": 4, "min_per_machine": 2}, "cpu_cores": 2},
+                "configs": [{"mounts": ["/app/allreduce.py"], "value": (EXAMPLE / "allreduce.py").read_text()}],
+            },
+        },
+    }
+    with fleet.client() as c:
+        r = c.post("/runs", json=spec)
+        assert r.status_code in (200, 201), r.text
+    run = fleet.wait_for(lambda: (x := fleet.run("allreduce"))["status"]["state"] in ("Completed", "Failed") and x,
+                         120, interval=0.5, what="the gang to end")
+    logs = {i: fleet.logs(f"allreduce-{i}") for i in (0, 1)}
+    assert run["status"]["state"] == "Completed", (run["status"], logs)
+    assert run["status"]["reason"] == "2 of 2 workers succeeded"
+
+    workers = [fleet.worker(f"allreduce-{i}") for i in (0, 1)]
+    assert {w["machine"] for w in workers} == {"gpu-01", "gpu-02"}
+    assert all(w["state"] == "Succeeded" and w["exit_code"] == 0 and w["restarts"] == 0 for w in workers), workers
+
+    envs = []
+    for i in (0, 1):
+        env = dict(m.groups() for line in logs[i].splitlines() if (m := SHOWN.match(line)))
+        envs.append(env)
+        rank = i  # rank = the worker's index
+        assert env["ASTRAEUS_NODE_RANK"] == env["PET_NODE_RANK"] == env["NODE_RANK"] == env["SLURM_NODEID"] == str(rank)
+        assert env["ASTRAEUS_NUM_NODES"] == env["PET_NNODES"] == env["SLURM_JOB_NUM_NODES"] == env["SLURM_NNODES"] == "2"
+        assert env["PET_NPROC_PER_NODE"] == env["SLURM_GPUS_ON_NODE"] == env["ASTRAEUS_GPU_COUNT"] == "2"
+        assert env["WORLD_SIZE"] == "4"  # 2 machines x 2 GPUs
+        # rank 0's machine address, from GET /machines
+        assert env["ASTRAEUS_MASTER_ADDR"] == env["PET_MASTER_ADDR"] == env["MASTER_ADDR"] == addr[workers[0]["machine"]]
+        assert env["ASTRAEUS_MASTER_PORT"] == env["PET_MASTER_PORT"] == env["MASTER_PORT"]
+        assert 1 <= int(env["MASTER_PORT"]) <= 65535
+        assert env["ASTRAEUS_NODE_ADDRS"] == ",".join(addr[x["machine"]] for x in workers)  # in rank order
+        assert env["SLURM_JOB_NODELIST"] == ",".join(x["machine"] for x in workers)
+        assert env["SLURM_JOB_NAME"] == env["ASTRAEUS_RUN_NAME"] == "allreduce"
+        assert env["ASTRAEUS_WORKER_NAME"] == f"allreduce-{i}" and env["ASTRAEUS_WORKER_INDEX"] == str(i)
+        assert env["ASTRAEUS_NUM_WORKERS"] == "2"
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+
+    # Every rank (2 processes per machine, global ranks 0-3) sums 1 + 2 + 3 + 4 over both machines.
+    seen = {}
+    for i in (0, 1):
+        for m in re.finditer(r"^rank (\d) of 4 on \S+?/(\S+): all_reduce sum = (\d+)$", logs[i], re.M):
+            seen[int(m[1])] = (i, m[2], int(m[3]))
+    assert sorted(seen) == [0, 1, 2, 3], logs
+    assert all(s == 10 for _, _, s in seen.values()), seen
+    # torchrun gives node rank 0 global ranks 0 and 1, node rank 1 ranks 2 and 3; each prints its machine's address
+    assert {r: (i, a) for r, (i, a, _) in seen.items()} == {
+        0: (0, addr[workers[0]["machine"]]), 1: (0, addr[workers[0]["machine"]]),
+        2: (1, addr[workers[1]["machine"]]), 3: (1, addr[workers[1]["machine"]])}

@@ -268,7 +268,7 @@ class Exports:
         self.recovery = os.path.join(self.dir, "recovery")
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
-        self.ids: dict[str, int] = {}  # path -> Export_Id, stable while the server runs
+        self.ids: dict[str, int] = {}  # drive -> Export_Id, stable while the server runs
         self.applied: str | None = None  # the config the server runs with
         self.problems: dict[str, str] = {}  # drive -> why it is not exported
         self.replace_stale()
@@ -317,12 +317,20 @@ class Exports:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _log_count(self, needle: str) -> int:
+    def _log_size(self) -> int:
         try:
-            with open(self.log_file, errors="replace") as f:
-                return f.read().count(needle)
+            return os.path.getsize(self.log_file)
         except OSError:
             return 0
+
+    def _logged_since(self, offset: int, needle: str) -> bool:
+        """Whether the server's log says `needle` after byte `offset`."""
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(offset)
+                return needle.encode() in f.read()
+        except OSError:
+            return False
 
     def _log_tail(self, n: int = 6) -> str:
         try:
@@ -338,7 +346,9 @@ class Exports:
         if not exe or not ganesha_plugins_dir():
             raise ExportError("cannot export drives: NFS-Ganesha is not installed on this machine (Debian/Ubuntu: "
                               "apt-get install nfs-ganesha nfs-ganesha-vfs)")
-        started = self._log_count("NFS SERVER INITIALIZED")
+        os.makedirs(self.dir, exist_ok=True)
+        if self._log_size() > 0:  # one log per server: the previous one is kept as .1
+            os.replace(self.log_file, self.log_file + ".1")
         self.proc = subprocess.Popen([exe, "-F", "-f", self.conf, "-L", self.log_file, "-p", self.pid_file,
                                       "-N", "NIV_EVENT"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
@@ -348,7 +358,7 @@ class Exports:
                 why = self._log_tail() or f"exit status {self.proc.returncode}"
                 self.proc = None
                 raise ExportError(f"the NFS server (ganesha.nfsd) did not start: {why} (log: {self.log_file})")
-            if self._log_count("NFS SERVER INITIALIZED") > started:
+            if self._logged_since(0, "NFS SERVER INITIALIZED"):
                 log.info("NFS server (ganesha.nfsd pid %d) listening on port %d", self.proc.pid, self.port)
                 return
             time.sleep(0.05)
@@ -359,7 +369,7 @@ class Exports:
                           f"(log: {self.log_file})")
 
     def _reload(self) -> None:
-        done = self._log_count("Reread exports complete")
+        offset = self._log_size()
         os.kill(self.proc.pid, signal.SIGHUP)
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
@@ -367,7 +377,7 @@ class Exports:
                 self.proc = None
                 raise ExportError(f"the NFS server (ganesha.nfsd) exited while re-reading its exports: "
                                   f"{self._log_tail()} (log: {self.log_file})")
-            if self._log_count("Reread exports complete") > done:
+            if self._logged_since(offset, "Reread exports complete"):
                 return
             time.sleep(0.05)
         raise ExportError(f"the NFS server did not re-read its exports within {self.start_timeout:g} s")

@@ -578,8 +578,9 @@ class Agent:
             if any(m.nfs is not None for m in a.mounts):  # drives kept on other machines: mounted here first
                 from astraeus.agent.nfs import NfsMountError, NfsMounts
 
-                if self.nfs_mounts is None:
-                    self.nfs_mounts = NfsMounts(self.state_dir)
+                with self.lock:
+                    if self.nfs_mounts is None:
+                        self.nfs_mounts = NfsMounts(self.state_dir)
                 try:
                     a = self.nfs_mounts.local(a)
                 except NfsMountError as e:

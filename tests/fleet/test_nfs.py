@@ -353,7 +353,8 @@ def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(t
     """`astraeus up --machines 2 --netns`: gpu-01 keeps drive ft-ckpt; a run placed on gpu-02 uses it. gpu-02 says
     it can mount NFS (ASTRAEUS_NFS_CLIENT=true: this kernel cannot, so the worker cannot start, and says why).
     While the worker is placed, gpu-01 exports the folder to gpu-02's address only, and the export is read from
-    gpu-02's namespace with nfs-cat; once the worker ended, gpu-01 exports nothing."""
+    gpu-02's namespace with nfs-cat; once the worker ended, gpu-01 exports nothing; and an agent that exits while it
+    exports stops its server."""
     from astraeus.fleet import netns as fleet
 
     home = tmp_path / "home"
@@ -413,6 +414,17 @@ def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(t
                                    f"nfs://{g1.address}/astraeus/{ns}.ft-ckpt?version=4"],
                                   capture_output=True, text=True, timeout=30)
             assert gone.returncode != 0
+
+            # another worker there: exported again; the cluster stops meanwhile, and gpu-01's agent stops its server
+            run["metadata"]["name"] = "trainer-2"
+            assert api.post("/runs", json=run).status_code == 201
+            wait_for(lambda: (home / "agent-gpu-01.log").read_text().count("NFS exports: ") == 2, timeout=30,
+                     what="gpu-01 to export again")
+            conf_path = str(home / "agents" / "gpu-01" / "nfs-server" / "ganesha.conf")
+            assert len(ganesha_pids(conf_path)) == 1
+        c.stop()
+        assert ganesha_pids(conf_path) == [] and not os.path.exists(conf_path)
+        assert (home / "agent-gpu-01.log").read_text().count("stopping the NFS server") == 2
     finally:
         subprocess.run([*nft, "delete table inet bnfs"], capture_output=True)
         c.stop()

@@ -198,6 +198,60 @@ def test_a_rolling_restart_of_every_replica_restarts_no_worker(replicas):
     assert "stopping k" not in log
 
 
+# ------------------------------------------------------------------------------------ leader epochs
+
+
+def _lease(rep: Replicas, sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(rep.db.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        conn.execute(sql)
+
+
+@pytest.mark.faults
+@pytest.mark.postgres
+def test_the_agent_ignores_an_older_epoch_and_keeps_its_workers(tmp_path, caplog):
+    """The agent (in this process, to shorten how long it waits for a database that went back) records the
+    highest epoch; when the database's lease goes back to an older epoch (a backup restored, a lagging standby
+    promoted), it ignores those answers, keeping its workers, and takes the older epoch only once every answer
+    has said it for epoch_back_after seconds."""
+    import logging
+
+    from astraeus.agent.agent import Agent
+    from tests.faults.conftest import reap
+
+    caplog.set_level(logging.INFO, logger="astraeus.agent")
+    rep = Replicas(tmp_path, n=2)
+    agent = Agent(rep.urls, rep.vars["ASTRAEUS_MACHINE_TOKEN"], "gpu-e", gpus=2, cpu_cores=8, memory_bytes=8 << 30,
+                  state_dir=str(tmp_path / "agent-gpu-e"), stop_grace=1, poll_wait=2, runtime_kind="process")
+    agent.epoch_back_after = 4.0
+    try:
+        agent.start()
+        before = start_keepers(rep, 1)
+        for _ in range(3):  # the lease taken anew three times: epoch 4 or more
+            seen = rep.epoch(0)
+            _lease(rep, "UPDATE leases SET expires_at = 0")
+            wait_for(lambda seen=seen: agent.epoch > seen, 30, what="the agent to see a newer epoch")
+        high = agent.epoch
+        assert high >= 4
+        _lease(rep, "UPDATE leases SET epoch = 1, holder = NULL, expires_at = 0")  # the database went back
+        wait_for(lambda: "made under leader epoch 2: epoch %d was seen already" % high in caplog.text, 30,
+                 what="the agent to ignore the older epoch")
+        assert agent.epoch == high
+        assert_unchanged(rep, before, via=0)  # ignoring answers stops nothing
+        wait_for(lambda: agent.epoch == 2, 60, what="the agent to take the older epoch after a while")
+        assert f"the control plane's leader epoch has been 2, below the {high} seen, for " in caplog.text
+        with rep.client() as c:  # and follows the control plane again
+            assert c.post("/runs", json=sleep_run("after-the-restore")).status_code == 201
+            wait_for(lambda: c.get("/workers/after-the-restore-0").json()["state"] == "Running", 60,
+                     what="a run placed after the restore")
+        assert_unchanged(rep, before, via=1)
+    finally:
+        agent.shutdown()
+        reap(tmp_path / "agent-gpu-e")
+        rep.close()
+
+
 # ------------------------------------------------------------------------------------ the state machine
 
 MACHINE_GPUS = 4

@@ -45,7 +45,8 @@ Replicas: the agent talks to one replica at a time and moves to the next (loggin
 (why); using URL") when a request to it fails with a connection error, a timeout or a 5xx. A failover restarts no
 worker and does not register again (the replicas share one database); the next poll asks the new replica for the
 whole desired state. Each answer to /assignments carries the scheduling leader's epoch: the agent records the
-highest it has seen and ignores (with a log line) an answer made under an older one.
+highest it has seen and ignores (with a log line) an answer made under an older one, unless every answer has been
+older for EPOCH_BACK_AFTER seconds (the database went back): then it takes the older epoch, and says so.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ NOT_ASSIGNED = "no longer assigned to this machine"
 DRAINING = "the machine is draining"
 
 LOG_BATCH = 2000
+# An older leader epoch than one seen is ignored; answered only that for this long, the agent takes it (the
+# control plane's database went back: restored from a backup, or a standby that lagged promoted).
+EPOCH_BACK_AFTER = 60.0
 LOG_POST_BYTES = 1 << 20  # one POST /logs carries at most about this much text
 
 
@@ -212,6 +216,8 @@ class Agent:
         self.server_lock = threading.Lock()
         self.current = 0  # index in self.servers of the replica in use
         self.epoch = 0  # the highest scheduling leader epoch seen in an answer
+        self.older_since: float | None = None  # since when every answer's epoch has been below self.epoch
+        self.epoch_back_after = EPOCH_BACK_AFTER
         self.failovers = 0
         self.token = token  # the join token (or this machine's credential, given as is)
         self.name = name
@@ -306,10 +312,17 @@ class Agent:
         with self.server_lock:
             seen = self.epoch
             if epoch < seen:
-                log.warning("ignoring assignments from %s made under leader epoch %d: epoch %d was seen already",
-                            root_url(self.base), epoch, seen)
-                return False
+                now = time.monotonic()
+                self.older_since = self.older_since or now
+                if now - self.older_since < self.epoch_back_after:
+                    log.warning("ignoring assignments from %s made under leader epoch %d: epoch %d was seen already",
+                                root_url(self.base), epoch, seen)
+                    return False
+                # Not a stale replica: the database itself went back (restored, or a lagging standby promoted).
+                log.warning("the control plane's leader epoch has been %d, below the %d seen, for %.0f s: taking it "
+                            "(was its database restored, or a standby promoted?)", epoch, seen, now - self.older_since)
             self.epoch = epoch
+            self.older_since = None
         if seen and epoch > seen:
             log.info("scheduling leader epoch %d (was %d)", epoch, seen)
         return True

@@ -11,7 +11,15 @@ from tests.conftest import start_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gang"
-SHOWN = re.compile(r"^(ASTRAEUS_\w+|PET_\w+|MASTER_\w+|WORLD_SIZE|NODE_RANK|SLURM_\w+)=(.*)$")
+END_OF_ENV = "--- end of the environment"
+SHELLS_OWN = {"PWD", "OLDPWD", "SHLVL", "_"}  # bash sets these itself
+
+
+def documented_names() -> set[str]:
+    """The variables docs/api.md lists under "What a worker finds in its environment"."""
+    doc = (ROOT / "docs" / "api.md").read_text()
+    section = doc.split("#### What a worker finds in its environment", 1)[1].split("\n### ", 1)[0]
+    return set(re.findall(r"`([A-Z][A-Z0-9_]*)`", section))
 
 
 def netns_unavailable() -> str | None:
@@ -40,7 +48,7 @@ def test_torchrun_with_no_flags_all_reduces_across_two_machines(fleet):
     assert all(addr.values()) and addr["gpu-01"] != addr["gpu-02"], addr
 
     # Each worker asks for both GPUs of a machine (4 GPUs, 2 per machine): the two must go to different machines.
-    # The command prints what it finds in its environment, then execs torchrun with no flags.
+    # The command prints its whole environment, then execs torchrun with no flags.
     spec = {
         "metadata": {"name": "allreduce"},
         "spec": {
@@ -48,8 +56,8 @@ def test_torchrun_with_no_flags_all_reduces_across_two_machines(fleet):
             "task_template": {
                 "image": "python:3.11",
                 "command": "bash",
-                "args": ["-c", "env | grep -E '^(ASTRAEUS_|PET_|MASTER_|WORLD_SIZE=|NODE_RANK=|SLURM_)' | sort; "
-                               "exec torchrun /app/allreduce.py"],
+                "args": ["-c", f"env | sort; echo '{END_OF_ENV}'; exec torchrun /app/allreduce.py"],
+                "env": {"GREETING": "hello"},
                 "restart_policy": "Never",
                 "time_limit_seconds": 300,
                 "requested_resources": {"gpu_requests": {"count": 4, "min_per_machine": 2}, "cpu_cores": 2},
@@ -72,8 +80,11 @@ def test_torchrun_with_no_flags_all_reduces_across_two_machines(fleet):
 
     envs = []
     for i in (0, 1):
-        env = dict(m.groups() for line in logs[i].splitlines() if (m := SHOWN.match(line)))
+        env = dict(line.split("=", 1) for line in logs[i].split(END_OF_ENV)[0].splitlines())
         envs.append(env)
+        assert env["GREETING"] == "hello"  # the run's own
+        # docs/api.md lists every other variable the worker starts with
+        assert set(env) - {"GREETING"} - SHELLS_OWN <= documented_names(), set(env) - documented_names()
         rank = i  # rank = the worker's index
         assert env["ASTRAEUS_NODE_RANK"] == env["PET_NODE_RANK"] == env["NODE_RANK"] == env["SLURM_NODEID"] == str(rank)
         assert env["ASTRAEUS_NUM_NODES"] == env["PET_NNODES"] == env["SLURM_JOB_NUM_NODES"] == env["SLURM_NNODES"] == "2"

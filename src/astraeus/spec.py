@@ -442,6 +442,7 @@ def parse_shared_filesystems(items: list[str]) -> dict[str, str]:
             continue
         name, eq, path = item.partition("=")
         name, path = name.strip(), path.strip()
+        path = path.rstrip("/") or path  # /mnt/lab/ is /mnt/lab
         if not eq or not name or not path:
             raise ValueError(f"{item!r}: write NAME=/mnt/path (the filesystem's name, then where it is mounted here)")
         try:
@@ -451,7 +452,7 @@ def parse_shared_filesystems(items: list[str]) -> dict[str, str]:
             raise ValueError(f"{item!r}: {e}") from None
         if name in out and out[name] != path:
             raise ValueError(f"shared filesystem {name} is given twice ({out[name]} and {path})")
-        out[name] = path.rstrip("/") or "/"
+        out[name] = path
     return out
 
 

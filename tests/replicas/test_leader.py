@@ -163,6 +163,51 @@ def test_healthz_answers_503_when_the_database_does_not(pg, tmp_path):
         cp.engine.dispose()
 
 
+def test_concurrent_changes_through_two_replicas_never_answer_5xx(pg, tmp_path):
+    """Submits, deletes and machine registrations of the same names, at once, through two replica processes:
+    each answers what one process would (201, 409, 200, 404), never a 5xx, and the GPUs placed never exceed the
+    machine's. (Within one process core.STATE_LOCK already serialises; across processes it is the database's
+    advisory lock.)"""
+    env = _env(tmp_path, ASTRAEUS_DATABASE_URL=pg)
+    r1 = Replica(tmp_path, "r1", env)
+    replicas = [r1]
+    try:
+        wait_for(lambda: r1.health().get("role") == "leader", 60, what="r1 to lead")
+        r2 = Replica(tmp_path, "r2", env)
+        replicas.append(r2)
+        wait_for(lambda: r2.health().get("role") == "follower", 60, what="r2 to follow")
+        boot = read_env(r1.home / "env")
+        api, user, machine = "/api/v1/o/acme/w/vision", _h(boot["ASTRAEUS_TOKEN"]), _h(boot["ASTRAEUS_MACHINE_TOKEN"])
+        statuses: list[tuple[str, int, str]] = []
+
+        def work(base: str, seed: int) -> None:
+            with httpx.Client(base_url=base, timeout=60) as c:
+                for i in range(15):
+                    name = f"r{(seed + i) % 4}"
+                    r = c.post(api + "/runs", headers=user, json=_run(name, 2))
+                    statuses.append(("submit", r.status_code, r.text[:200]))
+                    if i % 2 == 1:
+                        r = c.delete(api + f"/runs/{name}", headers=user)
+                        statuses.append(("delete", r.status_code, r.text[:200]))
+                    if i % 5 == 0:
+                        r = c.post("/api/v1/agent/register", headers=machine, json={"name": f"gpu-0{seed % 2}", **REG})
+                        statuses.append(("register", r.status_code, r.text[:200]))
+
+        threads = [threading.Thread(target=work, args=(r.url, k)) for k, r in enumerate((r1, r2) * 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        bad = [s for s in statuses if s[1] not in (200, 201, 404, 409)]
+        assert statuses and not bad, bad[:5]
+        runs = httpx.get(r2.url + api + "/runs", headers=user).json()["items"]
+        names = [r["metadata"]["name"] for r in runs]
+        assert len(names) == len(set(names))  # one live run per name
+    finally:
+        for r in replicas:
+            r.stop()
+
+
 # ------------------------------------------------------------------------------ wake-ups between replicas
 
 

@@ -353,7 +353,7 @@ class ControlPlane:
                  sqlite_lock=held)
         replica = settings.replica_id or default_replica_id(settings.host, settings.port)
         cp.leader = Leader(cp.sessions, replica, settings.lease_seconds,
-                           on_lead=lambda: notifier.wake_scheduler(remote=True))
+                           on_lead=lambda: notifier.wake_scheduler(remote=True), take_over=held is not None)
         return cp
 
     @property

@@ -110,11 +110,12 @@ class Outcome:
     expires_in: float = 0.0
 
 
-def try_lead(session: Session, holder: str, seconds: float, name: str = LEASE) -> Outcome:
+def try_lead(session: Session, holder: str, seconds: float, name: str = LEASE, take_over: bool = False) -> Outcome:
     """Renew the lease when `holder` holds it and it has not expired; take it (epoch + 1) when it has expired or
-    is free; else leave it. Call inside a transaction; commit it for the outcome to hold. A lease row locked by a
-    paused leader's apply is waited for at most `seconds` / 3 (lock_timeout): then this raises, and the caller
-    tries again at its next renewal."""
+    is free; else leave it. `take_over`: take it even from another holder whose lease runs still (a process that
+    knows that holder is gone: the one process serving a SQLite database, see db.hold_sqlite). Call inside a
+    transaction; commit it for the outcome to hold. A lease row locked by a paused leader's apply is waited for
+    at most `seconds` / 3 (lock_timeout): then this raises, and the caller tries again at its next renewal."""
     if postgres(session):
         ms = max(100, int(seconds * 1000 / 3))
         session.execute(text(f"SET LOCAL lock_timeout = {ms}"))
@@ -124,7 +125,7 @@ def try_lead(session: Session, holder: str, seconds: float, name: str = LEASE) -
         row.expires_at = now + seconds
         row.renewed_at = now
         return Outcome(Term(holder, row.epoch), row.epoch, holder, expires_in=seconds)
-    if row.holder is not None and row.holder != holder and row.expires_at > now:
+    if row.holder is not None and row.holder != holder and row.expires_at > now and not take_over:
         return Outcome(None, row.epoch, row.holder, expires_in=row.expires_at - now)
     previous = row.holder
     row.holder, row.epoch = holder, row.epoch + 1
@@ -182,12 +183,15 @@ class Leader:
     its own, so that a long scheduling cycle never delays a renewal. `term()` is the term this replica may act in
     now, or None; the fence in each transaction is what makes acting safe, this only avoids useless cycles."""
 
-    def __init__(self, sessions, replica_id: str, lease_seconds: float, on_lead=None):
+    def __init__(self, sessions, replica_id: str, lease_seconds: float, on_lead=None, take_over: bool = False):
         self.sessions = sessions
         self.replica_id = replica_id
         self.holder = f"{replica_id}#{secrets.token_hex(3)}"  # a fresh holder per start: a restart is a new term
         self.lease_seconds = lease_seconds
         self.on_lead = on_lead  # called (no arguments) when this replica becomes the leader
+        # the first try takes the lease whoever holds it: this process alone serves its (SQLite) database, so a
+        # holder left in the row is a process that died (a restart then schedules at once, not a lease later)
+        self.take_over = take_over
         self.epoch = 0  # the lease's epoch as last seen
         self._term: Term | None = None
         self._valid_until = 0.0  # monotonic: the renewal's send time + the lease
@@ -225,7 +229,8 @@ class Leader:
     def tick(self) -> Outcome:
         sent = time.monotonic()
         with self.sessions() as s, s.begin():
-            out = try_lead(s, self.holder, self.lease_seconds)
+            out = try_lead(s, self.holder, self.lease_seconds, take_over=self.take_over)
+        self.take_over = False
         was = self.term()
         with self._lock:
             self.epoch = out.epoch
@@ -250,13 +255,13 @@ class Leader:
             self.on_lead()
         return out
 
-    def _lose(self) -> None:
+    def _lose(self, why: str = "its lease could not be renewed") -> None:
         with self._lock:
             lost = self._term is not None
             self._term, self._valid_until = None, 0.0
         LEADER.set(0)
         if lost:
-            log.warning("%s stops leading: its lease could not be renewed", self.replica_id)
+            log.warning("%s stops leading: %s", self.replica_id, why)
 
     def start(self) -> None:
         """Try to lead once now (a lone replica leads from its first cycle), then keep trying in a thread."""
@@ -285,7 +290,7 @@ class Leader:
             self._thread.join(timeout=5)
             self._thread = None
         held = self._term is not None
-        self._lose()
+        self._lose("it stops")
         if give_up and held:
             try:
                 with self.sessions() as s, s.begin():

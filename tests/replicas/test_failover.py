@@ -198,6 +198,40 @@ def test_a_rolling_restart_of_every_replica_restarts_no_worker(replicas):
     assert "stopping k" not in log
 
 
+@pytest.mark.faults
+@pytest.mark.postgres
+def test_the_leader_paused_with_sigstop_while_the_agents_use_it(replicas):
+    """SIGSTOP the leader, which the agent uses: another replica leads and places, the agent moves on when its
+    requests time out (nothing restarted), and the old leader, continued, applies nothing and follows."""
+    rep = replicas
+    old = rep.leader()
+    order = [old] + [i for i in range(3) if i != old]
+    rep.agent("gpu-a", gpus=4, urls=",".join(rep.servers[i].url for i in order))
+    before = start_keepers(rep, 2)
+    epoch = rep.epoch(old)
+    rep.sigstop(old)
+    others = [i for i in range(3) if i != old]
+    new = rep.leader(timeout=30, among=others)
+    with rep.client(new) as c:
+        assert c.post("/runs", json=sleep_run("while-paused")).status_code == 201
+        wait_for(lambda: c.get("/workers/while-paused-0").json()["state"] == "Running", 120,
+                 what="a run placed by the new leader and started by the agent")
+    assert rep.epoch(new) > epoch
+    assert f"control plane {rep.servers[old].url} not answering (" in rep.agent_log("gpu-a")
+    rep.sigcont(old)
+    wait_for(lambda: (health(rep.servers[old]) or {}).get("role") == "follower", 30,
+             what="the old leader to rejoin as a follower")
+    time.sleep(3)  # its stale loop had its chance to apply
+    with rep.client(old) as c:
+        ws = c.get("/workers").json()["items"]
+        live = [w for w in ws if w["state"] in ACTIVE]
+        gpus = [g for w in live for g in w["gpu_indices"]]
+        assert len(gpus) == len(set(gpus)) and len(gpus) <= 4, f"GPUs placed twice: {sorted(gpus)}"
+        assert Counter(w["name"] for w in ws)["while-paused-0"] == 1
+    assert_unchanged(rep, before, via=old)
+    assert rep.agent_log("gpu-a").count("registered gpu-a in cluster") == 1
+
+
 # ------------------------------------------------------------------------------------ leader epochs
 
 

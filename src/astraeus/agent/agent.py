@@ -413,7 +413,9 @@ class Agent:
     # ------------------------------------------------------------ threads
     def poll_loop(self) -> None:
         backoff = Backoff()
-        with self._client(timeout=self.poll_wait + 15) as client:
+        # A long-poll is answered after at most poll_wait: 5 s more without an answer is a replica not answering
+        # (paused, or cut off), and the agent moves on.
+        with self._client(timeout=self.poll_wait + 5) as client:
             while not self.stopping.is_set():
                 try:
                     if not self.registered.is_set():

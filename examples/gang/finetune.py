@@ -9,7 +9,7 @@ step), atomically (a temporary file, then a rename), every SAVE_EVERY steps and 
 Stopping: torchrun forwards SIGTERM to its processes. A rank that gets it finishes its step; the ranks agree (an
 all_reduce of a stop flag) to stop after that same step, meet at a barrier, rank 0 saves, and all exit 0.
 
-Log lines (rank 0): `resuming at step N`, {"step": N, "loss": L} every LOG_EVERY steps, `checkpoint at step N`
+Log lines (rank 0): `attempt A: W processes on N machines, master ADDR:PORT`, `resuming at step N`, {"step": N, "loss": L} every LOG_EVERY steps, `checkpoint at step N`
 for a periodic save, `SIGTERM: checkpoint at step N written; exiting`, `done`. N counts the steps done, so an
 attempt resumes at exactly the step its predecessor saved.
 
@@ -78,6 +78,10 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.L
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 target = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))  # the function to learn
 
+if RANK == 0:
+    print(f"attempt {os.environ.get('ASTRAEUS_ATTEMPT', '?')}: {WORLD} processes on "
+          f"{os.environ.get('PET_NNODES', '1')} machines, master {os.environ.get('MASTER_ADDR')}:"
+          f"{os.environ.get('MASTER_PORT')}", flush=True)
 start = 0
 if os.path.exists(CKPT):
     state = torch.load(CKPT, map_location="cpu")

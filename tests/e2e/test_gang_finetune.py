@@ -82,6 +82,12 @@ def test_gang_finetune_saves_on_a_shared_drive_is_preempted_whole_and_resumes(fl
     assert resumed == saved
     fleet.wait_for(lambda: re.search(r'^\{"step": (\d+)', fleet.logs("gang-ft-0").split("resuming at step")[1], re.M),
                    60, interval=0.5, what="a step after the resume")
+    # each attempt's own rendezvous: 2 processes on 2 machines, rank 0's machine the master
+    attempts = re.findall(r"^attempt (\d+): 2 processes on 2 machines, master ([\d.]+):(\d+)$", log, re.M)
+    assert len(attempts) == 2 and int(attempts[1][0]) > int(attempts[0][0]), attempts
+    with fleet.client() as c:
+        addr = {m["name"]: m["address"] for m in c.get("/machines").json()["items"]}
+    assert attempts[1][1] == addr[fleet.worker("gang-ft-0")["machine"]]
     after = [int(s) for s in re.findall(r'^\{"step": (\d+)', fleet.logs("gang-ft-0").split("resuming at step")[1],
                                         re.M)]
     assert after[0] > saved and after[0] % 10 == 0

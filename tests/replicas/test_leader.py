@@ -147,7 +147,10 @@ def test_healthz_names_the_leader_and_a_follower_takes_over_when_it_stops(pg, tm
 
 
 def test_healthz_answers_503_when_the_database_does_not(pg, tmp_path):
+    """/healthz says the database is unreachable (503), and so does any request that needs it (503 UNAVAILABLE,
+    not a bare 500: a client or agent tries again or moves to another replica)."""
     cp = _cp(tmp_path, pg, "a")
+    boot = bootstrap(cp, "acme", "vision", "main", ["/data/astraeus"])
     client = TestClient(create_app(cp.settings, cp, run_loop=False))
     try:
         assert client.get("/healthz").json() == {"role": "follower", "epoch": 0, "database": "ok"}
@@ -157,6 +160,9 @@ def test_healthz_answers_503_when_the_database_does_not(pg, tmp_path):
         cp.sessions.configure(bind=dead)
         r = client.get("/healthz")
         assert r.status_code == 503 and r.json()["database"] == "unreachable"
+        r = client.post("/api/v1/o/acme/w/vision/runs", headers=_h(boot["token"]), json=_run("train"))
+        assert r.status_code == 503 and r.json()["code"] == "UNAVAILABLE", r.text
+        assert "the database is not answering" in r.json()["message"]
         dead.dispose()
     finally:
         client.close()

@@ -156,6 +156,17 @@ class RetryConflicts:
                 await anyio.sleep(0.005 * (2 ** attempt))
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """The database connection broke or could not be made (PostgreSQL restarting, unreachable)."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return False
+    code = getattr(exc.orig, "sqlstate", None) or ""
+    return exc.connection_invalidated or code.startswith("08") or code in ("57P01", "57P02", "57P03") or (
+        not code and type(exc.orig).__name__ == "OperationalError")
+
+
 def _replay(messages: list):
     async def receive():
         if messages:
@@ -186,6 +197,18 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     app.state.cp = cp
     app.state.loop = loop
     errors.install(app)
+
+    from sqlalchemy.exc import DBAPIError
+
+    @app.exception_handler(DBAPIError)
+    async def _database(request, exc: DBAPIError):
+        """A conflict goes on to RetryConflicts (the request runs again); a database that does not answer is a
+        503 saying so (the transaction did not commit, or the client cannot know: it may try again, and a
+        submit tried again answers 409 if the first got through); anything else stays a 500."""
+        if _unreachable(exc) and not _conflict(exc):
+            return errors.error_json(503, "UNAVAILABLE", "the database is not answering (restarting or "
+                                     "unreachable): try again in a few seconds")
+        raise exc
     app.add_middleware(RetryConflicts)
     app.add_middleware(BodyLimit, limit=cp.settings.max_body_bytes)
     for module in ROUTERS:

@@ -254,6 +254,14 @@ class AgentSettings(HomeSettings):
         "drive on filesystem NAME is placed only on machines that declare it. `--shared-fs` (repeatable) adds "
         "to it.", "comma-separated NAME=/absolute/path entries, such as lab=/mnt/lab,scratch=/lustre/scratch")
 
+    nfs_port: int = setting(
+        2049, "The port this machine's NFS server (its own NFS-Ganesha, started while it exports a drive it keeps to "
+        "workers on other machines) listens on.", "a port from 1 to 65535", ge=1, le=65535)
+    nfs_client: Literal["auto", "true", "false"] = setting(
+        "auto", "Whether this machine can mount NFS (a drive kept on another machine is placed here only if so): "
+        "`auto` finds out (nfs4 in /proc/filesystems, or mount.nfs4 and a loadable nfsv4 module); `true`/`false` "
+        "say so.", "auto, true or false")
+
     @field_validator("server")
     @classmethod
     def _server_url(cls, v: str | None) -> str | None:

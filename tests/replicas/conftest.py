@@ -3,6 +3,9 @@
 `replicas` (fixture): a Replicas of three replicas on 127.0.0.1 ports, each with its own --home, a short scheduling
 lease (ASTRAEUS_LEADER_LEASE_SECONDS=2), and helpers to find the leader, SIGKILL, SIGSTOP/SIGCONT and restart a
 replica. Its agents (process runtime, 1 s stop grace, ASTRAEUS_HEARTBEAT=1) get `--server URL1,URL2,URL3`.
+`Replicas(tmp, machines=[...])`: each of those machines' agents in its own network namespace on a bridge
+(tests/faults Fleet.network), the replicas listening on the bridge's address (host networking where namespaces
+cannot be made).
 Built on tests/faults/conftest.py's Server, AgentProc and Fleet; everything is stopped, every worker killed and
 the database dropped at the end."""
 
@@ -32,16 +35,25 @@ def health(s: Server) -> dict | None:
 
 
 class Replicas:
-    def __init__(self, tmp: Path, n: int = 3, lease: float = LEASE_SECONDS, env: dict | None = None):
+    def __init__(self, tmp: Path, n: int = 3, lease: float = LEASE_SECONDS, env: dict | None = None,
+                 machines: list[str] | None = None):
         self.tmp = tmp
         self.db = postgres_url()
         self.fleet = Fleet(tmp)
+        self.net = None  # astraeus.fleet.netns.Layout when the agents run in namespaces
+        host = "127.0.0.1"
         self.stopped: set[int] = set()  # indexes of replicas under SIGSTOP
         self.env = {"ASTRAEUS_DATABASE_URL": self.db, "ASTRAEUS_LEADER_LEASE_SECONDS": str(lease),
                     "ASTRAEUS_HEARTBEAT": "1", "ASTRAEUS_SCHEDULE_INTERVAL": "2", **(env or {})}
         try:
+            if machines:
+                from astraeus.fleet import netns
+
+                if netns.unavailable() is None:
+                    self.net = self.fleet.network(machines)
+                    host = self.net.gateway
             for _ in range(n):
-                self.fleet.server(env=self.env)
+                self.fleet.server(env=self.env, host=host)
         except BaseException:
             self.close()
             raise
@@ -112,7 +124,8 @@ class Replicas:
         """An agent (process runtime) given every replica's URL."""
         a = AgentProc(urls or self.urls, self.vars["ASTRAEUS_MACHINE_TOKEN"], name, self.tmp / f"agent-{name}",
                       self.tmp / f"agent-{name}.log", gpus=gpus, stop_grace=stop_grace,
-                      env={"ASTRAEUS_RUNTIME": "process", "ASTRAEUS_HEARTBEAT": "1"})
+                      env={"ASTRAEUS_RUNTIME": "process", "ASTRAEUS_HEARTBEAT": "1"},
+                      netns=self.net.machine(name).netns if self.net else None)
         self.fleet.agents.append(a)
         return a.start()
 
@@ -132,6 +145,14 @@ class Replicas:
 @pytest.fixture
 def replicas(tmp_path):
     r = Replicas(tmp_path)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def replicas_netns(tmp_path):
+    """Three replicas on a bridge's address, machines gpu-a and gpu-b in their own network namespaces."""
+    r = Replicas(tmp_path, machines=["gpu-a", "gpu-b"])
     yield r
     r.close()
 

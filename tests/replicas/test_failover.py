@@ -125,8 +125,8 @@ def test_a_bad_replica_url_stops_the_agent_with_one_line(tmp_path, how, value, l
 
 @pytest.mark.faults
 @pytest.mark.postgres
-def test_leader_sigkill_during_a_burst_of_submits(replicas):
-    rep = replicas
+def test_leader_sigkill_during_a_burst_of_submits(replicas_netns):
+    rep = replicas_netns
     old = rep.leader()
     # the agents start on the leader, so that its death makes them move
     order = [old] + [i for i in range(3) if i != old]
@@ -134,6 +134,10 @@ def test_leader_sigkill_during_a_burst_of_submits(replicas):
     for name in ("gpu-a", "gpu-b"):
         rep.agent(name, gpus=4, urls=urls)
     before = start_keepers(rep, 3)
+    if rep.net:  # each agent in its own namespace, reaching the replicas over its veth
+        with rep.client() as c:
+            got = {m["name"]: m.get("address") for m in c.get("/machines").json()["items"]}
+        assert got == {n: rep.net.machine(n).address for n in ("gpu-a", "gpu-b")}, got
     epoch = rep.epoch(old)
 
     acked: list[str] = []

@@ -129,3 +129,16 @@ def test_every_replica_refusing_says_which_were_tried(tmp_path):
     assert r.stderr.startswith(f"error: cannot reach the Astraeus API at {a}/api/v1/o/acme/w/vision or "
                                f"{b}/api/v1/o/acme/w/vision: "), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_login_saves_every_replica_and_later_commands_use_them(replica, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    api = f"{dead}/{replica.api.split('/', 3)[3]},{replica.url}"
+    env = {k: v for k, v in os.environ.items() if k not in ("ASTRAEUS_API", "ASTRAEUS_TOKEN")}
+    env["ASTRAEUS_CONFIG"] = str(tmp_path / "config.json")
+    p = subprocess.run([ASTRA, "login", "--api", api, "--token", replica.vars["ASTRAEUS_TOKEN"]], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("Logged in to workspace vision"), p.stdout
+    p = subprocess.run([ASTRA, "astraeus", "runs"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr

@@ -126,7 +126,8 @@ def check_output(output: str | None) -> bool:
 @app.command()
 @handle_errors()
 def login(
-    api: Annotated[str, typer.Option("--api", help="The workspace API URL ($API), http://HOST:PORT/api/v1/o/ORG/w/WS")],
+    api: Annotated[str, typer.Option("--api", help="The workspace API URL ($API), http://HOST:PORT/api/v1/o/ORG/w/WS; "
+                                                   "several control plane replicas: their URLs comma-separated")],
     token: Annotated[str, typer.Option("--token", help="An API token", prompt=True, hide_input=True)],
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the URL and token first")] = True,
 ) -> None:

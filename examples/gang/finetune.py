@@ -16,12 +16,9 @@ attempt resumes at exactly the step its predecessor saved.
 Environment: CKPT_ROOT (/ckpt; the checkpoint is $CKPT_ROOT/<run name>/ckpt.pt), TOTAL_STEPS (2000),
 SAVE_EVERY (50), LOG_EVERY (10), STEP_SLEEP (0 seconds after each step: a pace for a demo or a test).
 """
-import fcntl
 import json
 import os
 import signal
-import socket
-import struct
 import sys
 import time
 
@@ -47,27 +44,6 @@ def on_sigterm(signum, frame):
 
 signal.signal(signal.SIGTERM, on_sigterm)
 
-
-def interface_with(addr: str) -> str | None:
-    """The network interface holding `addr` (IPv4), or None."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:  # SIOCGIFADDR
-                got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            if socket.inet_ntoa(got[20:24]) == addr:
-                return name
-    return None
-
-
-# Gloo finds its own address from the hostname, which often resolves to 127.0.x.x: peers on other machines could
-# not reach that. Use the interface that holds this machine's address in the gang (ASTRAEUS_NODE_ADDRS) instead.
-addrs = os.environ.get("ASTRAEUS_NODE_ADDRS", "").split(",")
-node = int(os.environ.get("ASTRAEUS_NODE_RANK", "0"))
-if node < len(addrs) and addrs[node] and "GLOO_SOCKET_IFNAME" not in os.environ:
-    if ifname := interface_with(addrs[node]):
-        os.environ["GLOO_SOCKET_IFNAME"] = ifname
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo")

@@ -402,6 +402,18 @@ WORKER_ENV = {
                                  "\"requested_at\": 1764400000.5}` (`/run/astraeus/stop-reason` in a container; "
                                  "docs/api.md, \"What a worker gets\")",
     "SLURM_JOB_NAME": "the run's name, for scripts written for Slurm",
+    "ASTRAEUS_NODE_RANK": "a gang of two workers or more (astraeus.rendezvous, docs/fleet.md): this worker's rank, its "
+                          "index (also `PET_NODE_RANK`, `NODE_RANK`, `SLURM_NODEID`)",
+    "ASTRAEUS_NUM_NODES": "a gang: its number of workers (also `PET_NNODES`, `SLURM_NNODES`, `SLURM_JOB_NUM_NODES`)",
+    "ASTRAEUS_MASTER_ADDR": "a gang: rank 0's machine address (also `PET_MASTER_ADDR`, `MASTER_ADDR`)",
+    "ASTRAEUS_MASTER_PORT": "a gang: the port the control plane picked for this attempt on rank 0's machine (also "
+                            "`PET_MASTER_PORT`, `MASTER_PORT`)",
+    "ASTRAEUS_NODE_ADDRS": "a gang: every worker's machine address in rank order, comma-separated",
+    "PET_NPROC_PER_NODE": "a gang: the worker's GPUs (1 without GPUs), which torchrun reads as --nproc-per-node; "
+                          "`WORLD_SIZE` is the sum over the gang, `SLURM_GPUS_ON_NODE` the worker's GPUs, "
+                          "`SLURM_JOB_NODELIST` the machines' names",
+    "GLOO_SOCKET_IFNAME": "a gang, unless the run sets it: the network interface holding the machine's address (also "
+                          "`NCCL_SOCKET_IFNAME`), so that gloo and NCCL reach the other machines on it",
 }
 INTERNAL_ENV = {
     "ASTRAEUS_SHIM_OWNER": "set by the agent for each worker's supervisor (shim): the agent it belongs to",

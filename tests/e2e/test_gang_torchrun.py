@@ -96,6 +96,8 @@ def test_torchrun_with_no_flags_all_reduces_across_two_machines(fleet):
         assert 1 <= int(env["MASTER_PORT"]) <= 65535
         assert env["ASTRAEUS_NODE_ADDRS"] == ",".join(addr[x["machine"]] for x in workers)  # in rank order
         assert env["SLURM_JOB_NODELIST"] == ",".join(x["machine"] for x in workers)
+        # the agent points gloo and NCCL at the interface holding the machine's address (eth0 in its namespace)
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0"
         assert env["SLURM_JOB_NAME"] == env["ASTRAEUS_RUN_NAME"] == "allreduce"
         assert env["ASTRAEUS_WORKER_NAME"] == f"allreduce-{i}" and env["ASTRAEUS_WORKER_INDEX"] == str(i)
         assert env["ASTRAEUS_NUM_WORKERS"] == "2"

@@ -106,6 +106,29 @@ def route_address(url: str) -> str | None:
     return None
 
 
+def interface_of(address: str | None, interfaces: dict[str, list[str]]) -> str | None:
+    """The network interface holding `address` ({interface: [its addresses]}), or None (pure)."""
+    if not address:
+        return None
+    return next((name for name, addrs in sorted(interfaces.items()) if address in addrs), None)
+
+
+def with_gang_interface(a: P.Assignment, address: str | None) -> P.Assignment:
+    """A gang's worker (its env has a rendezvous) talks to its peers over the interface holding this machine's
+    registered address: gloo and NCCL otherwise pick theirs from the hostname, which may resolve to loopback (or
+    to an interface the other machines cannot reach), and hang. A run that sets GLOO_SOCKET_IFNAME or
+    NCCL_SOCKET_IFNAME itself keeps its own."""
+    if "ASTRAEUS_NODE_ADDRS" not in a.env:
+        return a
+    found = interface_of(address, {n: [x.address for x in xs] for n, xs in psutil.net_if_addrs().items()})
+    if found is None:
+        return a
+    env = dict(a.env)
+    for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        env.setdefault(k, found)
+    return a.model_copy(update={"env": env})
+
+
 def nfs_ability_or_none() -> P.NfsAbility | None:
     """What this machine can do for drives across machines (astraeus.agent.nfs), or None if it cannot tell."""
     try:
@@ -242,6 +265,7 @@ class Agent:
         self.labels = dict(labels or {})
         self.address = address  # None: the source address of the route to the control plane, found at each join
         self.shared_filesystems = dict(shared_filesystems or {})
+        self.registered_address: str | None = address  # what the last join declared
         self.stop_workers_on_exit = stop_workers_on_exit
         self.poll_wait = poll_wait
 
@@ -395,6 +419,7 @@ class Agent:
             raise NeedsRegister(f"/register: {r.status_code} {_message(r)}")
         r.raise_for_status()
         ans = P.Registered.model_validate(r.json())
+        self.registered_address = body.address
         if ans.credential:
             self._save_credential(ans.credential)
         self.heartbeat_seconds = ans.heartbeat_seconds
@@ -600,6 +625,7 @@ class Agent:
                     a = self.nfs_mounts.local(a)
                 except NfsMountError as e:
                     raise StartFailed(str(e)) from None
+            a = with_gang_interface(a, self.registered_address)
             st = self.runtime.start(a)
             log.info("started %s attempt %s: pid %s in %s", key[0], key[1], st.pid, st.environment)
         except StartFailed as e:

@@ -4,6 +4,8 @@ It also does the control plane's other timed duties: a worker past its time limi
 that stopped heartbeating is lost. It wakes at least every `schedule_interval` seconds (15 s, the pages'
 promise), within a few milliseconds of any change (a submit, a delete, a worker's exit, a machine joining), and
 when a failed worker's crash-loop backoff ends. State changes themselves are lifecycle's (server/lifecycle.py).
+With several replicas on one PostgreSQL database, only the scheduling leader runs it, and each of its writing
+transactions is fenced by the lease (server/leader.py): a replica that lost the lead writes nothing.
 """
 
 from __future__ import annotations

@@ -51,9 +51,10 @@ def agent_assignments(tok: AgentTok, s: Sess, cp: CP, machine: str, after: int =
     s.rollback()
     version = cp.notifier.wait_machine(mid, after, wait) if wait else cp.notifier.machine_version(mid)
     with cp.sessions() as s2:
-        m2 = s2.get(Machine, mid)
-        # the scheduling lease's epoch, read with the assignments: an agent ignores answers older than one it saw
+        # the scheduling lease's epoch, read before the assignments (they are at least as new as it): an agent
+        # ignores answers older than the newest epoch it saw
         epoch, _, _ = leader.current(s2)
+        m2 = s2.get(Machine, mid)
         return P.Assignments(version=version, assignments=agents.assignments(s2, m2), exports=agents.exports(s2, m2),
                              epoch=epoch)
 

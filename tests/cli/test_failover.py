@@ -142,3 +142,13 @@ def test_login_saves_every_replica_and_later_commands_use_them(replica, tmp_path
     assert p.stdout.startswith("Logged in to workspace vision"), p.stdout
     p = subprocess.run([ASTRA, "astraeus", "runs"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+
+def test_following_logs_skips_a_replica_answering_5xx(replica, failing):
+    api = f"{failing.url}/{replica.api.split('/', 3)[3]},{replica.url}"
+    with Client(Config(api, replica.vars["ASTRAEUS_TOKEN"])) as c:
+        with pytest.raises(ApiError) as e:
+            "".join(c.stream("workers/nobody-0/logs", follow=True))
+    assert e.value.status == 404  # the live replica's answer: no such worker
+    assert failing.hits == [("GET", "/api/v1/o/acme/w/vision/workers/nobody-0/logs?follow=true")]

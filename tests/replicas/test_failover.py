@@ -298,8 +298,8 @@ ACTIVE = {"Starting", "Running", "Stopping"}
 
 
 class ReplicaMachine(RuleBasedStateMachine):
-    """Submits (one at a time, or the same name on two replicas at once), deletes and agent reports, each through
-    a replica hypothesis picks; the leader schedules in the background. Each example has its own workspace
+    """Submits (one at a time, or the same name on two replicas at once), deletes and agent reports (one at a time,
+    or a delete and a report at once), each through a replica hypothesis picks; the leader schedules in the background. Each example has its own workspace
     (quota QUOTA GPUs) and two machines of its own (its runs select them by name), played through the agent
     protocol."""
 
@@ -409,6 +409,28 @@ class ReplicaMachine(RuleBasedStateMachine):
             else:
                 workers.append({"worker": a["worker"], "attempt": a["attempt"], "state": "Exited", "exit_code": 0})
         self.agent(i, "/report", {"machine": machine, "workers": workers})
+
+    @rule(i=st.integers(0, 2), j=st.integers(0, 2), pick=st.integers(0, 20), m=st.integers(0, 1))
+    def delete_and_report_at_once(self, i, j, pick, m):
+        """A delete through replica i while the machine reports through replica j: both answered, no 5xx."""
+        if not self.names:
+            return
+        errors: list[BaseException] = []
+
+        def guarded(fn, *a):
+            try:
+                fn(*a)
+            except BaseException as e:  # noqa: BLE001 -- re-raised below, in the test's thread
+                errors.append(e)
+
+        ts = [threading.Thread(target=guarded, args=(self.delete, i, pick)),
+              threading.Thread(target=guarded, args=(self.agent_reports, j, m, False))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if errors:
+            raise errors[0]
 
     @rule()
     def let_the_leader_schedule(self):

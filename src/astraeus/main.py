@@ -370,7 +370,7 @@ def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, la
     if layout is not None:
         settings.host = layout.gateway  # the agents reach it over the bridge; the host has that address too
     try:
-        cp = ControlPlane.open(settings)
+        cp = ControlPlane.open(settings, exclusive=True)  # SQLite: one serving process (db.hold_sqlite)
     except Exception as e:
         typer.echo(f"astraeus up: cannot open the database ({type(e).__name__}: {str(e).splitlines()[0]})", err=True)
         raise typer.Exit(1) from None

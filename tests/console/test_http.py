@@ -400,3 +400,35 @@ def test_the_priority_hint_under_a_negative_maximum_says_minus_one(console_clust
         with c.admin() as a:
             r = a.patch("/workspaces/vision", json={"clusters": {"main": {"max_priority": before}}})
             assert r.status_code == 200
+
+
+def test_the_drive_form_makes_a_drive_on_a_shared_filesystem(console_cluster):
+    """Kind On a shared filesystem: the drive's source names the filesystem (no machine); without its name the
+    form says what to give and nothing is stored; the drives page shows where it is."""
+    c = console_cluster
+    with c.admin() as a:
+        paths = a.get("/workspaces/vision").json()["clusters"]["main"]["host_paths"]
+        assert a.patch("/workspaces/vision", json={"clusters": {"main": {"host_paths": [*paths, "lab:/"]}}}
+                       ).status_code == 200
+    base = {"name": "lab-ckpt", "kind": "shared-filesystem", "machine": "gpu-01", "path": "/vision/ckpt",
+            "mount_path": "/ckpt", "mode": "ReadWrite", "transport": "Auto"}
+    try:
+        with signed_in(c, c.token) as h:
+            page = h.get("/o/acme/w/vision/drives/new").text
+            assert "On a shared filesystem" in page and 'name="filesystem"' in page
+            token = csrf_of(page)
+            r = h.post("/o/acme/w/vision/drives/new", data={**base, "filesystem": "", "csrf": token})
+            assert r.status_code == 422 and "Shared filesystem: give its name" in r.text
+            with c.client() as api:
+                assert api.get("/drives/lab-ckpt").status_code == 404  # nothing stored
+            r = h.post("/o/acme/w/vision/drives/new", data={**base, "filesystem": "lab", "csrf": token},
+                       follow_redirects=False)
+            assert r.status_code == 303, r.text[:500]
+            assert "shared filesystem lab" in h.get("/o/acme/w/vision/drives").text
+        with c.client() as api:
+            (src,) = api.get("/drives/lab-ckpt").json()["spec"]["sources"]
+            assert src == {"filesystem": "lab", "path": "/vision/ckpt", "mount_path": "/ckpt", "mode": "ReadWrite"}
+            assert api.delete("/drives/lab-ckpt").status_code in (200, 204)
+    finally:
+        with c.admin() as a:
+            a.patch("/workspaces/vision", json={"clusters": {"main": {"host_paths": paths}}})

@@ -18,7 +18,7 @@ RUN_FIELDS = ("name", "image", "command", "args", "gpus", "machines", "cpus", "m
               "restart_policy", "priority", "start")
 RUN_DEFAULTS = {"restart_policy": "OnFailure", "priority": "0", "start": "Independent", "gpus": "0",
                 "machines": "1"}
-DRIVE_FIELDS = ("name", "kind", "machine", "path", "mount_path", "mode", "transport", "create")
+DRIVE_FIELDS = ("name", "kind", "machine", "filesystem", "path", "mount_path", "mode", "transport", "create")
 ACCESS_FIELDS = ("host_paths", "max_priority", "weight", "quota_gpus", "quota_cpu_cores", "quota_memory_gib",
                  "quota_workers")
 
@@ -93,13 +93,19 @@ def run_body(form: dict[str, str]) -> dict[str, Any]:
 def drive_body(form: dict[str, str]) -> dict[str, Any]:
     """The new-drive form → the body of POST $API/drives."""
     f = {k: (form.get(k) or "").strip() for k in DRIVE_FIELDS}
-    if f["kind"] not in ("", "one-machine"):
-        raise FormError(f"Kind {f['kind']!r}: only On one machine is offered here; use the API for others")
+    if f["kind"] not in ("", "one-machine", "shared-filesystem"):
+        raise FormError(f"Kind {f['kind']!r}: choose On one machine or On a shared filesystem")
+    if f["kind"] == "shared-filesystem":
+        if not f["filesystem"]:
+            raise FormError("Shared filesystem: give its name, as the machines declare it (astraeus agent "
+                            "--shared-fs NAME=/mnt/path)")
+        where = {"filesystem": f["filesystem"]}
+    else:
+        where = {"node": f["machine"]}
     return {
         "metadata": {"name": f["name"]},
         "spec": {
-            "sources": [{"node": f["machine"], "path": f["path"], "mount_path": f["mount_path"],
-                         "mode": f["mode"] or "ReadWrite"}],
+            "sources": [{**where, "path": f["path"], "mount_path": f["mount_path"], "mode": f["mode"] or "ReadWrite"}],
             "transport": f["transport"] or "Auto",
             "permissions": {"create": bool(f["create"])},
         },

@@ -467,9 +467,10 @@ def drives(request: Request, org: str, ws: str, deleted: str = ""):
 def new_drive_page(request: Request, s: Session, p: Page, values: dict, error: str | None = None,
                    status: int = 200):
     acc = default_access(s, request, p.caller)
+    machines = services.machines_view(s, services.granted_cluster_ids(s, p.caller))
     return render(request, "new_drive.html", p, status=status, nav="drives", values=values, error=error,
-                  access=acc, cannot_edit=p.cannot("editor"),
-                  machines=services.machines_view(s, services.granted_cluster_ids(s, p.caller)))
+                  access=acc, cannot_edit=p.cannot("editor"), machines=machines,
+                  filesystems=sorted({fs for m in machines for fs in m["shared_filesystems"]}))
 
 
 @router.get("/o/{org}/w/{ws}/drives/new")

@@ -497,7 +497,7 @@ def delete_drive(session: Session, caller: Caller, name: str, at: float) -> None
     d = get_drive(session, caller, name)
     session.delete(d)
     lifecycle.event(session, caller.workspace.id, "DriveDeleted", name,
-                    f"drive {name} deleted; its files stay on {d.spec['sources'][0]['node']}", at)
+                    f"drive {name} deleted; its files stay on {S.DriveSource(**d.spec['sources'][0]).where()}", at)
 
 
 # -------------------------------------------------------------------------------------------- the rest

@@ -250,7 +250,7 @@ def test_a_change_on_one_replica_wakes_the_other(pg, tmp_path):
 # ---------------------------------------------------------------------------------------------- migrations
 
 
-def test_replicas_starting_at_once_migrate_once(pg, tmp_path):
+def test_replicas_starting_at_once_migrate_once_and_bootstrap_once(pg, tmp_path):
     errors, cps = [], []
 
     def start(name):
@@ -267,6 +267,19 @@ def test_replicas_starting_at_once_migrate_once(pg, tmp_path):
     assert errors == []
     with psycopg.connect(pg.replace("+psycopg", "")) as conn:
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0007",)]
+    # and their bootstraps, at once, make the defaults once (each gets fresh tokens of its own)
+    boots = []
+    threads = [threading.Thread(target=lambda cp=cp: boots.append(bootstrap(cp, "acme", "vision", "main", ["/d"])))
+               for cp in cps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(boots) == 3 and len({b["token"] for b in boots}) == 3 and len({b["ns"] for b in boots}) == 1
+    with psycopg.connect(pg.replace("+psycopg", "")) as conn:
+        assert conn.execute("SELECT count(*) FROM orgs").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM workspaces").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM clusters").fetchone() == (1,)
     for cp in cps:
         cp.engine.dispose()
 

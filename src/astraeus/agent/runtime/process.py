@@ -571,10 +571,13 @@ class ProcessRuntime(Runtime):
                         offset += len(raw)
                         try:
                             rec = json.loads(raw)
-                            out.append(LogLine(worker, int(attempt), int(rec["seq"]), float(rec["time"]),
-                                               rec.get("stream", "stdout"), rec.get("text", "")))
+                            line = LogLine(worker, int(attempt), int(rec["seq"]), float(rec["time"]),
+                                           rec.get("stream", "stdout"), rec.get("text", ""))
                         except (ValueError, KeyError, TypeError):
                             continue  # a header line, or a torn one
+                        if out and line.seq <= out[-1].seq:
+                            continue  # the files turned over while this call read them: a line it already has
+                        out.append(line)
                     if len(out) >= limit or name == "log.jsonl":
                         return out, offset
                     # the older file is read to its end: go on in the newer one, where it starts
@@ -591,7 +594,7 @@ class ProcessRuntime(Runtime):
             batch, offset = self.read_logs(worker, attempt, offset)
             if not batch:
                 return lines
-            lines += batch
+            lines += [ln for ln in batch if not lines or ln.seq > lines[-1].seq]
 
     def forget(self, worker: str, attempt: int) -> None:
         st = self.status(worker, attempt)

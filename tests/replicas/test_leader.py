@@ -336,7 +336,11 @@ class Replica:
         self.name, self.port = name, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.home = tmp_path / name
-        self.proc = _server(self.home, self.port, env, "--replica-id", name)
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.home / "server.log", "ab") as log:  # a file, not a pipe nobody reads while it runs
+            self.proc = subprocess.Popen(
+                [str(VENV_BIN / "astraeus"), "server", "--home", str(self.home), "--port", str(self.port),
+                 "--replica-id", name], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def health(self) -> dict:
         try:
@@ -349,10 +353,10 @@ class Replica:
             os.killpg(self.proc.pid, signal.SIGCONT)
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.communicate(timeout=20)
+                self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.communicate()
+                self.proc.wait()
 
 
 @pytest.mark.faults
@@ -413,6 +417,47 @@ def test_a_leader_paused_past_its_lease_applies_nothing_and_rejoins_as_a_followe
         assert all(r.health()["database"] == "ok" for r in replicas)
         roles = sorted(r.health()["role"] for r in replicas)
         assert roles == ["follower", "follower", "leader"]
+    finally:
+        for r in replicas:
+            r.stop()
+
+
+@pytest.mark.faults
+def test_replicas_reconnect_when_the_database_drops_every_connection(pg, tmp_path):
+    """Every connection of the replicas to their database is terminated (as a PostgreSQL restart does, without
+    restarting the server others use): they reconnect, one leads at the same or a new epoch, and work submitted
+    afterwards through the follower is placed; nothing acknowledged before is lost."""
+    env = _env(tmp_path, ASTRAEUS_DATABASE_URL=pg, ASTRAEUS_LEADER_LEASE_SECONDS="1.5")
+    r1 = Replica(tmp_path, "r1", env)
+    replicas = [r1]
+    try:
+        wait_for(lambda: r1.health().get("role") == "leader", 60, what="r1 to lead")
+        r2 = Replica(tmp_path, "r2", env)
+        replicas.append(r2)
+        wait_for(lambda: r2.health().get("role") == "follower", 60, what="r2 to follow")
+        boot = read_env(r1.home / "env")
+        api, user, machine = "/api/v1/o/acme/w/vision", _h(boot["ASTRAEUS_TOKEN"]), _h(boot["ASTRAEUS_MACHINE_TOKEN"])
+        r = httpx.post(r2.url + "/api/v1/agent/register", headers=machine, json={"name": "gpu-01", **REG})
+        cred = _h(r.json()["credential"])
+        assert httpx.post(r2.url + api + "/runs", headers=user, json=_run("before", 2)).status_code == 201
+
+        def placed(base: str) -> set[str]:
+            r = httpx.get(base + "/api/v1/agent/assignments", params={"machine": "gpu-01"}, headers=cred, timeout=10)
+            return {a["run"] for a in r.json()["assignments"]} if r.status_code == 200 else set()
+
+        wait_for(lambda: placed(r2.url) == {"before"}, 30, what="the first run placed")
+        name = pg.rsplit("/", 1)[1]
+        with psycopg.connect(pg.replace("+psycopg", "").rsplit("/", 1)[0] + "/postgres", autocommit=True) as c:
+            killed = c.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s",
+                               (name,)).fetchone()[0]
+        assert killed >= 4  # each replica's pool, bus listener and publisher at least
+        wait_for(lambda: all(r.health().get("database") == "ok" for r in replicas), 30, what="both to reconnect")
+        wait_for(lambda: sorted(r.health().get("role", "") for r in replicas) == ["follower", "leader"], 30,
+                 what="one leader again")
+        assert httpx.post(r2.url + api + "/runs", headers=user, json=_run("after", 2)).status_code == 201
+        wait_for(lambda: placed(r1.url) == {"before", "after"}, 30, what="the run submitted after placed")
+        runs = {r["metadata"]["name"] for r in httpx.get(r1.url + api + "/runs", headers=user).json()["items"]}
+        assert runs == {"before", "after"}
     finally:
         for r in replicas:
             r.stop()

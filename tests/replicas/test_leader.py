@@ -461,3 +461,33 @@ def test_replicas_reconnect_when_the_database_drops_every_connection(pg, tmp_pat
     finally:
         for r in replicas:
             r.stop()
+
+
+def test_a_state_change_left_idle_does_not_hold_the_other_replicas_writes(pg, tmp_path, monkeypatch):
+    """A replica paused in the middle of a state change holds the lock every replica's writes take: PostgreSQL
+    ends that transaction once it has been idle STATE_IDLE_TIMEOUT_MS, the others' writes go on, and the paused
+    one's writes nothing of its change."""
+    from sqlalchemy.exc import DBAPIError
+
+    from astraeus.server import core
+    from astraeus.server.db import Org
+
+    monkeypatch.setattr(core, "STATE_IDLE_TIMEOUT_MS", 500)
+    a, b = _cp(tmp_path, pg, "a"), _cp(tmp_path, pg, "b")
+    try:
+        paused = a.sessions()
+        paused.begin()
+        core.lock_state(paused)
+        paused.add(Org(name="from-the-paused-one"))
+        paused.flush()  # then nothing more: as if its process were stopped
+        with b.sessions() as s, s.begin():
+            core.lock_state(s)  # waits until PostgreSQL ends the idle one
+            s.add(Org(name="from-the-other"))
+        with pytest.raises(DBAPIError):
+            paused.commit()
+        paused.close()
+        with b.sessions() as s:
+            assert sorted(o.name for o in s.scalars(L.select(Org))) == ["from-the-other"]
+    finally:
+        a.engine.dispose()
+        b.engine.dispose()

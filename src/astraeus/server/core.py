@@ -82,14 +82,19 @@ STATE_LOCK = threading.RLock()
 
 # pg_advisory_xact_lock's key for state changes (any bigint; "astraSTA").
 STATE_LOCK_KEY = 0x6173747261535441
+# A state change idle in its transaction this long (its process paused, SIGSTOP, or hung) is ended by PostgreSQL,
+# which releases the lock for the other replicas; the changes themselves never wait that long between statements.
+STATE_IDLE_TIMEOUT_MS = 10_000
 
 
 def lock_state(session: Session) -> None:
     """Make the session's transaction a state change that no other replica's runs beside: on PostgreSQL, take
     the transaction-level advisory lock (held until commit or rollback), then forget what the session had loaded
-    before it, so that everything the change reads is as committed by the writers before it. SQLite: one
-    process, whose STATE_LOCK the caller holds; nothing to do."""
+    before it, so that everything the change reads is as committed by the writers before it. A holder that goes
+    idle in the transaction for STATE_IDLE_TIMEOUT_MS is cut off by PostgreSQL (nothing of it is written). SQLite:
+    one process, whose STATE_LOCK the caller holds; nothing to do."""
     if session.get_bind().dialect.name == "postgresql":
+        session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {int(STATE_IDLE_TIMEOUT_MS)}"))
         session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": STATE_LOCK_KEY})
         session.expire_all()
 

@@ -193,7 +193,9 @@ class Bus:
     after the change committed (the callers bump after their transaction), and NOTIFY is delivered only to
     listeners, so a replica reads the change as soon as it hears of it. Fallback: while the listening connection
     is down, and once each time it is back, every machine, the logs and the scheduler are woken (every
-    `fallback_seconds`), so nothing waits longer than that for a missed message."""
+    `fallback_seconds`), so nothing waits longer than that for a missed message; a payload that could not be sent
+    is made up for by a "wake everything" (`"a": 1`) before the next one. The leader's loop also looks at every
+    waiting run every ASTRAEUS_SCHEDULE_INTERVAL, whatever it heard."""
 
     CHANNEL = "astraeus"
     MAX_IDS = 500  # more machines than this in one payload: wake them all instead (NOTIFY payloads < 8000 B)
@@ -208,6 +210,7 @@ class Bus:
         self._threads: list[threading.Thread] = []
         self.connected = threading.Event()  # the listener is listening
         self.received = 0
+        self.dropped = False  # a payload could not be sent: the next one is preceded by "wake everything"
 
     def start(self) -> None:
         self._stop.clear()
@@ -269,6 +272,10 @@ class Bus:
                     try:
                         if conn is None or conn.closed:
                             conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
+                        if self.dropped:  # some were not sent: the others wake everything, once
+                            conn.execute("SELECT pg_notify(%s, %s)", (self.CHANNEL, json.dumps(
+                                {"o": self.origin, "a": 1})))
+                            self.dropped = False
                         conn.execute("SELECT pg_notify(%s, %s)", (self.CHANNEL, payload))
                         break
                     except Exception as e:
@@ -280,6 +287,8 @@ class Bus:
                         except Exception:
                             pass
                         conn = None
+                else:
+                    self.dropped = True
         if conn is not None:
             conn.close()
 

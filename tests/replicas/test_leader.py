@@ -491,3 +491,45 @@ def test_a_state_change_left_idle_does_not_hold_the_other_replicas_writes(pg, tm
     finally:
         a.engine.dispose()
         b.engine.dispose()
+
+
+def test_a_deadlock_or_serialization_failure_is_retried_and_a_lost_database_is_a_503(pg, tmp_path):
+    """What app.RetryConflicts retries and what the app answers 503 for, on errors PostgreSQL really raised: a
+    deadlock between two transactions is a conflict (tried again), a terminated connection is 'unreachable'."""
+    from sqlalchemy import text
+
+    from astraeus.server.app import _conflict, _unreachable
+
+    cp = _cp(tmp_path, pg, "a")
+    caught = []
+    try:
+        c1, c2 = cp.engine.connect(), cp.engine.connect()
+        t1, t2 = c1.begin(), c2.begin()
+        c1.execute(text("SELECT pg_advisory_xact_lock(1)"))
+        c2.execute(text("SELECT pg_advisory_xact_lock(2)"))
+
+        def cross(c, k):
+            try:
+                c.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": k})
+            except Exception as e:  # noqa: BLE001 - one of the two is the deadlock's victim
+                caught.append(e)
+                (t1 if c is c1 else t2).rollback()
+
+        threads = [threading.Thread(target=cross, args=(c1, 2)), threading.Thread(target=cross, args=(c2, 1))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(caught) == 1 and _conflict(caught[0]) and not _unreachable(caught[0])
+        for c in (c1, c2):
+            c.close()
+        c3 = cp.engine.connect()
+        pid = c3.execute(text("SELECT pg_backend_pid()")).scalar()
+        with cp.engine.connect() as c4:
+            c4.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+        with pytest.raises(Exception) as lost:
+            c3.execute(text("SELECT 1"))
+        assert _unreachable(lost.value) and not _conflict(lost.value)
+        c3.close()
+    finally:
+        cp.engine.dispose()

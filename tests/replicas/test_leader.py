@@ -536,3 +536,34 @@ def test_a_deadlock_or_serialization_failure_is_retried_and_a_lost_database_is_a
         c3.close()
     finally:
         cp.engine.dispose()
+
+
+def test_a_submit_that_meets_a_lock_timeout_is_tried_again_not_answered_5xx(pg, tmp_path):
+    """A state change refused by PostgreSQL for a conflict (here: lock_timeout, while another session holds the
+    runs table) is run again by the app, and the client gets its 201 — never a 5xx."""
+    with psycopg.connect(pg.replace("+psycopg", ""), autocommit=True) as c:
+        c.execute(f"ALTER DATABASE {pg.rsplit('/', 1)[1]} SET lock_timeout = '300ms'")
+    cp = _cp(tmp_path, pg, "a")
+    boot = bootstrap(cp, "acme", "vision", "main", ["/data/astraeus"])
+    client = TestClient(create_app(cp.settings, cp, run_loop=False))
+    held = threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(pg.replace("+psycopg", "")) as c:
+            c.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+            held.set()
+            time.sleep(0.6)  # longer than one lock_timeout, shorter than the app's tries together
+
+    t = threading.Thread(target=hold)
+    try:
+        t.start()
+        held.wait(10)
+        r = client.post("/api/v1/o/acme/w/vision/runs", headers=_h(boot["token"]), json=_run("train"))
+        assert r.status_code == 201, r.text
+        t.join()
+        runs = client.get("/api/v1/o/acme/w/vision/runs", headers=_h(boot["token"])).json()["items"]
+        assert [x["metadata"]["name"] for x in runs] == ["train"]
+    finally:
+        t.join()
+        client.close()
+        cp.engine.dispose()

@@ -273,7 +273,7 @@ def test_the_agent_ignores_an_older_epoch_and_keeps_its_workers(tmp_path, caplog
         high = agent.epoch
         assert high >= 4
         _lease(rep, "UPDATE leases SET epoch = 1, holder = NULL, expires_at = 0")  # the database went back
-        wait_for(lambda: "made under leader epoch 2: epoch %d was seen already" % high in caplog.text, 30,
+        wait_for(lambda: f"made under leader epoch 2: epoch {high} was seen already" in caplog.text, 30,
                  what="the agent to ignore the older epoch")
         assert agent.epoch == high
         assert_unchanged(rep, before, via=0)  # ignoring answers stops nothing

@@ -401,6 +401,8 @@ def test_0002_is_a_no_op_where_the_release_already_added_the_column(tmp_path):
 # Columns that revisions after 0001 add, with the value an existing row gets.
 ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvous": None},
                     "tokens": {"machine_id": None},
+                    "runs": {"template": None, "template_version": None, "schedule_id": None, "group_id": None,
+                             "array_job": None, "array_index": None, "array_max_running": None},
                     "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None}}
 
 

@@ -152,6 +152,16 @@ class Run(Base):
     preempted_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
     quota_noted: Mapped[bool] = mapped_column(Boolean, default=False)
     deleting: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Revision 0008: where the run came from. The template it named (and that template's version then); the
+    # schedule or replica group that made it (their ids: not foreign keys, a run outlives a deleted schedule); a
+    # job array's name, this run's index in it and how many of the array may run at once.
+    template: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    template_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    schedule_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    group_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    array_job: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)
     workers: Mapped[list[Worker]] = relationship(back_populates="run", order_by="Worker.index")
     __table_args__ = (UniqueConstraint("workspace_id", "name", "live_key"), Index("ix_runs_state", "state"))
 
@@ -238,6 +248,68 @@ class Drive(Base):
     name: Mapped[str] = mapped_column(String(63))
     spec: Mapped[dict] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float, default=now)
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+
+class Template(Base):
+    """A workspace's run template (revision 0008): any part of a run's spec, named; `version` grows by one at each
+    change, and a run records the version it was made from."""
+
+    __tablename__ = "templates"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict] = mapped_column(JSON)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+
+class Schedule(Base):
+    """A workspace's schedule (revision 0008): a cron line and a run to make at each tick."""
+
+    __tablename__ = "schedules"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    last_tick: Mapped[float | None] = mapped_column(Float, nullable=True)  # the last tick handled (made or skipped)
+    next_tick: Mapped[float | None] = mapped_column(Float, nullable=True)
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+
+
+class ScheduleTick(Base):
+    """One tick of a schedule, handled once: the unique (schedule, tick) is what makes a tick create exactly one run
+    across restarts and replicas. `outcome`: Created | Skipped | Refused."""
+
+    __tablename__ = "schedule_ticks"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    schedule_id: Mapped[int] = mapped_column(Integer, index=True)
+    tick: Mapped[str] = mapped_column(String(12))  # YYYYMMDDHHMM in the schedule's time zone
+    at: Mapped[float] = mapped_column(Float, default=now)  # the tick's instant
+    outcome: Mapped[str] = mapped_column(String(16))
+    run_name: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    handled_at: Mapped[float] = mapped_column(Float, default=now)
+    __table_args__ = (UniqueConstraint("schedule_id", "tick"),)
+
+
+class ReplicaGroup(Base):
+    """A workspace's replica group (revision 0008): keeps `spec.replicas` runs of `spec.run` alive."""
+
+    __tablename__ = "replica_groups"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    failures: Mapped[int] = mapped_column(Integer, default=0)  # replicas failed in a row: the backoff grows with it
+    retry_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # no replacement before this
+    serial: Mapped[int] = mapped_column(Integer, default=0)  # the last replica number used in a run name
     __table_args__ = (UniqueConstraint("workspace_id", "name"),)
 
 

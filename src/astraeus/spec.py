@@ -354,7 +354,14 @@ class RunSpecBody(Strict):
     priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = 0
     start: Literal["Gang", "Independent"] = "Gang"
     cluster: str | None = None
+    template: str | None = Field(None, description="The run template this run's spec was completed from "
+                                                   "(astraeus.templates): its fields under the run's own")
     task_template: TaskTemplate
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        return None if v is None else check_dns_label(v, "template")
 
 
 class RunCreate(Strict):

@@ -223,4 +223,5 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
         console.include(app)
 
     app.openapi_schema = None
+    runs.document_run_body(app)
     return app

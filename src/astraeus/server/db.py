@@ -259,6 +259,7 @@ class Template(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
     name: Mapped[str] = mapped_column(String(63))
+    labels: Mapped[dict] = mapped_column(JSON, default=dict)  # merged into its runs' labels
     spec: Mapped[dict] = mapped_column(JSON)
     version: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[float] = mapped_column(Float, default=now)

@@ -13,6 +13,7 @@ from sqlalchemy import LargeBinary, cast, delete, func, select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
+from astraeus import templates
 from astraeus.server import lifecycle
 from astraeus.server.core import STATE_LOCK, lock_state
 from astraeus.server.db import (
@@ -25,6 +26,7 @@ from astraeus.server.db import (
     Machine,
     Org,
     Run,
+    Template,
     Token,
     Worker,
     Workspace,
@@ -66,14 +68,14 @@ def new_ns() -> str:
 
 @dataclass
 class Caller:
-    token: Token
+    token: Token | None  # None: the control plane acting for the workspace (system_caller)
     org: Org
     workspace: Workspace | None = None
     role: str | None = None  # viewer | editor | admin (org admins act as admin)
 
     @property
     def org_admin(self) -> bool:
-        return self.token.kind == "org_admin"
+        return self.token is not None and self.token.kind == "org_admin"
 
 
 def authenticate(session: Session, authorization: str | None) -> Token:
@@ -286,6 +288,77 @@ def _cluster_for(session: Session, caller: Caller, name: str | None) -> tuple[Cl
     return row[0], row[1]
 
 
+class InvalidBody(Exception):
+    """A body that fails the API's validation, raised below the routers (a template's fields merged into a run's):
+    `errors` are pydantic's, `prefix` where the checked part sits in the body. Routers answer it as FastAPI's own
+    validation errors are: a 422 naming the first field."""
+
+    def __init__(self, errors: list[dict], prefix: tuple = ()):
+        super().__init__(f"invalid body: {errors[:1]}")
+        self.errors = [{**e, "loc": (*prefix, *e.get("loc", ()))} for e in errors]
+
+
+@dataclass
+class RunOrigin:
+    """What made a run, when it is not a person's POST: a schedule's tick, a replica group, a job array."""
+
+    schedule_id: int | None = None
+    group_id: int | None = None
+    array_job: str | None = None
+    array_index: int | None = None
+    array_max_running: int | None = None
+
+
+def system_caller(session: Session, workspace: Workspace) -> Caller:
+    """An editor of `workspace`, for what the control plane does on its behalf (a schedule's tick, a group's
+    replacement): every rule a person's submit meets (the priority cap, drives, names) is met the same way."""
+    return Caller(token=None, org=session.get(Org, workspace.org_id), workspace=workspace, role="editor")
+
+
+def resolve_template(session: Session, caller: Caller, spec: dict) -> tuple[dict, Template | None]:
+    """A run spec naming `template` completed from that template (astraeus.templates.merge), and the template;
+    a spec naming none as it is. 404 TEMPLATE_NOT_FOUND when there is no such template in the workspace."""
+    name = spec.get("template") if isinstance(spec, dict) else None
+    if not name:
+        return spec, None
+    if not isinstance(name, str):
+        raise InvalidBody([{"loc": ("template",), "msg": "must be a template's name", "type": "value_error"}],
+                          ("spec",))
+    t = session.scalar(select(Template).where(Template.workspace_id == caller.workspace.id, Template.name == name))
+    if t is None:
+        raise ApiError(404, "TEMPLATE_NOT_FOUND",
+                       f"spec.template: template {name} does not exist in workspace {caller.workspace.name}: "
+                       "create it first (POST $API/templates), or check its name (GET $API/templates)")
+    return templates.merge(t.spec or {}, spec), t
+
+
+def submit_run_body(session: Session, caller: Caller, body: dict, at: float, origin: RunOrigin | None = None) -> Run:
+    """POST /runs from its raw body: the template it names merged in (its labels too), then checked as any run
+    body is (InvalidBody naming the field; the ApiErrors of submit_run), then submitted with its origin."""
+    from pydantic import ValidationError
+
+    if not isinstance(body, dict):
+        raise InvalidBody([{"loc": (), "msg": "the body must be a JSON object", "type": "value_error"}])
+    spec, t = resolve_template(session, caller, body.get("spec"))
+    merged = dict(body, spec=spec)
+    if t is not None:
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        merged["metadata"] = {**meta, "labels": templates.merge_labels(t.labels, meta.get("labels"))}
+    try:
+        parsed = S.RunCreate.model_validate(merged)
+    except ValidationError as e:
+        raise InvalidBody(e.errors()) from None
+    run = submit_run(session, caller, parsed, at)
+    if t is not None:
+        run.template, run.template_version = t.name, t.version
+    if origin is not None:
+        run.schedule_id, run.group_id = origin.schedule_id, origin.group_id
+        run.array_job, run.array_index, run.array_max_running = (origin.array_job, origin.array_index,
+                                                                  origin.array_max_running)
+    session.flush()
+    return run
+
+
 def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -> Run:
     require(caller, "editor")
     cluster, access = _cluster_for(session, caller, body.spec.cluster)
@@ -306,6 +379,8 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -
                        f"a run named {name} already exists in workspace {caller.workspace.name}: "
                        f"choose another metadata.name, or delete it first")
     spec = body.spec.model_dump(mode="json")
+    if spec.get("template") is None:
+        spec.pop("template", None)  # a run from no template says nothing of one
     spec["cluster"] = cluster.name
     run = lifecycle.new_run(uid=uuid.uuid4().hex, workspace_id=caller.workspace.id, cluster_id=cluster.id,
                             name=name, labels=body.metadata.labels, spec=spec, priority=body.spec.priority,

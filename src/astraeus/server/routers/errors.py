@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from astraeus.server.services import ApiError
+from astraeus.server.services import ApiError, InvalidBody
 
 
 def error_json(status: int, code: str, message: str, **extra) -> JSONResponse:
@@ -56,4 +56,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         message, errors = validation_errors(exc.errors())
+        return error_json(422, "INVALID", message, errors=errors)
+
+    @app.exception_handler(InvalidBody)
+    async def _invalid_body(request: Request, exc: InvalidBody):  # checked below the router: the same 422
+        message, errors = validation_errors(exc.errors)
         return error_json(422, "INVALID", message, errors=errors)

@@ -23,6 +23,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("workspace_id", sa.Integer(), nullable=False),
         sa.Column("name", sa.String(length=63), nullable=False),
+        sa.Column("labels", sa.JSON(), nullable=False),
         sa.Column("spec", sa.JSON(), nullable=False),
         sa.Column("version", sa.Integer(), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),

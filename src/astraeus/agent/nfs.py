@@ -43,6 +43,8 @@ import sys
 import threading
 import time
 
+import psutil
+
 from astraeus import protocol as P
 from astraeus.drives import NFS_TCP_PORT
 
@@ -224,17 +226,13 @@ def ganesha_config(exports: list[dict], port: int, recovery_dir: str, plugins_di
 
 # ---------------------------------------------------------------------------------------------- the exporter
 def _pid_alive(pid: int) -> bool:
+    """A process `pid` runs (a zombie does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _cmdline(pid: int) -> list[str]:

@@ -56,11 +56,14 @@ app = _app(help="The Astraeus command line: runs, logs, drives and machines, and
 astraeus_app = _app(help="Runs, workers' logs, events, drives and machines of your workspace.")
 drives_app = _app(help="Drives: storage that workers mount.")
 registries_app = _app(help="Image registry credentials of your workspace (used to pull its runs' images).")
+templates_app = _app(help="Run templates: any part of a run's spec under a name (drives, env, priority, image…); "
+                          "a run names one with --template.")
 slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, squeue, scancel.")
 app.add_typer(astraeus_app, name="astraeus")
 app.add_typer(slurm_app, name="slurm")
 astraeus_app.add_typer(drives_app, name="drives")
 astraeus_app.add_typer(registries_app, name="registries")
+astraeus_app.add_typer(templates_app, name="templates")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -166,14 +169,18 @@ def run(
     time_limit: Annotated[str | None, typer.Option("--time", help="Time limit, e.g. 20m, 2h, 1d12h")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE, repeatable")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster (default: the workspace's)")] = None,
-    start: Annotated[str, typer.Option("--start", help="Independent or Gang")] = "Independent",
+    start: Annotated[str | None, typer.Option("--start", help="Independent (the default) or Gang")] = None,
     file: Annotated[str | None, typer.Option("-f", "--file", help="Submit a whole spec (JSON file, - for stdin)")] = None,
+    template: Annotated[str | None, typer.Option("--template", help="A run template (astra astraeus templates "
+                                                                    "list): its fields apply where no option here "
+                                                                    "gives one")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the spec; submit nothing")] = False,
 ) -> None:
     """Submit a run: astra astraeus run --name N --image I --gpus G -- CMD ARGS…
 
-    With GPUs, --cpus and --mem are per GPU. There is no priority flag and no drive: set those in a spec
-    (console or API) and submit it with -f spec.json."""
+    With GPUs, --cpus and --mem are per GPU. There is no priority flag and no drive: put those in a template
+    and name it (--template NAME; the image and command may come from it too), or set them in a spec (console or
+    API) and submit it with -f spec.json."""
     if file is not None:
         given = [opt for opt, val in (("--name", name), ("--image", image), ("--gpus", gpus),
                                       ("--machines", machines), ("--cpus", cpus), ("--mem", mem),
@@ -184,16 +191,47 @@ def run(
         body = read_json_file(file)
         if not isinstance(body, dict):
             raise SpecError(f"{file}: a run spec is a JSON object with metadata and spec")
+        if template:
+            if not isinstance(body.get("spec", {}), dict):
+                raise SpecError(f"{file}: spec must be a JSON object")
+            body["spec"] = {"template": template, **body.get("spec", {})}
+    elif template:
+        body = template_run_body(template, name=name or "", command=list(command or []), image=image, gpus=gpus,
+                                 machines=machines, cpus=cpus, mem=mem, time=time_limit, env=env, cluster=cluster,
+                                 start=start)
     else:
         body = build_run_spec(name=name or "", command=list(command or []), image=image, gpus=gpus,
                               machines=machines, cpus=cpus, mem=mem, time=time_limit, env=env, cluster=cluster,
-                              start=start)
+                              start=start or "Independent")
     if dry_run:
         print_json(body)
         return
     with client() as c:
         created = c.post("runs", body)
     typer.echo(submitted_line(created, body))
+
+
+def template_run_body(template: str, *, name: str, command: list[str], image: str | None, gpus: int | None,
+                      machines: int | None, cpus: float | None, mem: str | None, time: str | None,
+                      env: list[str] | None, cluster: str | None, start: str | None) -> dict[str, Any]:
+    """The body of `astra astraeus run --template T`: only what the options give, so that the template's fields
+    apply everywhere else (the server merges them; env by name). Options mean what they mean without a
+    template."""
+    full = build_run_spec(name=name, command=command or ["-"], image=image or "-", gpus=gpus, machines=machines,
+                          cpus=cpus, mem=mem, time=time, env=env, cluster=cluster, start=start or "Independent")
+    tt = full["spec"]["task_template"]
+    given = {"image": image, "command": command, "args": command, "env": env, "time_limit_seconds": time}
+    task = {k: v for k, v in tt.items() if given.get(k)}  # a command given brings its arguments, even none
+    resources = {k: v for k, v in tt["requested_resources"].items() if k != "node_selection"}
+    if resources:
+        task["requested_resources"] = resources
+    spec: dict[str, Any] = {"template": template}
+    if start:
+        spec["start"] = start
+    if cluster:
+        spec["cluster"] = cluster
+    spec["task_template"] = task
+    return {"metadata": {"name": name}, "spec": spec}
 
 
 def submitted_line(created: Any, body: dict[str, Any]) -> str:
@@ -405,6 +443,76 @@ def drives_delete(names: Annotated[list[str], typer.Argument(metavar="NAME...", 
             typer.echo(f"{name} deleted")
 
 
+@templates_app.command("list")
+@handle_errors()
+def templates_list(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """List the workspace's run templates: NAME, VERSION, PRIORITY, IMAGE, DRIVES, UPDATED."""
+    as_json = check_output(output)
+    with client() as c:
+        data = c.get("templates")
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(fmt.templates_table(_items(data)), nl=False)
+
+
+@templates_app.command("show")
+@handle_errors()
+def templates_show(name: Annotated[str, typer.Argument(metavar="NAME", help="The template")]) -> None:
+    """A template as JSON (what `create -f` takes, with its version and times)."""
+    with client() as c:
+        print_json(c.get(f"templates/{q(name)}"))
+
+
+def _template_file(file: str) -> dict[str, Any]:
+    body = read_json_file(file, "template")
+    if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+        raise SpecError(f"{file}: a template is a JSON object {{\"metadata\": {{\"name\": ...}}, \"spec\": {{...}}}}")
+    return body
+
+
+@templates_app.command("create")
+@handle_errors()
+def templates_create(
+    file: Annotated[str, typer.Option("-f", "--file", help="The template's JSON ({metadata: {name}, spec: {…any "
+                                                           "part of a run's spec…}}; - for stdin)")],
+) -> None:
+    """Create a run template from a JSON file."""
+    body = _template_file(file)
+    with client() as c:
+        out = c.post("templates", body)
+    meta = (out if isinstance(out, dict) else {}).get("metadata") or {}
+    typer.echo(f"template {meta.get('name') or body['metadata'].get('name')} created (version {meta.get('version', 1)})")
+
+
+@templates_app.command("replace")
+@handle_errors()
+def templates_replace(
+    file: Annotated[str, typer.Option("-f", "--file", help="The template's new JSON (- for stdin)")],
+) -> None:
+    """Replace a template with a JSON file (same metadata.name); its version grows by one."""
+    body = _template_file(file)
+    name = str(body["metadata"].get("name") or "")
+    if not name:
+        raise SpecError(f"{file}: metadata.name: give the template's name")
+    with client() as c:
+        out = c.put(f"templates/{q(name)}", body)
+    meta = (out if isinstance(out, dict) else {}).get("metadata") or {}
+    typer.echo(f"template {name} replaced (version {meta.get('version')})")
+
+
+@templates_app.command("delete")
+@handle_errors()
+def templates_delete(names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Templates to delete")]) -> None:
+    """Delete run templates (runs made from them stay)."""
+    with client() as c:
+        for name in names:
+            c.delete(f"templates/{q(name)}")
+            typer.echo(f"template {name} deleted")
+
+
 @registries_app.command("set")
 @handle_errors()
 def registries_set(
@@ -472,6 +580,8 @@ Options (also read from the script's #SBATCH lines; the command line wins):
   --mem=SIZE                 memory per node (16G, 500M, 1T; a plain number is MB);  --mem-per-cpu, --mem-per-gpu
   -t, --time=TIME            MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
   --container-image=IMAGE    the container image
+  --template=NAME            a run template (astra astraeus templates): its drives, env, priority, image,
+                             resources and restart policy apply where no option here gives one
   -o, --output / -e, --error accepted and ignored: Astraeus keeps each worker's output (astra astraeus logs)
   --ntasks-per-node=1, -n/--ntasks=NODES   one task per node
   --wrap=COMMAND             a one-line script

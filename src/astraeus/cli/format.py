@@ -199,6 +199,17 @@ def drives_table(drives: list[dict[str, Any]]) -> str:
     return table(["NAME", "MOUNT", "MODE", "TRANSPORT", "STATE", "SOURCES"], rows)
 
 
+def templates_table(items: list[dict[str, Any]]) -> str:
+    """A workspace's run templates: what each gives a run (its priority, image and drives at their mounts)."""
+    rows = []
+    for t in items:
+        meta, spec = t.get("metadata") or {}, t.get("spec") or {}
+        tt = spec.get("task_template") or {}
+        drives = ", ".join(f"{d.get('name')}:{d.get('mount_path')}" for d in tt.get("datavolume_refs") or [])
+        rows.append([meta.get("name", ""), _num(meta.get("version")), _num(spec.get("priority")),
+                     tt.get("image", ""), drives, meta.get("updated_at") or ""])
+    return table(["NAME", "VERSION", "PRIORITY", "IMAGE", "DRIVES", "UPDATED"], rows)
+
 def _num(v: Any) -> str:
     if v is None:
         return ""

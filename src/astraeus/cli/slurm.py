@@ -161,6 +161,14 @@ def _nonempty(text: str, option: str) -> str:
     return text
 
 
+def _template(text: str) -> str:
+    s = _nonempty(text, "--template").strip()
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", s):
+        raise SbatchError(f"sbatch: error: invalid --template={text!r}: give a template's name (lowercase letters, "
+                          "digits and '-'; astra astraeus templates list shows them)")
+    return s
+
+
 def _partition(text: str) -> str:
     s = _nonempty(text, "--partition").strip()
     if "," in s:
@@ -196,6 +204,7 @@ OPTIONS: list[Option] = [
     Option("mem-per-gpu", None, "required", "mem", lambda v: ("per_gpu", parse_mem(v, "--mem-per-gpu"))),
     Option("time", "t", "required", "time", lambda v: parse_time(v, "--time")),
     Option("container-image", None, "required", "image", _container_image),
+    Option("template", None, "required", "template", _template),  # astra's own: a run template (drives, env, …)
     Option("nice", None, "optional", "nice", _nice),
     Option("output", "o", "required", "output", lambda v: v),
     Option("error", "e", "required", "error", lambda v: v),
@@ -212,7 +221,8 @@ _SHORT = {o.short: o for o in OPTIONS if o.short}
 _HINTS = {
     "--array": "submit one run per task instead",
     "--dependency": "submit the dependent run when the first has completed",
-    "--container-mounts": "astra cannot mount a drive; use a template that has it, or the API (datavolume_refs)",
+    "--container-mounts": "astra cannot mount a drive; use a template that has it (--template=NAME; astra astraeus "
+                          "templates create -f), or the API (datavolume_refs)",
     "--export": "the worker's environment is the run's env; set it in the spec (console or API)",
     "--exclusive": "ask for all of a machine's GPUs instead",
     "--mail-type": "Astraeus does not send mail; watch the run's events (astra astraeus events)",
@@ -452,22 +462,36 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
     resources["machines"] = nodes
     resources["node_selection"] = {"mode": "Any"}
 
-    if "image" not in v:
+    # With --template the run template's fields apply wherever no option here says otherwise: its image, drives,
+    # env, priority, resources and restart policy (the server merges them: astraeus.templates).
+    from_template = v.get("template")
+    if from_template:
+        if "nodes" not in v:
+            del resources["machines"]
+        del resources["node_selection"]
+    if "image" not in v and not from_template:
         raise SbatchError("sbatch: error: no container image: add #SBATCH --container-image=IMAGE to the script, "
-                          "or give --container-image=IMAGE (every Astraeus run names its image)")
+                          "or give --container-image=IMAGE (every Astraeus run names its image), or "
+                          "--template=NAME for a run template that names one")
     path = f"{SCRIPT_DIR}/{name}.sbatch"
-    template: dict[str, Any] = {"image": v["image"], "command": "bash"}
+    template: dict[str, Any] = {"image": v["image"]} if "image" in v else {}
+    template["command"] = "bash"
     template["args"] = [path, *cmd.script_args]
-    template["restart_policy"] = "Never"
+    if not from_template:
+        template["restart_policy"] = "Never"
     if v.get("time") is not None:
         template["time_limit_seconds"] = v["time"]
-    template["requested_resources"] = resources
+    if resources:
+        template["requested_resources"] = resources
     template["configs"] = [{"mounts": [path], "value": script_text}]
 
     spec: dict[str, Any] = {}
+    if from_template:
+        spec["template"] = from_template
     if "nice" in v:
         spec["priority"] = -v["nice"]
-    spec["start"] = "Gang"
+    if not from_template:
+        spec["start"] = "Gang"
     if "partition" in v:
         spec["cluster"] = v["partition"]
     spec["task_template"] = template

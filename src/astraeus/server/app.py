@@ -25,6 +25,7 @@ from astraeus.server.routers import (
     machines,
     registries,
     runs,
+    templates,
     workers,
     workspace,
 )
@@ -36,7 +37,7 @@ __all__ = ["create_app", "tx"]
 THREADS = 400
 
 # In the order /openapi.json lists them.
-ROUTERS = (health, workspace, runs, workers, drives, registries, events, machines, admin, agent)
+ROUTERS = (health, workspace, runs, templates, workers, drives, registries, events, machines, admin, agent)
 
 
 def mib(n: int) -> str:

@@ -24,6 +24,7 @@ from astraeus.server.routers import (
     health,
     machines,
     registries,
+    replica_groups,
     runs,
     templates,
     workers,
@@ -37,7 +38,8 @@ __all__ = ["create_app", "tx"]
 THREADS = 400
 
 # In the order /openapi.json lists them.
-ROUTERS = (health, workspace, runs, templates, workers, drives, registries, events, machines, admin, agent)
+ROUTERS = (health, workspace, runs, templates, replica_groups, workers, drives, registries, events, machines, admin,
+           agent)
 
 
 def mib(n: int) -> str:

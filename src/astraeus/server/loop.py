@@ -22,6 +22,7 @@ from astraeus import drives as drive_rules
 from astraeus import rendezvous
 from astraeus import scheduler as sched
 from astraeus.server import agents, lifecycle
+from astraeus.server import replica_groups as replica_group_duty
 from astraeus.server.core import STATE_LOCK, ControlPlane
 from astraeus.server.db import Access, Cluster, Drive, Machine, Run, Worker, Workspace
 from astraeus.server.leader import NotLeader, Term, fence
@@ -301,6 +302,14 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -
             fence(session, term, lease)
             touched = detect_lost_machines(session, at)
             touched |= enforce_time_limits(session, at)
+        try:  # replica groups keep their count (server/replica_groups.py); a bad group never stops scheduling
+            with STATE_LOCK, cp.sessions() as session, session.begin():
+                fence(session, term, lease)
+                touched |= replica_group_duty.keep_replicas(session, at)
+        except NotLeader:
+            raise
+        except Exception:
+            log.exception("replica groups: nothing applied this cycle")
         replan = False
         with cp.sessions() as session:
             clusters = list(session.scalars(select(Cluster)))

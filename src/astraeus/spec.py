@@ -126,6 +126,8 @@ class Metadata(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
+        if ARRAY_RUN_NAME.match(v or "") and len(v) <= 63:
+            return v  # "<job>_<index>": a job array's run (RunCreate checks that its spec.array says so)
         return check_dns_label(v)
 
     @field_validator("labels")
@@ -350,12 +352,91 @@ def highest_priority_allowed(maximum: int) -> int:
     return max(maximum, -1)
 
 
+ARRAY_RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?_[0-9]+$")
+MAX_ARRAY_INDEX = 1_000_000
+
+
+class ArraySpec(Strict):
+    """This run is task `index` of job array `job` (Slurm's `--array`): named `<job>_<index>`; at most
+    `max_running` runs of the array run at once; its workers get SLURM_ARRAY_* and ASTRAEUS_ARRAY_INDEX."""
+
+    job: str
+    index: Annotated[int, Field(ge=0, le=MAX_ARRAY_INDEX)]
+    count: Annotated[int, Field(ge=1, le=MAX_ARRAY_INDEX + 1)]
+    min_index: Annotated[int, Field(ge=0, le=MAX_ARRAY_INDEX)] | None = None
+    max_index: Annotated[int, Field(ge=0, le=MAX_ARRAY_INDEX)] | None = None
+    max_running: Annotated[int, Field(ge=1, le=MAX_ARRAY_INDEX + 1)] | None = None
+
+    @field_validator("job")
+    @classmethod
+    def _job(cls, v: str) -> str:
+        return check_dns_label(v, "array job")
+
+    @model_validator(mode="after")
+    def _range(self) -> ArraySpec:
+        lo = 0 if self.min_index is None else self.min_index
+        hi = self.count - 1 if self.max_index is None else self.max_index
+        if not lo <= self.index <= hi:
+            raise ValueError(f"index {self.index} is outside the array's indices {lo}-{hi} (min_index, max_index)")
+        if len(f"{self.job}_{self.index}") > 63:
+            raise ValueError(f"the run name {self.job}_{self.index} is longer than 63 characters: use a shorter job")
+        return self
+
+
+def array_env(array: dict | None) -> dict[str, str]:
+    """A job array's run's environment (from its stored spec.array): Slurm's names, and ASTRAEUS_ARRAY_INDEX."""
+    if not array:
+        return {}
+    lo = array.get("min_index")
+    hi = array.get("max_index")
+    return {
+        "ASTRAEUS_ARRAY_INDEX": str(array["index"]),
+        "ASTRAEUS_ARRAY_JOB": array["job"],
+        "SLURM_ARRAY_JOB_ID": array["job"],
+        "SLURM_ARRAY_TASK_ID": str(array["index"]),
+        "SLURM_ARRAY_TASK_COUNT": str(array["count"]),
+        "SLURM_ARRAY_TASK_MIN": str(0 if lo is None else lo),
+        "SLURM_ARRAY_TASK_MAX": str(array["count"] - 1 if hi is None else hi),
+    }
+
+
+DEPENDENCY_TYPES = ("afterok", "afterany", "afternotok", "singleton")
+
+
+class DependencySpec(Strict):
+    """Slurm's `--dependency`: the run stays Pending until the runs it names (a job array's name: all its runs)
+    have ended as `type` asks, and fails when that can no longer be; `singleton`: until no run of its job (its
+    array, or its name) submitted before it is still live."""
+
+    type: Literal["afterok", "afterany", "afternotok", "singleton"]
+    runs: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("runs")
+    @classmethod
+    def _runs(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not (ARRAY_RUN_NAME.match(name or "") and len(name) <= 63):
+                check_dns_label(name, "run")
+        return v
+
+    @model_validator(mode="after")
+    def _needs_runs(self) -> DependencySpec:
+        if self.type == "singleton" and self.runs:
+            raise ValueError("singleton names no runs: it waits for the earlier runs of its own job")
+        if self.type != "singleton" and not self.runs:
+            raise ValueError(f"{self.type} needs the runs it waits for, e.g. {{\"type\": \"{self.type}\", "
+                             "\"runs\": [\"prep\"]}")
+        return self
+
+
 class RunSpecBody(Strict):
     priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = 0
     start: Literal["Gang", "Independent"] = "Gang"
     cluster: str | None = None
     template: str | None = Field(None, description="The run template this run's spec was completed from "
                                                    "(astraeus.templates): its fields under the run's own")
+    array: ArraySpec | None = None
+    dependency: DependencySpec | None = None
     task_template: TaskTemplate
 
     @field_validator("template")
@@ -367,6 +448,13 @@ class RunSpecBody(Strict):
 class RunCreate(Strict):
     metadata: Metadata
     spec: RunSpecBody
+
+    @model_validator(mode="after")
+    def _array_name(self) -> RunCreate:
+        name, array = self.metadata.name, self.spec.array
+        if "_" in name and (array is None or name != f"{array.job}_{array.index}"):
+            check_dns_label(name)  # only a job array's run is named "<job>_<index>"
+        return self
 
 
 class DriveSource(Strict):

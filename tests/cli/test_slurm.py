@@ -236,7 +236,7 @@ def test_a_script_without_sbatch_lines():
 # --- refusals --------------------------------------------------------------------------------------------------
 
 UNSUPPORTED = [
-    "--array=1-10", "--dependency=afterok:1", "--account=proj", "--qos=high", "--exclusive", "--constraint=a100",
+    "--account=proj", "--qos=high", "--exclusive", "--constraint=a100",
     "--mail-type=ALL", "--mail-user=a@b.c", "--export=ALL", "--container-mounts=/data:/data", "--requeue",
     "--signal=B:USR1@60", "--chdir=/tmp", "--reservation=r", "--begin=now+1hour", "--exclude=gpu-01",
     "--nodelist=gpu-01", "--hint=nomultithread", "--distribution=block", "--wait", "--open-mode=append",
@@ -263,13 +263,13 @@ def test_unsupported_option_in_sbatch_line_is_refused_by_name(opt):
     assert "#SBATCH line 3 of x.sh" in str(e.value)
 
 
-def test_array_message_exactly():
+def test_exclusive_message_exactly():
     with pytest.raises(SbatchError) as e:
-        parse_command_line(["--array", "1-4", "x.sh"])
-    assert str(e.value).startswith("sbatch: option --array is not supported by astra slurm")
+        parse_command_line(["--exclusive", "x.sh"])
+    assert str(e.value).startswith("sbatch: option --exclusive is not supported by astra slurm")
 
 
-@pytest.mark.parametrize("opt", ["-a", "-A", "-d", "-w", "-x", "-C", "-q", "-D", "-W", "-H", "-k", "-s"])
+@pytest.mark.parametrize("opt", ["-A", "-w", "-x", "-C", "-q", "-D", "-W", "-H", "-k", "-s"])
 def test_unsupported_short_options(opt):
     with pytest.raises(SbatchError) as e:
         parse_command_line([opt, "v", "x.sh"])

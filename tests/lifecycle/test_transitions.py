@@ -33,7 +33,12 @@ class Case:
 
 
 R10 = "Restarting in 10s"
+NEVER_MET = "prep failed: afterok can no longer be met"
 CASES = [
+    Case("fails unplaced when its dependency can no longer be met", ("dependency_never_met", "run_fails"),
+         [(1, lambda world, run, at: L.dependency_never_met(world.s, run, NEVER_MET, at))],
+         [("Failed", NEVER_MET, 0, 0)], ("Failed", NEVER_MET), [("Failed", NEVER_MET)],
+         [("RunFailed", "r", NEVER_MET)]),
     Case("submitted", ("create_run", "create_worker"), [],
          [("Pending", "Waiting to be placed", 0, 0)], ("Pending", "Waiting for the scheduler"), []),
     Case("placed", ("place", "run_starts"), [(1, place(0))],

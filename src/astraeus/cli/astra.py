@@ -25,8 +25,11 @@ from astraeus.cli.client import ApiError, Client, Config, q, save_config
 from astraeus.cli.slurm import (
     HelpRequested,
     SbatchError,
+    SbatchJob,
     build_job,
+    job_matcher,
     parse_command_line,
+    split_jobs,
 )
 from astraeus.cli.spec import SpecError, build_run_spec
 
@@ -582,6 +585,10 @@ Options (also read from the script's #SBATCH lines; the command line wins):
   --container-image=IMAGE    the container image
   --template=NAME            a run template (astra astraeus templates): its drives, env, priority, image,
                              resources and restart policy apply where no option here gives one
+  -a, --array=INDICES        one run per index, named JOB_INDEX: 0-99, 1,3,5-7, 0-15:4; %N: at most N at once
+                             (each gets SLURM_ARRAY_TASK_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_COUNT, …)
+  -d, --dependency=TYPE:JOB[:JOB…]  afterok, afterany, afternotok, or singleton: wait for those runs (a job
+                             array's name: all its runs); fails when it can no longer be met
   -o, --output / -e, --error accepted and ignored: Astraeus keeps each worker's output (astra astraeus logs)
   --ntasks-per-node=1, -n/--ntasks=NODES   one task per node
   --wrap=COMMAND             a one-line script
@@ -621,11 +628,14 @@ def sbatch(ctx: typer.Context) -> None:
         label = cmd.script
     job = build_job(cmd, text, label)
     if job.dry_run:
-        print_json(job.spec)
+        print_json(job.spec if job.array is None else job.bodies())
         for note in job.notes:
             typer.echo(note, err=True)
         return
     with client() as c:
+        if job.array is not None:
+            _submit_array(c, job)
+            return
         try:
             created = c.post("runs", job.spec)
         except ApiError as e:
@@ -638,6 +648,48 @@ def sbatch(ctx: typer.Context) -> None:
         typer.echo(note, err=True)
 
 
+def _submit_array(c: Client, job: SbatchJob) -> None:
+    """One run per index of the job array (POST /runs each, with spec.array); on a refusal, the runs of the array
+    already submitted are deleted again, so that an array is submitted whole or not at all."""
+    done: list[str] = []
+    for body in job.bodies():
+        name = body["metadata"]["name"]
+        try:
+            c.post("runs", body)
+        except (ApiError, KeyboardInterrupt) as e:
+            for n in done:
+                try:
+                    c.delete(f"runs/{q(n)}")
+                except ApiError:
+                    pass
+            undone = f"; the {len(done)} run(s) of the array already submitted were deleted" if done else ""
+            if isinstance(e, ApiError) and e.status is not None:
+                raise SbatchError(f"sbatch: error: Batch job submission failed: {e.message} ({name}{undone})") from None
+            raise
+        done.append(name)
+    assert job.array is not None
+    typer.echo(f"Submitted batch job {job.name}")
+    at_once = f", at most {job.array.max_running} at once" if job.array.max_running else ""
+    typer.echo(f"sbatch: note: job array {job.name}: {len(done)} runs {job.name}_[{job.array.shown()}]{at_once}; "
+               f"astra slurm squeue -j {job.name} shows them, astra slurm scancel {job.name} cancels them", err=True)
+    for note in job.notes:
+        typer.echo(note, err=True)
+
+
+def _array_of(run: dict) -> tuple[str | None, int | None]:
+    a = (run.get("spec") or {}).get("array") or {}
+    return a.get("job"), a.get("index")
+
+
+def _matching(items: list[dict], jobs: list[str], command: str) -> list[tuple[str, list[dict]]]:
+    """For each job given (a run, a job array's name, or `JOB_[0-9]`): the runs it stands for."""
+    out = []
+    for job in jobs:
+        test = job_matcher(job, command)
+        out.append((job, [r for r in items if test((r.get("metadata") or {}).get("name"), *_array_of(r))]))
+    return out
+
+
 @slurm_app.command()
 @handle_errors(prefix="squeue: error: ")
 def squeue(
@@ -647,9 +699,10 @@ def squeue(
     """Runs in Slurm's squeue layout: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)."""
     with client() as c:
         items = _items(c.get("runs"))
-    wanted = {n for arg in name or [] for n in arg.split(",") if n}
+    wanted = [n for arg in name or [] for n in split_jobs(arg) if n]
     if wanted:
-        items = [r for r in items if (r.get("metadata") or {}).get("name") in wanted]
+        keep = {id(r) for _, runs in _matching(items, wanted, "squeue") for r in runs}
+        items = [r for r in items if id(r) in keep]
     if states:
         codes = {s.strip().upper() for s in states.split(",") if s.strip()}
         names = {k.upper(): v for k, v in fmt.SLURM_STATE.items()}
@@ -660,13 +713,19 @@ def squeue(
 
 @slurm_app.command()
 @handle_errors(prefix="scancel: error: ")
-def scancel(jobs: Annotated[list[str], typer.Argument(metavar="JOB...", help="Job names (run names)")]) -> None:
+def scancel(jobs: Annotated[list[str], typer.Argument(
+        metavar="JOB...", help="Run names; a job array's name (all its runs), or some of its runs: JOB_[0-9]")]) -> None:
     """Cancel jobs: deletes the runs (their workers get SIGTERM, then SIGKILL after the stop grace)."""
     with client() as c:
-        for job in jobs:
-            try:
-                c.delete(f"runs/{q(job)}")
-            except ApiError as e:
-                if e.status == 404:
-                    raise ApiError(f"Kill job error on job id {job}: Invalid job id specified") from None
-                raise
+        items = _items(c.get("runs"))
+        for job, runs in _matching(items, jobs, "scancel"):
+            if not runs:
+                raise ApiError(f"Kill job error on job id {job}: Invalid job id specified")
+            for r in runs:
+                rname = (r.get("metadata") or {}).get("name")
+                try:
+                    c.delete(f"runs/{q(rname)}")
+                except ApiError as e:
+                    if e.status == 404:
+                        continue  # gone meanwhile
+                    raise

@@ -151,7 +151,8 @@ def squeue_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str
         else:
             where = ",".join(machines)
         name = str(meta.get("name", ""))
-        values = (name, str(meta.get("cluster") or spec.get("cluster") or ""), name,
+        job = str((spec.get("array") or {}).get("job") or name)  # a job array's runs: JOBID job_3, NAME job
+        values = (name, str(meta.get("cluster") or spec.get("cluster") or ""), job,
                   str(meta.get("workspace") or ""), st, slurm_elapsed(run_elapsed(run, now)), str(nodes))
         cells = [v.rjust(w) if i == 0 else v[:w].rjust(w) for i, (v, (_, w)) in enumerate(
             zip(values, SQUEUE_FIELDS, strict=True))]

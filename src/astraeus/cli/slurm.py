@@ -177,6 +177,137 @@ def _partition(text: str) -> str:
     return s
 
 
+MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
+MAX_ARRAY_INDEX = 1_000_000
+ARRAY_FORMS = "0-99, 1,3,5-7, 0-15:4, with %N for at most N at once (e.g. 0-99%10)"
+_RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+
+
+@dataclass(frozen=True)
+class ArrayRange:
+    """`--array`: the indices (ascending, each once) and how many may run at once (None: no limit)."""
+
+    indices: tuple[int, ...]
+    max_running: int | None = None
+
+    def shown(self) -> str:
+        """`0-19`, `1,3,5-7`: the indices as Slurm writes them."""
+        parts: list[str] = []
+        ix = self.indices
+        i = 0
+        while i < len(ix):
+            j = i
+            while j + 1 < len(ix) and ix[j + 1] == ix[j] + 1:
+                j += 1
+            parts.append(str(ix[i]) if i == j else f"{ix[i]}-{ix[j]}")
+            i = j + 1
+        return ",".join(parts)
+
+
+def parse_array(text: str) -> ArrayRange:
+    """Slurm's `--array`: `0-99%10`, `1,3,5-7`, `0-15:4` (a step), indices 0 and up, each run once."""
+    s = text.strip()
+    bad = f"sbatch: error: invalid --array={text!r}: use {ARRAY_FORMS}"
+    spec, pct, limit = s.partition("%")
+    max_running = None
+    if pct:
+        if not limit.isdigit() or int(limit) == 0:
+            raise SbatchError(f"sbatch: error: invalid --array={text!r}: after % give how many may run at once, "
+                              "1 or more (e.g. 0-99%10)")
+        max_running = int(limit)
+    found: set[int] = set()
+    for part in spec.split(","):
+        m = _RANGE.fullmatch(part.strip())
+        if not m:
+            raise SbatchError(bad)
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        step = int(m.group(3)) if m.group(3) is not None else 1
+        if hi < lo:
+            raise SbatchError(f"sbatch: error: invalid --array={text!r}: the range {part.strip()} ends before it "
+                              f"starts: write {hi}-{lo}")
+        if step == 0:
+            raise SbatchError(f"sbatch: error: invalid --array={text!r}: a step of 0 in {part.strip()}: give 1 or "
+                              "more (e.g. 0-15:4)")
+        if hi > MAX_ARRAY_INDEX:
+            raise SbatchError(f"sbatch: error: invalid --array={text!r}: indices go up to {MAX_ARRAY_INDEX}")
+        if (hi - lo) // step + 1 + len(found) > MAX_ARRAY_TASKS:
+            raise SbatchError(f"sbatch: error: --array={text}: more than {MAX_ARRAY_TASKS} tasks: astra slurm submits "
+                              f"at most {MAX_ARRAY_TASKS} runs per array; split it into several arrays")
+        found.update(range(lo, hi + 1, step))
+    return ArrayRange(tuple(sorted(found)), max_running)
+
+
+DEPENDENCY_FORMS = "afterok:JOB[:JOB…], afterany:JOB…, afternotok:JOB… or singleton"
+_JOB = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(_\d+)?")
+
+
+def parse_dependency(text: str) -> dict[str, Any]:
+    """Slurm's `--dependency` → the run spec's `dependency` (one type; its jobs are run names, or job arrays' names:
+    all their runs)."""
+    s = text.strip()
+    if "," in s or "?" in s:
+        raise SbatchError(f"sbatch: error: --dependency={text}: astra slurm takes one dependency type with its jobs, "
+                          f"e.g. --dependency=afterok:prep:download; give {DEPENDENCY_FORMS}")
+    kind, _, rest = s.partition(":")
+    if kind == "singleton":
+        if rest:
+            raise SbatchError(f"sbatch: error: --dependency={text}: singleton names no jobs (it waits for earlier "
+                              "runs of the same job name)")
+        return {"type": "singleton"}
+    if kind not in ("afterok", "afterany", "afternotok"):
+        hint = {"after": "use afterany (after the jobs end) or afterok (after they complete)",
+                "aftercorr": "give each array task its dependency, or use afterok on the whole array",
+                "expand": "not supported: submit a new run instead"}.get(kind, f"give {DEPENDENCY_FORMS}")
+        raise SbatchError(f"sbatch: error: --dependency={text}: dependency type {kind!r} is not supported by "
+                          f"astra slurm: {hint}")
+    jobs = [j for j in rest.split(":")]
+    if not rest or any(not j for j in jobs):
+        raise SbatchError(f"sbatch: error: --dependency={text}: {kind} needs the jobs it waits for, e.g. "
+                          f"--dependency={kind}:prep")
+    for j in jobs:
+        if "+" in j:
+            raise SbatchError(f"sbatch: error: --dependency={text}: delays (+MINUTES) are not supported by astra slurm")
+        if not _JOB.fullmatch(j):
+            raise SbatchError(f"sbatch: error: --dependency={text}: {j!r} is not a job: give run names (as "
+                              "astra slurm squeue shows them) or a job array's name")
+    return {"type": kind, "runs": list(dict.fromkeys(jobs))}
+
+
+_PATTERN = re.compile(r"([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)_\[([^\]]*)\]")
+
+
+def job_matcher(arg: str, command: str = "squeue"):
+    """What `squeue -j` and `scancel` take for a job: a run's name (`prep`, `train_3`), a job array's name (`train`:
+    all its runs), or some of an array's runs (`train_[0-9]`, `train_[1,3,5-7]`). Returns a test of
+    (run name, array job or None, array index or None)."""
+    m = _PATTERN.fullmatch(arg.strip())
+    if m:
+        try:
+            wanted = set(parse_array(m.group(3)).indices)
+        except SbatchError:
+            raise SbatchError(f"{command}: error: invalid job {arg!r}: write an array's tasks as JOB_[0-9], "
+                              "JOB_[1,3,5-7]") from None
+        job = m.group(1)
+        return lambda name, array, index: array == job and index in wanted
+    name = arg.strip()
+    return lambda run, array, index: run == name or array == name
+
+
+def split_jobs(arg: str) -> list[str]:
+    """`a,b,train_[1,3]` → the jobs, commas inside brackets kept."""
+    out, depth, cur = [], 0, ""
+    for ch in arg:
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        cur += ch
+    out.append(cur)
+    return [j.strip() for j in out if j.strip()]
+
+
 # --- options -------------------------------------------------------------------------------------------------
 
 
@@ -205,6 +336,8 @@ OPTIONS: list[Option] = [
     Option("time", "t", "required", "time", lambda v: parse_time(v, "--time")),
     Option("container-image", None, "required", "image", _container_image),
     Option("template", None, "required", "template", _template),  # astra's own: a run template (drives, env, …)
+    Option("array", "a", "required", "array", parse_array),
+    Option("dependency", "d", "required", "dependency", parse_dependency),
     Option("nice", None, "optional", "nice", _nice),
     Option("output", "o", "required", "output", lambda v: v),
     Option("error", "e", "required", "error", lambda v: v),
@@ -219,8 +352,6 @@ _SHORT = {o.short: o for o in OPTIONS if o.short}
 
 # Hints for options people commonly carry over from Slurm.
 _HINTS = {
-    "--array": "submit one run per task instead",
-    "--dependency": "submit the dependent run when the first has completed",
     "--container-mounts": "astra cannot mount a drive; use a template that has it (--template=NAME; astra astraeus "
                           "templates create -f), or the API (datavolume_refs)",
     "--export": "the worker's environment is the run's env; set it in the spec (console or API)",
@@ -364,6 +495,21 @@ class SbatchJob:
     spec: dict[str, Any]
     notes: list[str]
     dry_run: bool = False
+    array: ArrayRange | None = None  # --array: one run per index, `<name>_<index>`
+
+    def bodies(self) -> list[dict[str, Any]]:
+        """The runs to submit: the job's, or one per index of its array (each with `spec.array`)."""
+        if self.array is None:
+            return [self.spec]
+        ix = self.array.indices
+        out = []
+        for i in ix:
+            array = {"job": self.name, "index": i, "count": len(ix), "min_index": ix[0], "max_index": ix[-1]}
+            if self.array.max_running is not None:
+                array["max_running"] = self.array.max_running
+            out.append({"metadata": {**self.spec["metadata"], "name": f"{self.name}_{i}"},
+                        "spec": {**self.spec["spec"], "array": array}})
+        return out
 
 
 @dataclass
@@ -494,12 +640,18 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
         spec["start"] = "Gang"
     if "partition" in v:
         spec["cluster"] = v["partition"]
+    if "dependency" in v:
+        spec["dependency"] = v["dependency"]
     spec["task_template"] = template
+    array: ArrayRange | None = v.get("array")
+    if array is not None and len(f"{name}_{array.indices[-1]}") > 63:
+        raise SbatchError(f"sbatch: error: the job name {name} is too long for an array's run names "
+                          f"({name}_{array.indices[-1]}, over 63 characters): give a shorter --job-name")
 
     notes = []
     ignored = [merged.given[s] for s in ("output", "error") if s in v]
     if ignored:
         notes.append(f"sbatch: note: {' and '.join(ignored)} ignored: Astraeus keeps each worker's output; "
-                     f"read it with astra astraeus logs {name}-0")
+                     f"read it with astra astraeus logs {name if array is None else f'{name}_{array.indices[0]}'}-0")
     return SbatchJob(name=name, spec={"metadata": {"name": name}, "spec": spec}, notes=notes,
-                     dry_run=bool(v.get("dry_run")))
+                     dry_run=bool(v.get("dry_run")), array=array)

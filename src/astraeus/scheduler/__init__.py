@@ -8,6 +8,7 @@ See `model.py` for the data contract and `cycle.py` for the phases of one cycle.
 
 from .cycle import plan
 from .model import (
+    Dependency,
     Machine,
     NodeSelection,
     PlacedWorker,
@@ -26,6 +27,7 @@ from .model import (
 )
 
 __all__ = [
+    "Dependency",
     "Machine",
     "NodeSelection",
     "Placement",

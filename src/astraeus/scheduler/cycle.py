@@ -3,6 +3,9 @@
 The phases, named as the README describes the scheduler (each a method of `Cycle`):
   room                the cluster's free room from machines and running work (`Cluster`), each workspace's usage;
   order_queue         the waiting runs lazily in priority → fair share → submission order (`queue_order`);
+  held                a run whose dependency is not met (`dependencies.verdict`), or whose job array already runs
+                      its `max_running` runs, waits with its reason and is never the head; one whose dependency
+                      can no longer be met fails;
   place               can the run ever run here? is it within quota? does it fit now? start it if so — behind
                       the head only in room the head does not need, or anywhere if its time limit (and the
                       stop grace after it) ends it by the shadow time (backfill);
@@ -20,6 +23,7 @@ from collections import defaultdict
 
 from . import reasons as R
 from .cluster import Cluster, by_worker_index
+from .dependencies import verdict
 from .head import HeadFit, choose_victims, shadow, unit_grace
 from .model import Plan, QuotaReached, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
 from .queue import Usage, queue_order
@@ -67,7 +71,12 @@ def _quota_check(spec: QuotaSpec, usage: Usage, workers) -> tuple[str, bool, str
 def plan(snapshot: Snapshot, now: float) -> Plan:
     cycle = Cycle(snapshot, now)
     for run in cycle.order_queue():
+        if cycle.held(run):
+            continue  # its dependency is not met, or its job array runs as many as it may: it has its reason
+        started = len(cycle.starts)
         left = cycle.place(run)
+        if run.array is not None and len(cycle.starts) > started:
+            cycle.array_started(run)
         if left is None:
             continue  # started whole, or it has its reason (it cannot run here; it waits for quota)
         if cycle.head is None:
@@ -95,6 +104,7 @@ class Cycle:
         self.failed: set[tuple] = set()  # placements known not to fit: free room only shrinks within a cycle
         self.never: dict[tuple, str | None] = {}  # (shapes, machines) -> "Cannot run on this cluster: …" or None
         self.queued_behind: dict[str, str] = {}  # the reason behind the head, per workspace of the waiting run
+        self.fails: dict[str, str] = {}  # runs whose dependency can no longer be met
         self.room()
 
     # ----------------------------------------------------------------------------------------------- room
@@ -113,6 +123,11 @@ class Cycle:
                 i = index_get(w.machine)
                 if i is not None:
                     self.run_machines[u.run].add(i)
+        # Job arrays: (workspace, array) -> the runs of it that hold room now (counted once however many units).
+        self.array_runs: dict[tuple[str, str], set[str]] = defaultdict(set)
+        for u in snapshot.running:
+            if u.array is not None:
+                self.array_runs[u.workspace, u.array].add(u.run)
         self.quota_specs = {ws_id: _quota_spec(ws) for ws_id, ws in self.workspaces.items()}
         # Per workspace with a quota: group shapes -> _quota_check's answer at the workspace's usage now; cleared
         # whenever that usage changes (same ask, same usage: same answer).
@@ -122,6 +137,30 @@ class Cycle:
 
     def order_queue(self):
         return queue_order(self.snapshot, self.usage, self.workspaces)
+
+    # ----------------------------------------------------------------------------------------------- held
+
+    def held(self, run: WaitingRun) -> bool:
+        """True when the run may not start this cycle whatever the room: its dependency is not met (it waits, or
+        fails when it can no longer be met), or its job array already runs `array_max_running` runs."""
+        if run.dependency is not None:
+            found = verdict(run.dependency)
+            if found is not None:
+                kind, reason = found
+                if kind == "fail":
+                    self.fails[run.name] = reason
+                else:
+                    self.reasons[run.name] = reason
+                return True
+        if run.array is not None and run.array_max_running is not None:
+            runs = self.array_runs.get((run.workspace, run.array), ())
+            if run.name not in runs and len(runs) >= run.array_max_running:
+                self.reasons[run.name] = R.array_limit(len(runs), run.array, run.array_max_running)
+                return True
+        return False
+
+    def array_started(self, run: WaitingRun) -> None:
+        self.array_runs[run.workspace, run.array].add(run.name)
 
     # ---------------------------------------------------------------------------------------------- place
 
@@ -343,4 +382,5 @@ class Cycle:
             head=head.name if head is not None else None,
             shadow_time=self.shadow_time,
             quota_reached=tuple(self.quota_notes),
+            fails=self.fails,
         )

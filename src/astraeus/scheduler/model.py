@@ -76,6 +76,7 @@ class RunningUnit:
     workers: tuple[PlacedWorker, ...]
     stopping: bool = False  # already told to stop (its room is still taken until it is gone)
     preempted_for: str | None = None  # when stopping for a head: that run's name (room held for it)
+    array: str | None = None  # the job array the run belongs to (its `array_max_running` counts this run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,21 @@ class NodeSelection:
     mode: Literal["Any", "Names", "Labels"] = "Any"
     names: tuple[str, ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
+
+
+DependencyType = Literal["afterok", "afterany", "afternotok", "singleton"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    """What a run waits for before it may start (Slurm's `--dependency`), as the control plane sees it now.
+
+    `runs` holds, for each name the dependency gives (a run, or a job array: all its runs), each run it stands
+    for: (the name given, the run's name, the run's state: Pending, Starting, Running, Stopping, Completed,
+    Failed or Cancelled). For `singleton`, the name given is the run's own job and `runs` its live earlier runs."""
+
+    type: DependencyType
+    runs: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +130,10 @@ class WaitingRun:
     # Machines this run may not use, each with the reason shown for it (e.g. a drive that lives elsewhere).
     excluded_machines: tuple[tuple[str, str], ...] = ()
     quota_noted: bool = False  # a "Quota reached" entry was already recorded for this run
+    # A job array's run: at most `array_max_running` runs of the array (same workspace) run at once.
+    array: str | None = None
+    array_max_running: int | None = None
+    dependency: Dependency | None = None  # held until it is met; failed when it can no longer be
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,3 +200,5 @@ class Plan:
     head: str | None = None
     shadow_time: float | None = None  # when the head starts at the latest; None when unknown
     quota_reached: tuple[QuotaReached, ...] = ()
+    # Waiting runs whose dependency can no longer be met: they fail with this reason.
+    fails: dict[str, str] = field(default_factory=dict)

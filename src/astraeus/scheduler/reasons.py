@@ -95,3 +95,10 @@ def queued_behind(head: str, shadow_time: float | None) -> str:
 
 def preempted_by(head: str) -> str:
     return f"Preempted by higher-priority work ({head})"
+
+
+# ------------------------------------------------------------------------------- job arrays, dependencies
+
+
+def array_limit(running: int, array: str, limit: int) -> str:
+    return f"Waiting: {running} of array {array} are running (at most {limit} at once)"

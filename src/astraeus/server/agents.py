@@ -19,7 +19,7 @@ from astraeus.imageref import registry_of
 from astraeus.server import lifecycle, registries, services
 from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
-from astraeus.spec import env_values, granted_root
+from astraeus.spec import array_env, env_values, granted_root
 
 REGISTER_FIRST = ("this is a join token: it can only register a machine. POST /api/v1/agent/register with it; the "
                   "answer's `credential` is the machine's own token, for its assignments, reports and logs")
@@ -159,6 +159,7 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in (w.gpu_indices or [])),
             "SLURM_JOB_NAME": run.name,
         })
+        env.update(array_env(run.spec.get("array")))  # a job array's run: Slurm's SLURM_ARRAY_* and its index
         env.update(w.rendezvous or {})  # a multi-machine gang's ranks and master, for this attempt
         access = grants.get(run.workspace_id)
         mounts = []

@@ -125,6 +125,8 @@ RULES: dict[str, Rule] = {r.name: r for r in (
     _rule("stop", "worker", {W.STARTING, W.RUNNING}, W.STOPPING,
           "preempted, past its time limit, deleted, or its gang stops: SIGTERM, the stop grace, SIGKILL"),
     _rule("cancel_waiting", "worker", {W.PENDING}, W.CANCELLED, "its run was deleted before it was placed"),
+    _rule("dependency_never_met", "worker", {W.PENDING}, W.FAILED,
+          "its run's dependency can no longer be met (afterok on a run that failed, …): it fails unplaced"),
     _rule("succeed", "worker", {W.STARTING, W.RUNNING}, W.SUCCEEDED, "it exited with code 0, unasked"),
     _rule("preempted", "worker", _ACTIVE, W.CANCELLED,
           "it ended after a preemption: queued again once no worker of its gang still stops"),
@@ -544,6 +546,17 @@ def lost(session: Session, run: Run, worker: Worker, machine: str, at: float) ->
     stop says (a preempted one is queued again, a deleted one cancelled, one at its time limit fails); any
     other is a failure handled by its restart policy."""
     ended(session, run, worker, None, None, f"lost with machine {machine}", at)
+
+
+def dependency_never_met(session: Session, run: Run, reason: str, at: float) -> None:
+    """A waiting run whose dependency can no longer be met ("prep failed: afterok can no longer be met") fails:
+    its waiting workers fail with that reason, and so does the run (History, a RunFailed event)."""
+    for w in run.workers:
+        if w.state == W.PENDING:
+            _move(w, "dependency_never_met", reason)
+            w.restart_at = None
+            w.why_not = []
+    refresh_run(session, run, at)
 
 
 def delete(session: Session, run: Run, at: float) -> None:

@@ -15,7 +15,7 @@ import threading
 import time
 
 from prometheus_client import Counter, Histogram
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from astraeus import drives as drive_rules
@@ -65,6 +65,8 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
     def key(r: Run) -> str:
         return r.name if seen[r.name] == 1 else f"{r.name}@{wss[r.workspace_id].ns}"
 
+    deps = dependencies(session, [r for r in runs if r.spec.get("dependency") and not r.deleting
+                                  and r.state == lifecycle.RunState.PENDING])
     running: list[sched.RunningUnit] = []
     waiting: list[sched.WaitingRun] = []
     for run in runs:
@@ -83,7 +85,8 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                 run=key(run), workspace=ns, priority=run.priority,
                 started_at=min(w.placed_at or run.created_at for w in g), time_limit_seconds=limit,
                 workers=placed, stopping=stopping,
-                preempted_for=next((w.preempted_for for w in g if w.preempted_for), None) if stopping else None))
+                preempted_for=next((w.preempted_for for w in g if w.preempted_for), None) if stopping else None,
+                array=run.array_job))
         if run.deleting:
             continue
         pending = [w for w in run.workers if w.state == lifecycle.WorkerState.PENDING]
@@ -115,7 +118,8 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
             start="Independent" if independent else "Gang", time_limit_seconds=limit,
             node_selection=sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
                                                labels=tuple(sorted((sel.get("labels") or {}).items()))),
-            excluded_machines=tuple(excluded), quota_noted=run.quota_noted))
+            excluded_machines=tuple(excluded), quota_noted=run.quota_noted,
+            array=run.array_job, array_max_running=run.array_max_running, dependency=deps.get(run.id)))
     workspaces = []
     for a in accesses:
         ws = wss[a.workspace_id]
@@ -133,6 +137,48 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                "queue_reasons": {key(r): r.queue_reason for r in runs},
                "why_not": {w.name: w.why_not for r in runs for w in r.workers if w.state == lifecycle.WorkerState.PENDING}}
     return snap, lookups
+
+
+def dependencies(session: Session, runs: list[Run]) -> dict[int, sched.Dependency]:
+    """What each of these waiting runs' dependencies (spec.dependency) stands for now, for the scheduler to judge:
+    every run each name given stands for (a run of that name, or every run of a job array of that name; the
+    latest row of each name), with its state; a run deleted while it stops counts as Cancelled. `singleton`: the
+    live runs of the run's own job (its array, or its name) submitted before it."""
+    if not runs:
+        return {}
+    wanted: set[str] = set()
+    for r in runs:
+        d = r.spec["dependency"]
+        if d["type"] == "singleton":
+            wanted.add(r.array_job or r.name)
+        else:
+            wanted.update(d.get("runs") or ())
+    rows = session.execute(select(Run.id, Run.workspace_id, Run.name, Run.array_job, Run.state, Run.deleting).where(
+        Run.workspace_id.in_({r.workspace_id for r in runs}), or_(Run.name.in_(wanted), Run.array_job.in_(wanted))))
+    by_name: dict[tuple[int, str], dict[str, tuple]] = {}  # (workspace, name given) -> run name -> its latest row
+    for row in rows:
+        for given in {row.name, row.array_job} & wanted:
+            latest = by_name.setdefault((row.workspace_id, given), {})
+            if row.name not in latest or latest[row.name].id < row.id:
+                latest[row.name] = row
+    out: dict[int, sched.Dependency] = {}
+    for r in runs:
+        d = r.spec["dependency"]
+        found: list[tuple[str, str, str]] = []
+        if d["type"] == "singleton":
+            job = r.array_job or r.name
+            found = [(job, x.name, x.state) for x in by_name.get((r.workspace_id, job), {}).values()
+                     if x.id < r.id and x.state in lifecycle.RUN_LIVE and not x.deleting]
+        else:
+            for given in d.get("runs") or ():
+                named = [x for x in by_name.get((r.workspace_id, given), {}).values() if x.id != r.id]
+                if not named:
+                    found.append((given, given, lifecycle.RunState.CANCELLED.value))  # gone: it will never end well
+                for x in named:
+                    state = lifecycle.RunState.CANCELLED.value if x.deleting and x.state in lifecycle.RUN_LIVE else x.state
+                    found.append((given, x.name, state))
+        out[r.id] = sched.Dependency(type=d["type"], runs=tuple(sorted(found)))
+    return out
 
 
 def set_rendezvous(session: Session, run: Run) -> None:
@@ -240,6 +286,10 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
         run = run_named(q.run)
         if run is not None:
             lifecycle.note_quota(session, run, text(q.message), at)
+    for name, reason in plan.fails.items():  # a dependency that can no longer be met
+        run = run_named(name)
+        if run is not None and not run.deleting and run.state == lifecycle.RunState.PENDING:
+            lifecycle.dependency_never_met(session, run, text(reason), at)
     return touched, skipped
 
 

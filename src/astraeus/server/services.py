@@ -9,7 +9,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sqlalchemy import LargeBinary, cast, delete, func, select
+from sqlalchemy import LargeBinary, cast, delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
@@ -348,15 +348,31 @@ def submit_run_body(session: Session, caller: Caller, body: dict, at: float, ori
         parsed = S.RunCreate.model_validate(merged)
     except ValidationError as e:
         raise InvalidBody(e.errors()) from None
+    check_dependency(session, caller, parsed.spec.dependency)
     run = submit_run(session, caller, parsed, at)
     if t is not None:
         run.template, run.template_version = t.name, t.version
+    if parsed.spec.array is not None and (origin is None or origin.array_job is None):
+        a = parsed.spec.array  # a job array's run (spec.array): the scheduler keeps max_running of it running
+        origin = RunOrigin(**{**(origin.__dict__ if origin else {}), "array_job": a.job, "array_index": a.index,
+                              "array_max_running": a.max_running})
     if origin is not None:
         run.schedule_id, run.group_id = origin.schedule_id, origin.group_id
         run.array_job, run.array_index, run.array_max_running = (origin.array_job, origin.array_index,
                                                                   origin.array_max_running)
     session.flush()
     return run
+
+
+def check_dependency(session: Session, caller: Caller, dep: S.DependencySpec | None) -> None:
+    """Every run a dependency names exists in the workspace (a run of that name, or a job array of that name):
+    else 400 DEPENDENCY_NOT_FOUND naming it."""
+    for name in dep.runs if dep is not None else ():
+        if session.scalar(select(Run.id).where(Run.workspace_id == caller.workspace.id,
+                                               or_(Run.name == name, Run.array_job == name)).limit(1)) is None:
+            raise ApiError(400, "DEPENDENCY_NOT_FOUND",
+                           f"spec.dependency.runs: no run or job array named {name} in workspace "
+                           f"{caller.workspace.name}: submit it first, or check its name (astra slurm squeue)")
 
 
 def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -> Run:

@@ -26,6 +26,7 @@ from astraeus.server.routers import (
     registries,
     replica_groups,
     runs,
+    schedules,
     templates,
     workers,
     workspace,
@@ -38,8 +39,8 @@ __all__ = ["create_app", "tx"]
 THREADS = 400
 
 # In the order /openapi.json lists them.
-ROUTERS = (health, workspace, runs, templates, replica_groups, workers, drives, registries, events, machines, admin,
-           agent)
+ROUTERS = (health, workspace, runs, templates, schedules, replica_groups, workers, drives, registries, events, machines,
+           admin, agent)
 
 
 def mib(n: int) -> str:

@@ -23,6 +23,7 @@ from astraeus import rendezvous
 from astraeus import scheduler as sched
 from astraeus.server import agents, lifecycle
 from astraeus.server import replica_groups as replica_group_duty
+from astraeus.server import schedules as schedule_ticks
 from astraeus.server.core import STATE_LOCK, ControlPlane
 from astraeus.server.db import Access, Cluster, Drive, Machine, Run, Worker, Workspace
 from astraeus.server.leader import NotLeader, Term, fence
@@ -360,6 +361,12 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -
             raise
         except Exception:
             log.exception("replica groups: nothing applied this cycle")
+        try:  # schedules' ticks (server/schedules.py), each its own fenced transaction
+            touched |= schedule_ticks.make_ticks(cp, term, lease, at)
+        except NotLeader:
+            raise
+        except Exception:
+            log.exception("schedules: a tick failed this cycle")
         replan = False
         with cp.sessions() as session:
             clusters = list(session.scalars(select(Cluster)))
@@ -453,6 +460,9 @@ class SchedulingLoop:
             now = time.time()
             with self.cp.sessions() as session:
                 self.next_restart = next_restart_at(session, now)
+                tick = schedule_ticks.earliest_tick(session, now)  # a schedule's next tick: a full cycle then
+                if tick is not None and (self.next_restart is None or tick < self.next_restart):
+                    self.next_restart = tick
                 # A stop asked by an agent's report (a gang mate of a worker that failed, or that reached its time
                 # limit) is on another machine than the report's: tell that machine now, not at its next poll.
                 stops = stops_asked_since(session, now - 30)

@@ -267,11 +267,12 @@ def _keep(session: Session, g: ReplicaGroup, at: float, base: float) -> set[int]
 
     for name in d.scale_down:
         run = by_name[name]
-        lifecycle.history(session, run, run.state, f"{REMOVED}{g.name} scaled down to {wanted}", at)
+        was = run.state
+        lifecycle.history(session, run, was, f"{REMOVED}{g.name} scaled down to {wanted}", at)
         _, machines = services.delete_run(session, caller, name, at)
         touched.update(m for m in machines if m)
         lifecycle.event(session, ws.id, "ReplicaRemoved", name,
-                        f"replica group {g.name} scaled down to {wanted}: removed {name} (it was {run.state})", at)
+                        f"replica group {g.name} scaled down to {wanted}: removed {name} (it was {was})", at)
     for name in d.forget:
         _, machines = services.delete_run(session, caller, name, at)
         touched.update(m for m in machines if m)

@@ -61,12 +61,15 @@ drives_app = _app(help="Drives: storage that workers mount.")
 registries_app = _app(help="Image registry credentials of your workspace (used to pull its runs' images).")
 templates_app = _app(help="Run templates: any part of a run's spec under a name (drives, env, priority, image…); "
                           "a run names one with --template.")
+groups_app = _app(help="Replica groups: keep N runs of one spec alive (evaluation workers, inference servers); "
+                       "an ended or deleted replica is replaced.")
 slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, squeue, scancel.")
 app.add_typer(astraeus_app, name="astraeus")
 app.add_typer(slurm_app, name="slurm")
 astraeus_app.add_typer(drives_app, name="drives")
 astraeus_app.add_typer(registries_app, name="registries")
 astraeus_app.add_typer(templates_app, name="templates")
+astraeus_app.add_typer(groups_app, name="replica-groups")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -729,3 +732,69 @@ def scancel(jobs: Annotated[list[str], typer.Argument(
                     if e.status == 404:
                         continue  # gone meanwhile
                     raise
+
+# ------------------------------------------------------------------------------------------ replica groups
+
+
+@groups_app.command("list")
+@handle_errors()
+def groups_list(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """List the workspace's replica groups: NAME, REPLICAS, ALIVE, RUNNING, PRIORITY, TEMPLATE, NOTE."""
+    as_json = check_output(output)
+    with client() as c:
+        data = c.get("replica-groups")
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(fmt.replica_groups_table(_items(data)), nl=False)
+
+
+@groups_app.command("show")
+@handle_errors()
+def groups_show(name: Annotated[str, typer.Argument(metavar="NAME", help="The replica group")]) -> None:
+    """A replica group as JSON: its spec, and its status (replicas wanted and alive, its runs)."""
+    with client() as c:
+        print_json(c.get(f"replica-groups/{q(name)}"))
+
+
+@groups_app.command("create")
+@handle_errors()
+def groups_create(
+    file: Annotated[str, typer.Option("-f", "--file", help="The group's JSON ({metadata: {name}, spec: {replicas: N, "
+                                                           "run: {…a run's spec, may name template…}}}; - for stdin)")],
+) -> None:
+    """Create a replica group from a JSON file."""
+    body = read_json_file(file, "replica group")
+    if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+        raise SpecError(f"{file}: a replica group is a JSON object {{\"metadata\": {{\"name\": ...}}, \"spec\": "
+                        "{\"replicas\": N, \"run\": {...}}}")
+    with client() as c:
+        out = c.post("replica-groups", body)
+    meta = (out if isinstance(out, dict) else {}).get("metadata") or {}
+    spec = (out if isinstance(out, dict) else {}).get("spec") or {}
+    typer.echo(f"replica group {meta.get('name')} created: {spec.get('replicas')} replica(s)")
+
+
+@groups_app.command("scale")
+@handle_errors()
+def groups_scale(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The replica group")],
+    replicas: Annotated[int, typer.Argument(metavar="N", help="How many replicas to keep alive")],
+) -> None:
+    """Keep N replicas: more are created; fewer removes waiting ones first, then the most recently started."""
+    with client() as c:
+        before = c.get(f"replica-groups/{q(name)}")
+        c.patch(f"replica-groups/{q(name)}", {"spec": {"replicas": replicas}})
+    typer.echo(f"replica group {name} scaled from {(before.get('spec') or {}).get('replicas')} to {replicas}")
+
+
+@groups_app.command("delete")
+@handle_errors()
+def groups_delete(names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Groups to delete")]) -> None:
+    """Delete replica groups and their runs."""
+    with client() as c:
+        for name in names:
+            c.delete(f"replica-groups/{q(name)}")
+            typer.echo(f"replica group {name} deleted, and its runs")

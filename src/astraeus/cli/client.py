@@ -235,6 +235,9 @@ class Client:
     def put(self, path: str, body: Any) -> Any:
         return self.request("PUT", path, json_body=body)
 
+    def patch(self, path: str, body: Any) -> Any:
+        return self.request("PATCH", path, json_body=body)
+
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 

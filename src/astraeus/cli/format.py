@@ -330,3 +330,15 @@ def describe_run(run: dict[str, Any]) -> str:
             for item in why:
                 out.append(f"  {item.get('machine', '?')}: {item.get('reason', '')}")
     return "\n".join(out) + "\n"
+
+def replica_groups_table(items: list[dict[str, Any]]) -> str:
+    """A workspace's replica groups: replicas wanted, alive and running, and why some are missing."""
+    rows = []
+    for g in items:
+        meta, spec, st = g.get("metadata") or {}, g.get("spec") or {}, g.get("status") or {}
+        run = spec.get("run") or {}
+        note = f"waiting until {st['retry_at']}" if st.get("retry_at") else ""
+        rows.append([meta.get("name", ""), _num(spec.get("replicas")), _num(st.get("alive")), _num(st.get("running")),
+                     _num(run.get("priority", 0)), run.get("template") or "", note])
+    return table(["NAME", "REPLICAS", "ALIVE", "RUNNING", "PRIORITY", "TEMPLATE", "NOTE"], rows)
+

@@ -622,3 +622,6 @@ def change_access(request: Request, org: str, cluster: str, ws: str):
                                       status=e.status)
     cp_of(request).notifier.wake_scheduler()
     return RedirectResponse(f"/o/{org}/settings?saved={quote(ws)}", status_code=303)
+
+
+from astraeus.console import schedule_pages  # noqa: E402, F401 (its routes join this router)

@@ -15,7 +15,7 @@ from typing import Any
 from astraeus.units import GIB, UnitError, format_cpus, parse_duration, parse_memory
 
 RUN_FIELDS = ("name", "image", "command", "args", "gpus", "machines", "cpus", "memory", "drives", "time_limit",
-              "restart_policy", "priority", "start")
+              "restart_policy", "priority", "start", "template")
 RUN_DEFAULTS = {"restart_policy": "OnFailure", "priority": "0", "start": "Independent", "gpus": "0",
                 "machines": "1"}
 DRIVE_FIELDS = ("name", "kind", "machine", "filesystem", "path", "mount_path", "mode", "transport", "create")
@@ -87,7 +87,48 @@ def run_body(form: dict[str, str]) -> dict[str, Any]:
     template["datavolume_refs"] = parse_drives(f["drives"])
     spec: dict[str, Any] = {"priority": _number(f["priority"] or "0"), "start": f["start"] or "Independent",
                             "task_template": template}
+    if f["template"]:  # New run → from a template: what the form does not show (env, configs, labels) comes from it,
+        spec = {"template": f["template"], **spec}  # and so do the image, command and arguments left empty
+        for k in ("image", "command", "args"):
+            if not template[k]:
+                del template[k]
     return {"metadata": {"name": f["name"]}, "spec": spec}
+
+
+def _size(n: Any) -> str:
+    """Bytes → the form's Memory text (64G, 1536M), exact."""
+    if not isinstance(n, int) or n <= 0:
+        return ""
+    for unit, size in (("T", 1024**4), ("G", GIB), ("M", 1024**2), ("K", 1024)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n / 1024:g}K"
+
+
+def template_values(spec: dict[str, Any]) -> dict[str, str]:
+    """A run template's spec → the run form's values (New run → from a template), per GPU where GPUs are set as the
+    form reads them; what the form has no field for stays in the template and reaches the run through it."""
+    tt = spec.get("task_template") or {}
+    rr = tt.get("requested_resources") or {}
+    per_gpu = rr.get("per_gpu") or {}
+    gpus = (rr.get("gpu_requests") or {}).get("count") or 0
+    per = gpus if gpus > 0 else 1
+    cpus = per_gpu.get("cpu_cores") if gpus and per_gpu.get("cpu_cores") else (
+        rr["cpu_cores"] / per if rr.get("cpu_cores") else None)
+    memory = per_gpu.get("memory_bytes") if gpus and per_gpu.get("memory_bytes") else (
+        rr["memory_bytes"] // per if rr.get("memory_bytes") else None)
+    drives = " ".join(f"{d.get('name')}:{d.get('mount_path')}" + (":ro" if d.get("mode") == "ReadOnly" else "")
+                      for d in tt.get("datavolume_refs") or [])
+    args = tt.get("args") or []
+    if any(re.search(r"\s", a) or not a for a in args):
+        args = []  # the form would split them: left empty, the run gets the template's own
+    values = {"image": tt.get("image", ""), "command": tt.get("command", ""), "args": " ".join(args),
+              "gpus": str(gpus), "machines": str(rr.get("machines", 1)),
+              "cpus": f"{format_cpus(cpus)}" if cpus else "", "memory": _size(memory), "drives": drives,
+              "time_limit": str(tt["time_limit_seconds"]) if tt.get("time_limit_seconds") else "",
+              "restart_policy": tt.get("restart_policy", "OnFailure"), "priority": str(spec.get("priority", 0)),
+              "start": spec.get("start", "Independent")}
+    return values
 
 
 def drive_body(form: dict[str, str]) -> dict[str, Any]:

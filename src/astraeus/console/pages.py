@@ -31,10 +31,11 @@ from astraeus import spec as S
 from astraeus.console import forms
 from astraeus.server import admin, services
 from astraeus.server import bodies as B
+from astraeus.server import templates as run_templates
 from astraeus.server.core import ControlPlane
 from astraeus.server.db import Access, Cluster, ConsoleSession, Org, Token, Workspace
 from astraeus.server.routers.deps import control_plane, machine_names, now
-from astraeus.server.routers.errors import validation_message
+from astraeus.server.routers.errors import validation_errors, validation_message
 from astraeus.server.services import ApiError, Caller, tx
 from astraeus.units import human_bytes, human_duration
 
@@ -342,7 +343,10 @@ def new_run_page(request: Request, s: Session, p: Page, *, mode: str = "form", v
                  spec_json: str = "", error: str | None = None, errors: list | None = None, status: int = 200):
     acc = default_access(s, request, p.caller)
     vals = {**forms.RUN_DEFAULTS, **(values or {})}
+    tpls = run_templates.listed(s, p.caller)
+    chosen = next((t for t in tpls if t.name == vals.get("template")), None)
     return render(request, "new_run.html", p, status=status, nav="runs", mode=mode, values=vals,
+                  run_templates=[t.name for t in tpls], chosen=chosen,
                   spec_json=spec_json, error=error, errors=errors or [], access=acc,
                   max_priority=S.highest_priority_allowed(acc["max_priority"] if acc else 0), cannot_submit=p.cannot("editor"),
                   machines=services.machines_view(s, services.granted_cluster_ids(s, p.caller)),
@@ -351,9 +355,17 @@ def new_run_page(request: Request, s: Session, p: Page, *, mode: str = "form", v
 
 @router.get("/o/{org}/w/{ws}/runs/new")
 @page
-def new_run_form(request: Request, org: str, ws: str):
+def new_run_form(request: Request, org: str, ws: str, template: str = ""):
+    """New run; `?template=NAME` (New run → from a template) fills the form with the template's values."""
     with cp_of(request).sessions() as s:
-        return new_run_page(request, s, ws_page(s, request, org, ws))
+        p = ws_page(s, request, org, ws)
+        if not template:
+            return new_run_page(request, s, p)
+        try:
+            t = run_templates.get(s, p.caller, template)
+        except ApiError as e:
+            return new_run_page(request, s, p, error=e.message, status=e.status)
+        return new_run_page(request, s, p, values={**forms.template_values(t.spec or {}), "template": t.name})
 
 
 @router.post("/o/{org}/w/{ws}/runs/new")
@@ -377,13 +389,16 @@ def new_run(request: Request, org: str, ws: str):
         spec_json = form.get("spec_json", "")
         try:
             raw = parse_json(spec_json) if mode == "json" else forms.run_body(form)
-            body = S.RunCreate.model_validate(raw)
-            with tx(s):
-                run = services.submit_run(s, p.caller, body, now())
+            with tx(s):  # as POST $API/runs: a template it names is merged in first
+                run = services.submit_run_body(s, p.caller, raw, now())
                 url = f"{p.base}/jobs/{s.get(Cluster, run.cluster_id).name}/{run.name}"
         except forms.FormError as e:
             return new_run_page(request, s, p, mode=mode, values=values, spec_json=spec_json, error=str(e),
                                 status=422)
+        except services.InvalidBody as e:
+            msg, errs = validation_errors(e.errors)
+            return new_run_page(request, s, p, mode=mode, values=values, spec_json=spec_json, error=msg,
+                                errors=errs, status=422)
         except (ValidationError, RequestValidationError) as e:
             msg, errs = validation_message(e)
             return new_run_page(request, s, p, mode=mode, values=values, spec_json=spec_json, error=msg,
@@ -510,6 +525,45 @@ def drive_delete(request: Request, org: str, ws: str, name: str):
         with tx(s):
             services.delete_drive(s, p.caller, name, now())
     return RedirectResponse(f"/o/{org}/w/{ws}/drives?deleted={quote(name)}", status_code=303)
+
+
+# ------------------------------------------------------------------------------------- templates
+def templates_page(request: Request, s: Session, p: Page, **ctx: Any):
+    items = [run_templates.view(t, p.caller) for t in run_templates.listed(s, p.caller)]
+    return render(request, "run_templates.html", p, nav="templates", items=items, cannot_edit=p.cannot("editor"),
+                  **ctx)
+
+
+@router.get("/o/{org}/w/{ws}/templates")
+@page
+def templates_list(request: Request, org: str, ws: str, deleted: str = ""):
+    with cp_of(request).sessions() as s:
+        return templates_page(request, s, ws_page(s, request, org, ws), deleted=deleted)
+
+
+@router.get("/o/{org}/w/{ws}/templates/{name}")
+@page
+def template_show(request: Request, org: str, ws: str, name: str):
+    with cp_of(request).sessions() as s:
+        p = ws_page(s, request, org, ws)
+        v = run_templates.view(run_templates.get(s, p.caller, name), p.caller)
+        return render(request, "run_template.html", p, nav="templates", v=v, cannot_edit=p.cannot("editor"),
+                      users=run_templates.users(s, p.ws.id, name))
+
+
+@router.post("/o/{org}/w/{ws}/templates/{name}/delete")
+@page
+def template_delete(request: Request, org: str, ws: str, name: str):
+    with cp_of(request).sessions() as s:
+        p = ws_page(s, request, org, ws)
+        try:
+            with tx(s):
+                run_templates.delete(s, p.caller, name, now())
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            return templates_page(request, s, p, error=e.message, status=409)
+    return RedirectResponse(f"/o/{org}/w/{ws}/templates?deleted={quote(name)}", status_code=303)
 
 
 # ---------------------------------------------------------------------------- events, machines

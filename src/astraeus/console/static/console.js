@@ -72,5 +72,8 @@
     Array.prototype.forEach.call(document.querySelectorAll("[data-live]"), poll);
     Array.prototype.forEach.call(document.querySelectorAll("[data-follow]"), follow);
     Array.prototype.forEach.call(document.querySelectorAll("[data-ws-select]"), switcher);
+    Array.prototype.forEach.call(document.querySelectorAll("[data-autosubmit]"), function (sel) {
+      sel.addEventListener("change", function () { sel.form.submit(); });  // New run → from a template
+    });
   });
 })();

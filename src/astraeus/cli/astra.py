@@ -61,6 +61,8 @@ drives_app = _app(help="Drives: storage that workers mount.")
 registries_app = _app(help="Image registry credentials of your workspace (used to pull its runs' images).")
 templates_app = _app(help="Run templates: any part of a run's spec under a name (drives, env, priority, image…); "
                           "a run names one with --template.")
+schedules_app = _app(help="Schedules: a cron line and a run to make at each tick (one run <name>-<YYYYMMDDHHMM> "
+                          "per tick).")
 groups_app = _app(help="Replica groups: keep N runs of one spec alive (evaluation workers, inference servers); "
                        "an ended or deleted replica is replaced.")
 slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, squeue, scancel.")
@@ -70,6 +72,7 @@ astraeus_app.add_typer(drives_app, name="drives")
 astraeus_app.add_typer(registries_app, name="registries")
 astraeus_app.add_typer(templates_app, name="templates")
 astraeus_app.add_typer(groups_app, name="replica-groups")
+astraeus_app.add_typer(schedules_app, name="schedules")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -519,6 +522,59 @@ def templates_delete(names: Annotated[list[str], typer.Argument(metavar="NAME...
             typer.echo(f"template {name} deleted")
 
 
+@schedules_app.command("list")
+@handle_errors()
+def schedules_list(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """List the workspace's schedules: NAME, SCHEDULE, TIMEZONE, CONCURRENCY, LAST TICK, NEXT TICK, ACTIVE."""
+    as_json = check_output(output)
+    with client() as c:
+        data = c.get("schedules")
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(fmt.schedules_table(_items(data)), nl=False)
+
+
+@schedules_app.command("show")
+@handle_errors()
+def schedules_show(name: Annotated[str, typer.Argument(metavar="NAME", help="The schedule")]) -> None:
+    """A schedule as JSON: its spec, last and next ticks, its runs and latest ticks."""
+    with client() as c:
+        print_json(c.get(f"schedules/{q(name)}"))
+
+
+@schedules_app.command("create")
+@handle_errors()
+def schedules_create(
+    file: Annotated[str, typer.Option("-f", "--file", help="The schedule's JSON ({metadata: {name}, spec: {schedule, "
+                                                           "timezone, concurrency, starting_deadline_seconds, suspend, "
+                                                           "run}}; - for stdin)")],
+) -> None:
+    """Create a schedule from a JSON file."""
+    body = read_json_file(file, "schedule")
+    if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+        raise SpecError(f"{file}: a schedule is a JSON object {{\"metadata\": {{\"name\": ...}}, \"spec\": "
+                        "{\"schedule\": \"0 2 * * *\", \"run\": {...}}}")
+    with client() as c:
+        out = c.post("schedules", body)
+    status = (out if isinstance(out, dict) else {}).get("status") or {}
+    nxt = status.get("next_tick") or {}
+    when = f"; next tick {nxt.get('tick')} ({nxt.get('at')})" if nxt else " (suspended)"
+    typer.echo(f"schedule {body['metadata'].get('name')} created{when}")
+
+
+@schedules_app.command("delete")
+@handle_errors()
+def schedules_delete(names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Schedules to delete")]) -> None:
+    """Delete schedules (the runs they made stay)."""
+    with client() as c:
+        for name in names:
+            c.delete(f"schedules/{q(name)}")
+            typer.echo(f"schedule {name} deleted")
+
+
 @registries_app.command("set")
 @handle_errors()
 def registries_set(
@@ -732,6 +788,7 @@ def scancel(jobs: Annotated[list[str], typer.Argument(
                     if e.status == 404:
                         continue  # gone meanwhile
                     raise
+
 
 # ------------------------------------------------------------------------------------------ replica groups
 

@@ -211,6 +211,20 @@ def templates_table(items: list[dict[str, Any]]) -> str:
                      tt.get("image", ""), drives, meta.get("updated_at") or ""])
     return table(["NAME", "VERSION", "PRIORITY", "IMAGE", "DRIVES", "UPDATED"], rows)
 
+
+def schedules_table(items: list[dict[str, Any]]) -> str:
+    """A workspace's schedules: when each ticks, its last tick's outcome, its next tick and its runs not ended."""
+    rows = []
+    for s in items:
+        meta, spec, st = s.get("metadata") or {}, s.get("spec") or {}, s.get("status") or {}
+        last = st.get("last_tick") or {}
+        nxt = st.get("next_tick") or {}
+        rows.append([meta.get("name", ""), spec.get("schedule", ""), spec.get("timezone", ""),
+                     spec.get("concurrency", ""), f"{last.get('tick')} {last.get('outcome')}" if last else "",
+                     "suspended" if st.get("suspended") else (nxt.get("at") or ""),
+                     ", ".join(st.get("active") or [])])
+    return table(["NAME", "SCHEDULE", "TIMEZONE", "CONCURRENCY", "LAST TICK", "NEXT TICK", "ACTIVE"], rows)
+
 def _num(v: Any) -> str:
     if v is None:
         return ""
@@ -330,6 +344,7 @@ def describe_run(run: dict[str, Any]) -> str:
             for item in why:
                 out.append(f"  {item.get('machine', '?')}: {item.get('reason', '')}")
     return "\n".join(out) + "\n"
+
 
 def replica_groups_table(items: list[dict[str, Any]]) -> str:
     """A workspace's replica groups: replicas wanted, alive and running, and why some are missing."""

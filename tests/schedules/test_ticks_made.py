@@ -13,7 +13,7 @@ import pytest
 from astraeus.server import schedules, services
 from astraeus.server.db import Workspace
 from astraeus.server.leader import NotLeader, Term
-from tests.conftest import make_app
+from tests.conftest import drop_postgres, make_app, postgres_url
 
 RUN = {"task_template": {"image": "python:3.11", "command": "true"}}
 
@@ -63,12 +63,17 @@ class Plane:
         assert self.client.delete(f"{self.api}/runs/{name}", headers=self.h).status_code == 200
 
 
-@pytest.fixture
-def plane(tmp_path):
-    client, boot, cp, _ = make_app(tmp_path, None, run_loop=False)
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def plane(request, tmp_path):
+    """The control plane in process without its loop (the test calls the tick duty with its own clock), on SQLite
+    and on PostgreSQL."""
+    url = postgres_url() if request.param == "postgresql" else None
+    client, boot, cp, _ = make_app(tmp_path, url, run_loop=False)
     with client:
         yield Plane(client, boot, cp)
     cp.engine.dispose()
+    if url:
+        drop_postgres(url)
 
 
 T0 = utc("2026-01-10T00:00")  # 01:00 in Berlin; "0 2 * * *" ticks at 01:00 UTC (winter)
@@ -219,3 +224,14 @@ def test_a_run_name_already_taken_refuses_the_tick(plane):
     plane.tick(utc("2026-01-10T01:00:01"))
     [msg] = plane.events("ScheduleTickRefused")
     assert "ALREADY_EXISTS" in msg and "nightly-202601100200 already exists" in msg
+
+
+def test_a_tick_already_recorded_is_not_made_again_after_a_time_zone_change(plane):
+    plane.create("nightly", T0)
+    plane.tick(utc("2026-01-10T01:00:01"))  # 02:00 in Berlin: nightly-202601100200
+    plane.replace("nightly", utc("2026-01-10T01:30"), timezone="UTC")
+    assert plane.show("nightly")["status"]["next_tick"] == {"tick": "202601100200", "at": "2026-01-10T02:00:00Z"}
+    plane.tick(utc("2026-01-10T02:00:01"))  # the same tick name: handled already, nothing more
+    assert plane.runs() == {"nightly-202601100200": "Pending"}
+    assert plane.show("nightly")["status"]["next_tick"] == {"tick": "202601110200", "at": "2026-01-11T02:00:00Z"}
+    assert not plane.events("ScheduleTickRefused")

@@ -9,7 +9,7 @@ import copy
 
 from sqlalchemy import select
 
-from astraeus.server.db import Run, Schedule, Template
+from astraeus.server.db import Run
 
 from .test_api import DRIVE
 
@@ -222,17 +222,26 @@ def test_the_cap_lowered_after_a_template_was_made_refuses_its_runs(app):
     _refused(r, 403, "PRIORITY_NOT_ALLOWED", "priority 40 is above namespace", "maximum of 10")
 
 
-def test_a_template_named_by_a_schedule_cannot_be_deleted(app):
-    _create(app, {"metadata": {"name": "nightly-eval"}, "spec": {"priority": -10}})
-    with app.cp.sessions() as s:
-        t = s.scalar(select(Template).where(Template.name == "nightly-eval"))
-        s.add(Schedule(workspace_id=t.workspace_id, name="nightly",
-                       spec={"schedule": "0 2 * * *", "run": {"metadata": {"name": "eval"},
-                                                              "spec": {"template": "nightly-eval"}}}))
-        s.commit()
+def test_a_template_named_by_a_schedule_or_a_replica_group_cannot_be_deleted(app):
+    _create(app, {"metadata": {"name": "nightly-eval"}, "spec": {"priority": -10, "task_template": {
+        "image": "python:3.11", "command": "true"}}})
+    r = app.client.post(app.api + "/schedules", headers=app.h(), json={
+        "metadata": {"name": "nightly"},
+        "spec": {"schedule": "0 2 * * *", "suspend": True, "run": {"template": "nightly-eval"}}})
+    assert r.status_code == 201, r.text
+    r = app.client.post(app.api + "/replica-groups", headers=app.h(), json={
+        "metadata": {"name": "evals"}, "spec": {"replicas": 0, "run": {"template": "nightly-eval"}}})
+    assert r.status_code == 201, r.text
     r = app.client.delete(app.api + "/templates/nightly-eval", headers=app.h())
-    _refused(r, 409, "IN_USE", "template nightly-eval is still named by schedule nightly")
+    _refused(r, 409, "IN_USE", "template nightly-eval is still named by schedule nightly, replica group evals: "
+                               "change or delete them first")
     assert _names(app) == ["nightly-eval"]
+    assert app.client.delete(app.api + "/schedules/nightly", headers=app.h()).status_code == 200
+    r = app.client.delete(app.api + "/templates/nightly-eval", headers=app.h())
+    _refused(r, 409, "IN_USE", "still named by replica group evals: change or delete it first")
+    assert app.client.delete(app.api + "/replica-groups/evals", headers=app.h()).status_code == 200
+    assert app.client.delete(app.api + "/templates/nightly-eval", headers=app.h()).status_code == 200
+    assert _names(app) == []
 
 
 def test_only_editors_change_templates_and_another_workspace_never_sees_them(app):

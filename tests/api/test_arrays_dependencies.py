@@ -93,3 +93,16 @@ def test_a_dependency_holds_the_run_and_fails_it_when_it_can_no_longer_be_met(ap
     assert any(e["kind"] == "RunFailed" and e["object"] == "after"
                and e["message"] == "prep was cancelled: afterok can no longer be met" for e in events)
     wait_reason(app, "either", "Waiting for arr to end (afterany)")
+
+
+def test_singleton_waits_for_the_earlier_live_runs_of_its_job(app):
+    h = app.h()
+    for i in range(3):
+        b = body(f"one_{i}", array={"job": "one", "index": i, "count": 3}, dependency={"type": "singleton"})
+        assert app.client.post(f"{app.api}/runs", json=b, headers=h).status_code == 201
+    wait_reason(app, "one_1", "Waiting for one_0 to end (singleton)")
+    wait_reason(app, "one_2", "Waiting for one_0, one_1 to end (singleton)")
+    first = app.client.get(f"{app.api}/runs/one_0", headers=h).json()
+    assert "singleton" not in first["status"]["reason"]  # nothing earlier: it waits only for room
+    assert app.client.delete(f"{app.api}/runs/one_0", headers=h).status_code == 200
+    wait_reason(app, "one_2", "Waiting for one_1 to end (singleton)")

@@ -10,7 +10,7 @@ from importlib import import_module
 import pytest
 from fastapi import APIRouter
 
-ROUTERS = ("workspace", "runs", "workers", "drives", "registries", "events", "machines", "admin", "agent", "health",
+ROUTERS = ("workspace", "runs", "templates", "workers", "drives", "registries", "events", "machines", "admin", "agent", "health",
            "console")
 SERVER_ROUTERS = [n for n in ROUTERS if n != "console"]
 
@@ -54,6 +54,9 @@ def test_every_url_keeps_its_tag(app):
         f"GET {ws}": ["workspace"],
         f"POST {ws}/runs": ["workspace"], f"GET {ws}/runs": ["workspace"],
         f"GET {ws}/runs/{{name}}": ["workspace"], f"DELETE {ws}/runs/{{name}}": ["workspace"],
+        f"POST {ws}/templates": ["workspace"], f"GET {ws}/templates": ["workspace"],
+        f"GET {ws}/templates/{{name}}": ["workspace"], f"PUT {ws}/templates/{{name}}": ["workspace"],
+        f"DELETE {ws}/templates/{{name}}": ["workspace"],
         f"GET {ws}/workers": ["workspace"], f"GET {ws}/workers/{{name}}": ["workspace"],
         f"GET {ws}/workers/{{name}}/logs": ["workspace"],
         f"POST {ws}/drives": ["workspace"], f"GET {ws}/drives": ["workspace"],

@@ -679,3 +679,4 @@ def change_access(request: Request, org: str, cluster: str, ws: str):
 
 
 from astraeus.console import schedule_pages  # noqa: E402, F401 (its routes join this router)
+from astraeus.console import replica_group_pages  # noqa: E402, F401 (its routes join this router)

@@ -202,7 +202,19 @@ def delete_group(session: Session, caller: Caller, name: str, at: float) -> list
     return machines
 
 
-def group_view(session: Session, g: ReplicaGroup, ws: Workspace, now: float | None = None) -> dict:
+def shown_run(run: dict, role: str | None) -> dict:
+    """The group's run spec as `role` may see it (services.shown_template: env and config values only for editors
+    and admins, a secret one for nobody)."""
+    tt = run.get("task_template") if isinstance(run, dict) else None
+    if not isinstance(tt, dict):
+        return run
+    shown = services.shown_template(tt, role)
+    return {**run, "task_template": {**tt, **{k: shown[k] for k in ("env", "configs") if k in tt}}}
+
+
+def group_view(session: Session, g: ReplicaGroup, ws: Workspace, role: str | None = None,
+               now: float | None = None) -> dict:
+    """A replica group as the API shows it to a caller with `role` (None: as to a viewer)."""
     now = time.time() if now is None else now
     runs = group_runs(session, g)
     alive = [r for r in runs if r.state in RG.LIVE and not r.deleting]
@@ -217,7 +229,7 @@ def group_view(session: Session, g: ReplicaGroup, ws: Workspace, now: float | No
     return {"metadata": {"name": g.name, "labels": g.spec.get("labels") or {}, "workspace": ws.name,
                          "namespace": ws.ns, "created_at": services.iso(g.created_at),
                          "updated_at": services.iso(g.updated_at)},
-            "spec": {"replicas": g.spec["replicas"], "run": g.spec["run"]},
+            "spec": {"replicas": g.spec["replicas"], "run": shown_run(g.spec["run"], role)},
             "status": status}
 
 

@@ -16,26 +16,26 @@ router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
 def create_group(c: WsCaller, s: Sess, cp: CP, body: G.GroupCreate):
     with tx(s):
         g = G.create_group(s, c, body, now())
-        out = G.group_view(s, g, c.workspace)
+        out = G.group_view(s, g, c.workspace, c.role)
     cp.notifier.wake_scheduler()
     return out
 
 
 @router.get("/replica-groups")
 def list_groups(c: WsCaller, s: Sess):
-    return {"items": [G.group_view(s, g, c.workspace) for g in G.list_groups(s, c)]}
+    return {"items": [G.group_view(s, g, c.workspace, c.role) for g in G.list_groups(s, c)]}
 
 
 @router.get("/replica-groups/{name}")
 def get_group(name: str, c: WsCaller, s: Sess):
-    return G.group_view(s, G.get_group(s, c, name), c.workspace)
+    return G.group_view(s, G.get_group(s, c, name), c.workspace, c.role)
 
 
 @router.patch("/replica-groups/{name}")
 def patch_group(name: str, c: WsCaller, s: Sess, cp: CP, body: G.GroupPatch):
     with tx(s):
         g = G.patch_group(s, c, name, body, now())
-        out = G.group_view(s, g, c.workspace)
+        out = G.group_view(s, g, c.workspace, c.role)
     cp.notifier.wake_scheduler()
     return out
 

@@ -2,7 +2,7 @@
 Determined's templates are. A run names one with `"spec": {"template": NAME}` (services.submit_run_body merges
 it; astraeus.templates says how); schedules and replica groups name one in their `run`.
 
-A template is checked as a run's spec is, field by field (astraeus.templates.validate_template_spec): unknown
+A template is checked as a run's spec is, field by field (astraeus.templates.checkable): unknown
 fields and bad values are a 422 naming the field. Beyond its shape, what a run would meet at submit is met when
 the template is made or changed: each drive it mounts must exist in the workspace (400 DRIVE_NOT_FOUND) and its
 priority must be within the workspace's maximum on its cluster (403 PRIORITY_NOT_ALLOWED), so that a schedule or a
@@ -61,10 +61,8 @@ class TemplateBody(BaseModel):
 
 
 def _spec_errors(spec: dict[str, Any]) -> list[dict]:
-    """Pydantic-style errors of a template's spec (locations inside the spec), or []."""
-    check = getattr(T, "validate_template_spec", None)
-    if check is not None:
-        return list(check(spec) or [])
+    """Pydantic's errors of a template's spec (locations inside the spec), or []: every field it gives is checked by
+    the run spec's own rules, with placeholders for what only a run gives (astraeus.templates.checkable)."""
     if isinstance(spec, dict) and "template" in spec:
         return [{"loc": ("template",), "msg": "a template cannot name another template: give its fields here",
                  "type": "value_error"}]

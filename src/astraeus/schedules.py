@@ -47,6 +47,11 @@ def check_cron(line: str) -> str:
         raise ValueError(f"{line!r} is not a valid cron line: five fields (minute 0-59, hour 0-23, day-of-month "
                          "1-31, month 1-12, day-of-week 0-6), each *, a number, a range a-b, a list a,b or a step "
                          "*/n; e.g. '0 2 * * *'")
+    try:
+        croniter(line, dt.datetime(2000, 1, 1)).get_next(dt.datetime)
+    except ValueError:  # croniter's CroniterBadDateError: a day that no month has ('0 0 31 2 *')
+        raise ValueError(f"{line!r} never ticks: no date matches it (check the day of the month against the "
+                         "month)") from None
     return line
 
 

@@ -80,6 +80,7 @@ def test_a_week_of_missed_minutes_is_counted_without_walking_it_all():
     ("0 2 * * * *", "has 6 fields"),
     ("61 * * * *", "is not a valid cron line"),
     ("", "give a cron line of five fields"),
+    ("0 0 31 2 *", "never ticks: no date matches it"),
 ])
 def test_bad_cron_lines_say_what_a_cron_line_is(line, words):
     with pytest.raises(ValueError, match=words):

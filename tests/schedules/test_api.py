@@ -75,6 +75,7 @@ def test_create_show_list_replace_delete(app):
     ({**NIGHTLY, "kind": "CronJob"}, "kind", "unknown field"),
     (body(schedule="61 * * * *"), "spec.schedule", "is not a valid cron line"),
     (body(schedule="0 2 * *"), "spec.schedule", "has 4 fields: a cron line has five"),
+    (body(schedule="0 0 31 2 *"), "spec.schedule", "never ticks"),
     (body(timezone="Europe/Berlim"), "spec.timezone", "unknown time zone 'Europe/Berlim'"),
     (body(concurrency="Sometimes"), "spec.concurrency", "Allow"),
     (body(starting_deadline_seconds=-5), "spec.starting_deadline_seconds", "greater than or equal to 1"),

@@ -11,7 +11,7 @@ import pytest
 from fastapi import APIRouter
 
 ROUTERS = ("workspace", "runs", "templates", "workers", "drives", "registries", "events", "machines", "admin", "agent", "health",
-           "console")
+           "schedules", "replica_groups", "console")
 SERVER_ROUTERS = [n for n in ROUTERS if n != "console"]
 
 
@@ -57,6 +57,12 @@ def test_every_url_keeps_its_tag(app):
         f"POST {ws}/templates": ["workspace"], f"GET {ws}/templates": ["workspace"],
         f"GET {ws}/templates/{{name}}": ["workspace"], f"PUT {ws}/templates/{{name}}": ["workspace"],
         f"DELETE {ws}/templates/{{name}}": ["workspace"],
+        f"POST {ws}/schedules": ["workspace"], f"GET {ws}/schedules": ["workspace"],
+        f"GET {ws}/schedules/{{name}}": ["workspace"], f"PUT {ws}/schedules/{{name}}": ["workspace"],
+        f"DELETE {ws}/schedules/{{name}}": ["workspace"],
+        f"POST {ws}/replica-groups": ["workspace"], f"GET {ws}/replica-groups": ["workspace"],
+        f"GET {ws}/replica-groups/{{name}}": ["workspace"], f"PATCH {ws}/replica-groups/{{name}}": ["workspace"],
+        f"DELETE {ws}/replica-groups/{{name}}": ["workspace"],
         f"GET {ws}/workers": ["workspace"], f"GET {ws}/workers/{{name}}": ["workspace"],
         f"GET {ws}/workers/{{name}}/logs": ["workspace"],
         f"POST {ws}/drives": ["workspace"], f"GET {ws}/drives": ["workspace"],

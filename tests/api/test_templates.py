@@ -245,11 +245,17 @@ def test_a_template_named_by_a_schedule_or_a_replica_group_cannot_be_deleted(app
 
 
 def test_only_editors_change_templates_and_another_workspace_never_sees_them(app):
-    _create(app, {"metadata": {"name": "mine"}, "spec": {"priority": -10}})
+    _create(app, {"metadata": {"name": "mine"}, "spec": {"priority": -10, "task_template": {
+        "env": {"WANDB_API_KEY": "k-123", "SECRET": {"value": "s-456", "secret": True}}}}})
     r = app.client.post(f"/api/v1/o/{app.boot['org']}/tokens",
                         json={"kind": "user", "workspace": "vision", "role": "viewer"}, headers=_admin(app))
     viewer = {"Authorization": f"Bearer {r.json()['token']}"}
-    assert app.client.get(app.api + "/templates", headers=viewer).status_code == 200
+    r = app.client.get(app.api + "/templates", headers=viewer)
+    assert r.status_code == 200 and "k-123" not in r.text and "s-456" not in r.text
+    assert r.json()["items"][0]["spec"]["task_template"]["env"] == {
+        "WANDB_API_KEY": "******", "SECRET": {"value": "******", "secret": True}}
+    shown = app.client.get(app.api + "/templates/mine", headers=app.h()).json()["spec"]["task_template"]["env"]
+    assert shown == {"WANDB_API_KEY": "k-123", "SECRET": {"value": "******", "secret": True}}  # an editor
     r = app.client.post(app.api + "/templates", json={"metadata": {"name": "x"}, "spec": {}}, headers=viewer)
     _refused(r, 403, "FORBIDDEN", "editor")
     _refused(app.client.delete(app.api + "/templates/mine", headers=viewer), 403, "FORBIDDEN")

@@ -116,3 +116,31 @@ def test_new_run_from_a_template_that_does_not_exist_says_so(c):
         assert r.status_code == 422 and "spec.task_template.imagee: unknown field" in r.text
     with c.client() as api:
         assert api.get("/runs/r-nope").status_code == 404 and api.get("/runs/r-bad").status_code == 404
+
+
+@pytest.mark.browser
+def test_in_a_browser_choosing_a_template_fills_the_form_and_starts_the_run(browser, c):
+    from tests.console.conftest import shot
+    from tests.console.test_browser import sign_in
+
+    ctx, page = sign_in(browser, c, c.token)
+    try:
+        page.click("nav >> text=Templates")
+        page.wait_for_url(re.compile(r"/templates$"))
+        assert page.locator("tr[data-template=con-ft]").count() == 1
+        page.goto(c.server + f"{WS}/runs/new")
+        page.select_option("select[name=template]", "con-ft")  # the select sends its form by itself
+        page.wait_for_url(re.compile(r"/runs/new\?template=con-ft$"))
+        assert page.input_value("input[name=image]") == "python:3.11"
+        assert page.input_value("input[name=drives]") == "con-ckpt:/ckpt"
+        assert page.input_value("input[name=priority]") == "-100"
+        page.fill("input[name=name]", "browser-ft")
+        shot(page, "new-run-from-template")
+        page.click("button:has-text('Start run')")
+        page.wait_for_url(re.compile(r"/jobs/main/browser-ft$"))
+    finally:
+        ctx.close()
+    run = c.run("browser-ft")
+    assert run["spec"]["template"] == "con-ft" and run["spec"]["task_template"]["env"] == {"GREETING": "hello"}
+    with c.client() as api:
+        api.delete("/runs/browser-ft")

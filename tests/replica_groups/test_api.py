@@ -129,3 +129,20 @@ def test_the_priority_cap_on_create_and_update_and_the_refusal_after_a_lowered_m
     assert runs(app) == []
     shown = app.client.get(app.api + "/replica-groups/web", headers=app.h()).json()
     assert (shown["status"]["replicas"], shown["status"]["alive"]) == (1, 0)
+
+
+def test_a_group_from_a_template_and_the_template_kept_while_the_group_names_it(app):
+    tpl = {"metadata": {"name": "eval"}, "spec": {"priority": -5, "task_template": {
+        "image": "python:3.11", "command": "sleep 60", "env": {"SPLIT": "val"}}}}
+    assert app.client.post(app.api + "/templates", json=tpl, headers=app.h()).status_code == 201
+    body = {"metadata": {"name": "evals"}, "spec": {"replicas": 1, "run": {
+        "template": "eval", "task_template": {"args": ["--shard", "1"]}}}}
+    r = app.client.post(app.api + "/replica-groups", json=body, headers=app.h())
+    assert r.status_code == 201, r.text
+    run = wait_for(lambda: (rs := runs(app)) and rs[0], what="the replica")
+    assert run["metadata"]["name"] == "evals-1"
+    assert run["spec"]["priority"] == -5 and run["spec"]["template"] == "eval"
+    assert run["spec"]["task_template"]["args"] == ["--shard", "1"]
+    assert run["spec"]["task_template"]["env"] == {"SPLIT": "val"}
+    r = app.client.delete(app.api + "/templates/eval", headers=app.h())
+    assert r.status_code == 409 and "replica group evals" in r.json()["message"], r.text

@@ -463,6 +463,9 @@ class SchedulingLoop:
                 tick = schedule_ticks.earliest_tick(session, now)  # a schedule's next tick: a full cycle then
                 if tick is not None and (self.next_restart is None or tick < self.next_restart):
                     self.next_restart = tick
+                retry = replica_group_duty.next_retry_at(session, now)  # a replica group's backoff ends
+                if retry is not None and (self.next_restart is None or retry < self.next_restart):
+                    self.next_restart = retry
                 # A stop asked by an agent's report (a gang mate of a worker that failed, or that reached its time
                 # limit) is on another machine than the report's: tell that machine now, not at its next poll.
                 stops = stops_asked_since(session, now - 30)

@@ -18,7 +18,7 @@ import time
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from astraeus import replica_groups as RG
@@ -248,6 +248,12 @@ def _why(run: Run) -> str:
     if run.deleting or run.live_key:
         return "deleted"
     return f"{run.state}: {run.reason}" if run.reason else run.state
+
+
+def next_retry_at(session: Session, at: float) -> float | None:
+    """The earliest time after `at` when a replica group's wait (backoff, or after a refusal) ends (the scheduling
+    loop makes a full pass then), or None."""
+    return session.scalar(select(func.min(ReplicaGroup.retry_at)).where(ReplicaGroup.retry_at > at))
 
 
 def keep_replicas(session: Session, at: float, base: float | None = None) -> set[int]:

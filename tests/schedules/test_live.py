@@ -8,6 +8,7 @@ from __future__ import annotations
 import calendar
 import time
 
+import httpx
 import pytest
 
 from tests.faults.conftest import sleeper_run, wait_for
@@ -55,7 +56,9 @@ def test_a_one_minute_schedule_makes_one_run_per_tick_across_kill9(fleet):
              what=f"the tick's run {name2}")
     srv.kill9()
     srv.start()
-    time.sleep(4)  # a few cycles of the new leader
+    wait_for(lambda: httpx.get(srv.url + "/healthz", timeout=5).json().get("role") == "leader", timeout=30,
+             what="the restarted control plane to lead")
+    time.sleep(3)  # a few cycles of the new leader
 
     assert set(schedule_runs(srv)) == {name1, name2}  # one run per tick, never two
     with srv.client() as c:

@@ -16,8 +16,8 @@ import pytest
 from tests.conftest import start_cluster
 
 PY = sys.executable
-# A short backoff (workers and groups alike: 3 s, then 6 s …), and a full scheduling pass every second.
-ENV = {"ASTRAEUS_RESTART_BACKOFF_BASE": "3", "ASTRAEUS_SCHEDULE_INTERVAL": "1"}
+# A short backoff (workers and groups alike: 5 s, then 10 s …), and a full scheduling pass every second.
+ENV = {"ASTRAEUS_RESTART_BACKOFF_BASE": "5", "ASTRAEUS_SCHEDULE_INTERVAL": "1"}
 
 
 @pytest.fixture
@@ -91,6 +91,7 @@ def test_kill_fail_delete_and_preempt_replicas_and_the_count_returns(cluster, fl
     assert set(running(c, 3)) == {"evals-1", "evals-2", "evals-3"}
     # Killed again: past its budget the run fails, and a new replica takes its place.
     os.kill(pid_of(c, "evals-1-0"), signal.SIGKILL)
+    c.wait_for(lambda: c.run("evals-1")["status"]["state"] == "Failed", 30, what="evals-1 to fail")
     assert set(running(c, 3)) == {"evals-2", "evals-3", "evals-4"}
     assert c.run("evals-1")["status"]["state"] == "Failed"
     assert any("evals-1 is gone (Failed: " in m and "created evals-4 in its place" in m

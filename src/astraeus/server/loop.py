@@ -354,9 +354,12 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -
             touched = detect_lost_machines(session, at)
             touched |= enforce_time_limits(session, at)
         try:  # replica groups keep their count (server/replica_groups.py); a bad group never stops scheduling
-            with STATE_LOCK, cp.sessions() as session, session.begin():
-                fence(session, term, lease)
-                touched |= replica_group_duty.keep_replicas(session, at)
+            with cp.sessions() as session:
+                groups = replica_group_duty.any_group(session)
+            if groups:
+                with STATE_LOCK, cp.sessions() as session, session.begin():
+                    fence(session, term, lease)
+                    touched |= replica_group_duty.keep_replicas(session, at)
         except NotLeader:
             raise
         except Exception:

@@ -250,6 +250,11 @@ def _why(run: Run) -> str:
     return f"{run.state}: {run.reason}" if run.reason else run.state
 
 
+def any_group(session: Session) -> bool:
+    """Whether any replica group exists (read without the state lock: the duty is skipped when none does)."""
+    return session.scalar(select(ReplicaGroup.id).limit(1)) is not None
+
+
 def next_retry_at(session: Session, at: float) -> float | None:
     """The earliest time after `at` when a replica group's wait (backoff, or after a refusal) ends (the scheduling
     loop makes a full pass then), or None."""

@@ -66,9 +66,12 @@ def _names(app) -> list[str]:
 
 
 def _recorded(app, run: str) -> tuple[str | None, int | None]:
+    """The template and version the run shows (GET $API/runs/NAME), checked against what the database holds."""
+    shown = app.client.get(f"{app.api}/runs/{run}", headers=app.h()).json()["metadata"]["template"]
     with app.cp.sessions() as s:
         row = s.scalar(select(Run).where(Run.name == run, Run.live_key == ""))
-        return row.template, row.template_version
+        assert (row.template, row.template_version) == ((shown["name"], shown["version"]) if shown else (None, None))
+    return (shown["name"], shown["version"]) if shown else (None, None)
 
 
 def test_create_list_show_replace_and_delete_a_template(app):
@@ -193,6 +196,10 @@ def test_a_run_from_a_template_merges_by_key_and_mount_path_and_records_the_vers
     assert r.json()["spec"]["priority"] == -50
     assert _recorded(app, "ft-2") == ("ft", 2)
     assert _recorded(app, "ft-1") == ("ft", 1)
+    r = app.client.post(app.api + "/runs", headers=app.h(), json={"metadata": {"name": "plain"}, "spec": {
+        "task_template": {"image": "python:3.11", "command": "true"}}})
+    assert r.status_code == 201 and r.json()["metadata"]["template"] is None
+    assert _recorded(app, "plain") == (None, None)
 
 
 def test_a_run_naming_a_template_that_does_not_exist_is_refused_and_nothing_is_stored(app):

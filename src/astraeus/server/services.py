@@ -257,7 +257,9 @@ def run_view(run: Run, org: Org, ws: Workspace, cluster: Cluster, base: str, his
     spec["task_template"] = shown_template(spec["task_template"], role)
     return {
         "metadata": {"name": run.name, "labels": run.labels or {}, "uid": run.uid, "workspace": ws.name,
-                     "namespace": ws.ns, "cluster": cluster.name, "created_at": iso(run.created_at)},
+                     "namespace": ws.ns, "cluster": cluster.name, "created_at": iso(run.created_at),
+                     # the run template it was made from, and that template's version then (docs/api.md)
+                     "template": {"name": run.template, "version": run.template_version} if run.template else None},
         "spec": spec,
         "status": status,
     }

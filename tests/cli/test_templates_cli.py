@@ -120,6 +120,7 @@ def test_templates_from_the_cli_and_runs_that_name_one(c, tmp_path):
     run = c.run("t1")
     assert run["spec"]["priority"] == -10 and run["metadata"]["labels"] == {"team": "vision"}
     assert run["spec"]["task_template"]["datavolume_refs"][0]["name"] == "tpl-ckpt"
+    assert "Template:" in (out := ok(astra(c, "astraeus", "describe", "t1"))) and "ft (version 1)" in out
 
     # the run's own command, with the template's env and drive
     ok(astra(c, "astraeus", "run", "--template", "ft", "--name", "t2", "--env", "EXTRA=1", "--",

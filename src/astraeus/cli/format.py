@@ -277,6 +277,8 @@ def describe_run(run: dict[str, Any]) -> str:
     fields += [
         ("Cluster", meta.get("cluster") or spec.get("cluster")),
         ("Labels", ", ".join(f"{k}={v}" for k, v in (meta.get("labels") or {}).items()) or None),
+        ("Template", f"{meta['template'].get('name')} (version {meta['template'].get('version')})"
+         if isinstance(meta.get("template"), dict) else None),
         ("Created", show_time(meta.get("created_at")) or None),
         ("State", status.get("state")),
         ("Reason", status.get("reason")),

@@ -93,6 +93,9 @@ def test_new_run_from_a_template_fills_the_form_and_the_run_names_it(c):
         r = h.post(f"{WS}/runs/new", data={**form, "action": "start"}, follow_redirects=False)
         assert r.status_code == 303, r.text[:2000]
         assert r.headers["location"] == f"{WS}/jobs/main/from-con-ft"
+        page = h.get(r.headers["location"]).text
+        assert re.search(r'<dd id="run-template"><a href="/o/acme/w/vision/templates/con-ft">con-ft</a> \(version 1\)',
+                         page)
     run = c.run("from-con-ft")
     tt = run["spec"]["task_template"]
     assert run["spec"]["template"] == "con-ft" and run["spec"]["priority"] == -100

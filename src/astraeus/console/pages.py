@@ -678,5 +678,5 @@ def change_access(request: Request, org: str, cluster: str, ws: str):
     return RedirectResponse(f"/o/{org}/settings?saved={quote(ws)}", status_code=303)
 
 
-from astraeus.console import schedule_pages  # noqa: E402, F401 (its routes join this router)
-from astraeus.console import replica_group_pages  # noqa: E402, F401 (its routes join this router)
+# Their routes join this router (they import it, so they are imported last).
+from astraeus.console import replica_group_pages, schedule_pages  # noqa: E402, F401, I001

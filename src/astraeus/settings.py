@@ -412,6 +412,10 @@ WORKER_ENV = {
     "PET_NPROC_PER_NODE": "a gang: the worker's GPUs (1 without GPUs), which torchrun reads as --nproc-per-node; "
                           "`WORLD_SIZE` is the sum over the gang, `SLURM_GPUS_ON_NODE` the worker's GPUs, "
                           "`SLURM_JOB_NODELIST` the machines' names",
+    "ASTRAEUS_ARRAY_JOB": "a job array's run (`sbatch --array`, `spec.array`): the array's name (also "
+                          "`SLURM_ARRAY_JOB_ID`)",
+    "ASTRAEUS_ARRAY_INDEX": "a job array's run: its index in the array (also `SLURM_ARRAY_TASK_ID`; "
+                            "`SLURM_ARRAY_TASK_COUNT`, `SLURM_ARRAY_TASK_MIN`, `SLURM_ARRAY_TASK_MAX` describe the array)",
     "GLOO_SOCKET_IFNAME": "a gang, unless the run sets it: the network interface holding the machine's address (also "
                           "`NCCL_SOCKET_IFNAME`), so that gloo and NCCL reach the other machines on it",
 }

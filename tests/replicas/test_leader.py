@@ -26,6 +26,21 @@ from astraeus.server.app import create_app
 from astraeus.server.core import ControlPlane, Settings
 from tests.conftest import VENV_BIN, drop_postgres, free_port, postgres_url, read_env, wait_for
 
+
+def _head_revision() -> str:
+    """The newest schema revision this code knows (what a fresh database is migrated to)."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    import astraeus.server.migrations as migrations
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).resolve().parent))
+    return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+HEAD = _head_revision()
+
 pytestmark = pytest.mark.postgres
 
 REG = {"gpus": 8, "cpu_cores": 64, "memory_bytes": 1 << 40, "stop_grace_seconds": 1}
@@ -266,7 +281,7 @@ def test_replicas_starting_at_once_migrate_once_and_bootstrap_once(pg, tmp_path)
         t.join()
     assert errors == []
     with psycopg.connect(pg.replace("+psycopg", "")) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0007",)]
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
     # and their bootstraps, at once, make the defaults once (each gets fresh tokens of its own)
     boots = []
     threads = [threading.Thread(target=lambda cp=cp: boots.append(bootstrap(cp, "acme", "vision", "main", ["/d"])))
@@ -305,7 +320,7 @@ def test_older_code_refuses_a_newer_schema(pg, tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 1
     assert ("astraeus server: the database is at schema revision 0099, newer than this astraeus (knows up to "
-            "0007): upgrade astraeus") in err
+            f"{HEAD}): upgrade astraeus") in err
     with psycopg.connect(pg.replace("+psycopg", "")) as conn:  # and it changed nothing
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0099",)]
 

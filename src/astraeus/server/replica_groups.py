@@ -125,16 +125,11 @@ def check_run(session: Session, caller: Caller, group: str, labels: dict, run_sp
 
 
 def get_group(session: Session, caller: Caller, name: str) -> ReplicaGroup:
-    g = session.scalar(select(ReplicaGroup).where(ReplicaGroup.workspace_id == caller.workspace.id,
-                                                  ReplicaGroup.name == name))
-    if g is None:
-        raise ApiError(404, "NOT_FOUND", f"replica group {name} not found in workspace {caller.workspace.name}")
-    return g
+    return services.get_named(session, caller, ReplicaGroup, name, "replica group", "replica-groups")
 
 
 def list_groups(session: Session, caller: Caller) -> list[ReplicaGroup]:
-    return list(session.scalars(select(ReplicaGroup).where(ReplicaGroup.workspace_id == caller.workspace.id)
-                                .order_by(ReplicaGroup.name)))
+    return services.list_named(session, caller, ReplicaGroup)
 
 
 def create_group(session: Session, caller: Caller, body: GroupCreate, at: float) -> ReplicaGroup:

@@ -143,21 +143,15 @@ def _next(spec: dict[str, Any], at: float) -> float | None:
 
 
 def _find(session: Session, caller: Caller, name: str) -> Schedule | None:
-    return session.scalar(select(Schedule).where(Schedule.workspace_id == caller.workspace.id,
-                                                 Schedule.name == name))
+    return services.find_named(session, caller, Schedule, name)
 
 
 def get(session: Session, caller: Caller, name: str) -> Schedule:
-    sc = _find(session, caller, name)
-    if sc is None:
-        raise ApiError(404, "NOT_FOUND", f"schedule {name} not found in workspace {caller.workspace.name}: "
-                                         "see the workspace's schedules with GET $API/schedules")
-    return sc
+    return services.get_named(session, caller, Schedule, name, "schedule", "schedules")
 
 
 def listed(session: Session, caller: Caller) -> list[Schedule]:
-    return list(session.scalars(select(Schedule).where(Schedule.workspace_id == caller.workspace.id)
-                                .order_by(Schedule.name)))
+    return services.list_named(session, caller, Schedule)
 
 
 def create(session: Session, caller: Caller, body: ScheduleBody, at: float) -> Schedule:

@@ -317,6 +317,25 @@ def system_caller(session: Session, workspace: Workspace) -> Caller:
     return Caller(token=None, org=session.get(Org, workspace.org_id), workspace=workspace, role="editor")
 
 
+def find_named(session: Session, caller: Caller, model, name: str):
+    """The caller's workspace's object of `model` (a table with workspace_id and name) named `name`, or None."""
+    return session.scalar(select(model).where(model.workspace_id == caller.workspace.id, model.name == name))
+
+
+def get_named(session: Session, caller: Caller, model, name: str, what: str, path: str):
+    """As find_named, or 404 NOT_FOUND saying where to list them (`what`: "schedule"; `path`: "schedules")."""
+    found = find_named(session, caller, model, name)
+    if found is None:
+        raise ApiError(404, "NOT_FOUND", f"{what} {name} not found in workspace {caller.workspace.name}: see the "
+                                         f"workspace's {what}s with GET $API/{path}")
+    return found
+
+
+def list_named(session: Session, caller: Caller, model) -> list:
+    """The caller's workspace's objects of `model`, by name."""
+    return list(session.scalars(select(model).where(model.workspace_id == caller.workspace.id).order_by(model.name)))
+
+
 def resolve_template(session: Session, caller: Caller, spec: dict) -> tuple[dict, Template | None]:
     """A run spec naming `template` completed from that template (astraeus.templates.merge), and the template;
     a spec naming none as it is. 404 TEMPLATE_NOT_FOUND when there is no such template in the workspace."""

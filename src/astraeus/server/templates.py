@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from astraeus import spec as S
 from astraeus import templates as T
-from astraeus.server import lifecycle
+from astraeus.server import lifecycle, services
 from astraeus.server.db import Drive, ReplicaGroup, Schedule, Template
 from astraeus.server.services import (
     ApiError,
@@ -95,20 +95,15 @@ def _checked(session: Session, caller: Caller, body: TemplateBody) -> dict[str, 
 
 
 def _find(session: Session, caller: Caller, name: str) -> Template | None:
-    return session.scalar(select(Template).where(Template.workspace_id == caller.workspace.id, Template.name == name))
+    return services.find_named(session, caller, Template, name)
 
 
 def get(session: Session, caller: Caller, name: str) -> Template:
-    t = _find(session, caller, name)
-    if t is None:
-        raise ApiError(404, "NOT_FOUND", f"template {name} not found in workspace {caller.workspace.name}: "
-                                         "see the workspace's templates with GET $API/templates")
-    return t
+    return services.get_named(session, caller, Template, name, "template", "templates")
 
 
 def listed(session: Session, caller: Caller) -> list[Template]:
-    return list(session.scalars(select(Template).where(Template.workspace_id == caller.workspace.id)
-                                .order_by(Template.name)))
+    return services.list_named(session, caller, Template)
 
 
 def create(session: Session, caller: Caller, body: TemplateBody, at: float) -> Template:

@@ -138,6 +138,9 @@ class Metadata(Strict):
 
 class GpuRequests(Strict):
     count: Annotated[int, Field(ge=0, le=4096)] = 0
+    # Revision 0009: only machines whose GPU model contains this, case-insensitively ("a100", "H100"); Slurm's
+    # `--gres=gpu:<type>:<n>` and `--gpus=<type>:<n>`.
+    model: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$")] | None = None
     min_per_machine: Annotated[int, Field(ge=1, le=64)] | None = None
 
 
@@ -150,6 +153,21 @@ class NodeSelection(Strict):
     mode: Literal["Any", "Names", "Labels"] = "Any"
     names: list[str] = Field(default_factory=list, max_length=MAX_NODE_NAMES)
     labels: dict[str, str] = Field(default_factory=dict)
+    # Revision 0009: only machines of these pools (with any mode); and a reservation the run waits for and runs in.
+    pools: list[str] = Field(default_factory=list, max_length=64)
+    reservation: str | None = None
+
+    @field_validator("pools")
+    @classmethod
+    def _pools(cls, v: list[str]) -> list[str]:
+        for n in v:
+            check_dns_label(n, "pool name")
+        return v
+
+    @field_validator("reservation")
+    @classmethod
+    def _reservation(cls, v: str | None) -> str | None:
+        return v if v is None else check_dns_label(v, "reservation name")
 
     @field_validator("names")
     @classmethod

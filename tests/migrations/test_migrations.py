@@ -403,7 +403,8 @@ ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvo
                     "tokens": {"machine_id": None},
                     "runs": {"template": None, "template_version": None, "schedule_id": None, "group_id": None,
                              "array_job": None, "array_index": None, "array_max_running": None},
-                    "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None}}
+                    "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None},
+                    "access": {"pools": None}}
 
 
 def test_downgrade_to_0001_keeps_every_row(released, tmp_path):

@@ -14,8 +14,10 @@ from .model import (
     PlacedWorker,
     Placement,
     Plan,
+    Pool,
     Quota,
     QuotaReached,
+    Reservation,
     RunningUnit,
     Snapshot,
     Start,
@@ -25,6 +27,7 @@ from .model import (
     WorkerRequest,
     Workspace,
 )
+from .whatif import WhatIf, answer, what_if
 
 __all__ = [
     "Dependency",
@@ -33,15 +36,20 @@ __all__ = [
     "Placement",
     "PlacedWorker",
     "Plan",
+    "Pool",
     "Quota",
     "QuotaReached",
+    "Reservation",
     "RunningUnit",
     "Snapshot",
     "Start",
     "StartRun",
     "StopUnit",
     "WaitingRun",
+    "WhatIf",
     "WorkerRequest",
     "Workspace",
+    "answer",
     "plan",
+    "what_if",
 ]

@@ -32,6 +32,7 @@ class Machine:
     schedulable: bool = True  # False when lost or cordoned: nothing new is placed there
     # Added for the per-machine "why not" lines: `machine is not schedulable (<this>)`.
     unschedulable_reason: str = "lost"
+    gpu_model: str = ""  # the machine's GPU model as its agent reports it ("NVIDIA H100 80GB HBM3"); "" none
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,30 @@ class Workspace:
     name: str
     quota: Quota | None = None  # None: no quota on this cluster, share 0
     weight: float = 1.0
+    pools: tuple[str, ...] | None = None  # the pools it may use on this cluster; None: every machine
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A named group of the cluster's machines (resolved by the control plane from names and labels)."""
+
+    name: str
+    machines: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Machines kept for some workspaces from `start` to `end` (epoch seconds; end None: no end).
+
+    Inside the window only those workspaces' runs are placed on the machines, and work of others still there is
+    stopped (`Plan.reservation_stops`). Before it, others' runs may use them only if their time limit and the
+    machine's stop grace end them by `start`."""
+
+    name: str
+    machines: tuple[str, ...]
+    workspaces: tuple[str, ...]  # Workspace.id of each workspace it is for
+    start: float
+    end: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +119,9 @@ class NodeSelection:
     mode: Literal["Any", "Names", "Labels"] = "Any"
     names: tuple[str, ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
+    pools: tuple[str, ...] = ()  # only machines of one of these pools (and of the workspace's pools); () any
+    gpu_model: str | None = None  # only machines whose GPU model contains this, case-insensitively ("a100")
+    reservation: str | None = None  # only that reservation's machines, inside its window (waits before it)
 
 
 DependencyType = Literal["afterok", "afterany", "afternotok", "singleton"]
@@ -147,6 +175,8 @@ class Snapshot:
     backfill: bool = True  # switches for the simulator: turn rules off to see their effect
     fair_share: bool = True
     fifo: bool = False  # order by submission time only (ignores priority and fair share)
+    pools: tuple[Pool, ...] = ()
+    reservations: tuple[Reservation, ...] = ()  # those not yet ended (an ended one restricts nothing)
     # Added: how many waiting runs (in queue order, not started) get per-machine `why_not` lines. Each line
     # costs one entry per machine, so 10k waiting runs on 1,000 machines would be 10M lines; the console shows
     # the first page of the queue (50). The simulator sets 0; None means every waiting run.
@@ -202,3 +232,6 @@ class Plan:
     quota_reached: tuple[QuotaReached, ...] = ()
     # Waiting runs whose dependency can no longer be met: they fail with this reason.
     fails: dict[str, str] = field(default_factory=dict)
+    # Work of other workspaces still on a reservation's machines once its window is open: stopped like a
+    # preemption (no restart spent), preempted_by the reservation's name, reason "Stopped for reservation <name>".
+    reservation_stops: tuple[StopUnit, ...] = ()

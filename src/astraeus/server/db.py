@@ -74,6 +74,8 @@ class Access(Base):
     quota_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     quota_workers: Mapped[int | None] = mapped_column(Integer, nullable=True)
     host_paths: Mapped[list] = mapped_column(JSON, default=list)
+    # Revision 0009: the pools of the cluster the workspace may use (names); None: every machine of the cluster.
+    pools: Mapped[list | None] = mapped_column(JSON, nullable=True)
     __table_args__ = (UniqueConstraint("workspace_id", "cluster_id"),)
 
 
@@ -128,6 +130,42 @@ class Machine(Base):
     last_heartbeat: Mapped[float] = mapped_column(Float, default=now)
     registered_at: Mapped[float] = mapped_column(Float, default=now)
     __table_args__ = (UniqueConstraint("cluster_id", "name"),)
+
+
+class Pool(Base):
+    """Revision 0009: a named group of a cluster's machines, by name (`machines`) and/or by label (`labels`: every
+    one must match). Membership is worked out when used, so a machine that registers later with the labels joins."""
+
+    __tablename__ = "pools"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    machines: Mapped[list] = mapped_column(JSON, default=list)
+    labels: Mapped[dict] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    __table_args__ = (UniqueConstraint("cluster_id", "name"),)
+
+
+class Reservation(Base):
+    """Revision 0009: machines of one cluster kept for some workspaces from `start_at` to `end_at` (None: no end).
+    `machines` are the names chosen when it was made (given by name, or `count` machines of `pool`). `opened` and
+    `closed` record that the window's events were written (each once)."""
+
+    __tablename__ = "reservations"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("orgs.id"))
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    workspaces: Mapped[list] = mapped_column(JSON, default=list)  # workspace ids
+    machines: Mapped[list] = mapped_column(JSON, default=list)  # machine names
+    pool: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    count: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    start_at: Mapped[float] = mapped_column(Float)
+    end_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    opened: Mapped[bool] = mapped_column(Boolean, default=False)
+    closed: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    __table_args__ = (UniqueConstraint("org_id", "name"),)
 
 
 class Run(Base):

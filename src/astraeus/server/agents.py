@@ -218,17 +218,27 @@ def _mount(d: Drive, ref: dict, access: Access, m: Machine, keepers: dict[str, M
 
 def exports(session: Session, m: Machine) -> list[P.Export]:
     """The drives machine `m` keeps that workers on other machines use now: each exported to those machines'
-    addresses only (and to nobody once the last of them ended)."""
+    addresses only (and to nobody once the last of them ended). Every assignments answer to every machine asks,
+    and most machines keep no drive: the drives kept here are looked up first (usually none, and the answer is
+    made), then only the workers of their workspaces' runs are read."""
     if m.state != lifecycle.MachineState.READY:
         return []
+    kept = [d for d in session.scalars(select(Drive).where(Drive.cluster_id == m.cluster_id).order_by(Drive.id))
+            if d.spec["sources"][0].get("node") == m.name]
+    if not kept:
+        return []
+    ws_ids = {d.workspace_id for d in kept}
+    names = {(d.workspace_id, d.name) for d in kept}
     rows = session.execute(
-        select(Worker, Run, Workspace, Machine).join(Run, Worker.run_id == Run.id)
-        .join(Workspace, Run.workspace_id == Workspace.id).join(Machine, Worker.machine_id == Machine.id)
-        .where(Run.cluster_id == m.cluster_id, Worker.machine_id != m.id, Worker.state.in_(lifecycle.ACTIVE))).all()
+        select(Run.workspace_id, Run.spec, Machine.address, Machine.name).join(Worker, Worker.run_id == Run.id)
+        .join(Machine, Worker.machine_id == Machine.id)
+        .where(Run.cluster_id == m.cluster_id, Run.workspace_id.in_(ws_ids), Worker.machine_id != m.id,
+               Worker.state.in_(lifecycle.ACTIVE))).all()
     wanted: dict[tuple[int, str], set[str]] = {}
-    for _w, run, _ws, there in rows:
-        for ref in run.spec["task_template"].get("datavolume_refs") or []:
-            wanted.setdefault((run.workspace_id, ref["name"]), set()).add(there.address or there.name)
+    for ws_id, spec, address, there in rows:
+        for ref in spec["task_template"].get("datavolume_refs") or []:
+            if (ws_id, ref["name"]) in names:
+                wanted.setdefault((ws_id, ref["name"]), set()).add(address or there)
     if not wanted:
         return []
     ws_ids = {k[0] for k in wanted}
@@ -236,11 +246,10 @@ def exports(session: Session, m: Machine) -> list[P.Export]:
     grants = {a.workspace_id: a for a in session.scalars(select(Access).where(
         Access.workspace_id.in_(ws_ids), Access.cluster_id == m.cluster_id))}
     out = []
-    for d in session.scalars(select(Drive).where(Drive.cluster_id == m.cluster_id, Drive.workspace_id.in_(ws_ids))
-                             .order_by(Drive.id)):
+    for d in kept:
         clients = wanted.get((d.workspace_id, d.name))
         src = d.spec["sources"][0]
-        if not clients or src.get("node") != m.name or d.workspace_id not in grants:
+        if not clients or d.workspace_id not in grants:
             continue
         out.append(P.Export(drive=f"{spaces[d.workspace_id].ns}.{d.name}", workspace_number=d.workspace_id,
                             path=src["path"],

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
-from astraeus.server import services
+from astraeus.server import pools, services
 from astraeus.server.db import Access, Cluster, Machine, Org, Token, Workspace
 from astraeus.server.services import ApiError, Caller
 
@@ -42,7 +42,8 @@ def workspace_named(s: Session, c: Caller, name: str) -> Workspace:
 
 
 def apply_clusters(s: Session, c: Caller, ws: Workspace, clusters: dict) -> None:
-    """Grant or change the workspace's access to each named cluster (quota, weight, max priority, host paths)."""
+    """Grant or change the workspace's access to each named cluster (quota, weight, max priority, host paths,
+    pools)."""
     for cname, conf in (clusters or {}).items():
         cl = s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == cname))
         if cl is None:
@@ -52,10 +53,13 @@ def apply_clusters(s: Session, c: Caller, ws: Workspace, clusters: dict) -> None
         if mp is not None and not (S.PRIORITY_MIN <= int(mp) <= S.PRIORITY_MAX):
             raise ApiError(422, "INVALID", f"clusters.{cname}.max_priority: must be between -1000 and 1000")
         try:
-            services.set_access(s, ws, cl, max_priority=mp, weight=conf.get("weight"),
-                                host_paths=conf.get("host_paths"), quota=conf.get("quota"))
+            acc = services.set_access(s, ws, cl, max_priority=mp, weight=conf.get("weight"),
+                                      host_paths=conf.get("host_paths"), quota=conf.get("quota"))
         except ValueError as e:
             raise ApiError(422, "INVALID", f"clusters.{cname}: {e}") from None
+        if "pools" in conf:  # the pools it may use; null: every machine of the cluster again
+            acc.pools = pools.check_access_pools(s, cl, conf["pools"])
+            s.flush()
 
 
 def create_workspace(s: Session, c: Caller, body: dict) -> dict:

@@ -23,8 +23,10 @@ from astraeus.server.routers import (
     events,
     health,
     machines,
+    pools,
     registries,
     replica_groups,
+    reservations,
     runs,
     schedules,
     templates,
@@ -40,7 +42,7 @@ THREADS = 400
 
 # In the order /openapi.json lists them.
 ROUTERS = (health, workspace, runs, templates, schedules, replica_groups, workers, drives, registries, events, machines,
-           admin, agent)
+           admin, pools, reservations, agent)
 
 
 def mib(n: int) -> str:

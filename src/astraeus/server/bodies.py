@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from astraeus.spec import Strict, check_dns_label
 
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
@@ -36,6 +38,7 @@ class AccessConf(Loose):
     weight: Annotated[float, Field(gt=0, le=1e6)] | None = None
     host_paths: list[str] | None = None
     quota: Quota | None = None
+    pools: list[str] | None = None  # the cluster's pools the workspace may use; null: every machine again
 
 
 class WorkspaceCreate(Loose):
@@ -64,6 +67,48 @@ class TokenCreate(Loose):
     role: Literal["viewer", "editor", "admin"] | None = None
     cluster: str | None = None
     expires_in_seconds: Annotated[float, Field(gt=0, le=10 * 366 * 86400)] | None = None
+
+
+Name = Annotated[str, Field(max_length=63)]
+
+
+class PoolSelector(Strict):
+    """A pool's machines: these names, and every machine having all these labels (union of both)."""
+
+    machines: list[Name] = Field(default_factory=list, max_length=4096)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+
+class PoolCreate(PoolSelector):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_dns_label(v, "pool name")
+
+
+class PoolReplace(PoolSelector):
+    name: str | None = None  # when given, the pool's own name (a pool is not renamed)
+
+
+class ReservationCreate(Strict):
+    """`machines` by name, or `count` machines of `pool`; `start`/`end` ISO 8601 (start default now, end null:
+    no end)."""
+
+    name: str
+    cluster: Name
+    workspaces: list[Name] = Field(min_length=1, max_length=256)
+    machines: list[Name] | None = Field(default=None, max_length=4096)
+    pool: Name | None = None
+    count: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    start: Annotated[str, Field(max_length=64)] | None = None
+    end: Annotated[str, Field(max_length=64)] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_dns_label(v, "reservation name")
 
 
 ERRORS: dict = {status: {"model": Error, "description": what} for status, what in (

@@ -65,6 +65,7 @@ class StopKind(StrEnum):
     TIMELIMIT = "timelimit"  # past its time limit: fails, not restarted
     TIMELIMIT_GANG = "timelimit_gang"  # a gang mate of a worker past its time limit
     GANG = "gang"  # a gang mate failed: the gang restarts (or fails) together
+    RESERVATION = "reservation"  # its machine's reservation opened for other workspaces: queued again, no restart
 
 
 W, R = WorkerState, RunState
@@ -421,6 +422,22 @@ def preempt(session: Session, run: Run, workers: list[Worker], head: str, reason
         event(session, run.workspace_id, "Preempted", run.name, reason, at)
 
 
+def stop_for_reservation(session: Session, run: Run, workers: list[Worker], reservation: str, reason: str,
+                         at: float) -> None:
+    """Stop these workers of `run`: a reservation for other workspaces opened on their machines. Like a
+    preemption (counted as one, no restart spent; queued again once they ended), but the run is not said to wait
+    for higher-priority work: its reason and history say `reason` ("Stopped for reservation <name>")."""
+    stopped = False
+    for w in workers:
+        if allows("stop", w.state) and w.desired != "Stopped":
+            request_stop(session, run, w, StopKind.RESERVATION, reason, at, preempted_for=reservation[:63])
+            w.preemptions += 1
+            stopped = True
+    if stopped:
+        run.preemptions += 1
+        event(session, run.workspace_id, "Preempted", run.name, reason, at)
+
+
 def _release(worker: Worker) -> None:
     """The worker no longer holds room on a machine."""
     worker.desired = None
@@ -469,6 +486,16 @@ def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, sig
                 w.restart_at = None  # a preemption never waits on backoff
             run.preempted_by = by
             history(session, run, R.PENDING, f"Preempted by {by}; queued again", at)
+    elif kind == StopKind.RESERVATION:
+        said = worker.stop_reason or "Stopped for a reservation"
+        _move(worker, "preempted", said)
+        mates = [w for w in run.workers if w.stop_kind == StopKind.RESERVATION] if gang else [worker]
+        if all(w.state not in ACTIVE for w in mates):
+            for w in mates:
+                _requeue(w, f"{said}; queued again")
+                w.restart_at = None
+            run.preempted_by = None  # it waits as any run does, not for higher-priority work
+            history(session, run, R.PENDING, f"{said}; queued again", at)
     elif kind == StopKind.DELETE:
         _move(worker, "deleted", "Deleted")
     elif kind == StopKind.TIMELIMIT:

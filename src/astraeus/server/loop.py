@@ -22,10 +22,12 @@ from astraeus import drives as drive_rules
 from astraeus import rendezvous
 from astraeus import scheduler as sched
 from astraeus.server import agents, lifecycle
+from astraeus.server import pools as pool_rules
 from astraeus.server import replica_groups as replica_group_duty
+from astraeus.server import reservations as reservation_duty
 from astraeus.server import schedules as schedule_ticks
 from astraeus.server.core import STATE_LOCK, ControlPlane
-from astraeus.server.db import Access, Cluster, Drive, Machine, Run, Worker, Workspace
+from astraeus.server.db import Access, Cluster, Drive, Machine, Reservation, Run, Worker, Workspace
 from astraeus.server.leader import NotLeader, Term, fence
 
 log = logging.getLogger("astraeus.loop")
@@ -54,8 +56,18 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
     snap_machines = tuple(
         sched.Machine(name=m.name, gpus=m.gpus, cpu_cores=m.cpu_cores, memory_bytes=m.memory_bytes,
                       labels=tuple(sorted((m.labels or {}).items())), stop_grace_seconds=m.stop_grace_seconds,
-                      schedulable=m.state == lifecycle.MachineState.READY)
+                      schedulable=m.state == lifecycle.MachineState.READY,
+                      gpu_model=(m.gpu_models or [""])[0] or "")
         for m in sorted(machines, key=lambda m: m.name))
+    snap_pools = tuple(sched.Pool(name=p.name, machines=tuple(pool_rules.pool_members(p, machines)))
+                       for p in pool_rules.cluster_pools(session, cluster.id))
+    snap_reservations = tuple(
+        sched.Reservation(name=r.name, machines=tuple(r.machines or ()),
+                          workspaces=tuple(wss[w].ns for w in r.workspaces or () if w in wss),
+                          start=r.start_at, end=r.end_at)
+        for r in session.scalars(select(Reservation).where(Reservation.cluster_id == cluster.id)
+                                 .order_by(Reservation.start_at, Reservation.name))
+        if r.end_at is None or r.end_at > at)
     facts = {m.name: drive_rules.MachineFacts.of(m.name, m.state == lifecycle.MachineState.READY, m.address,
                                                   m.shared_filesystems, m.nfs) for m in machines}
     # Runs are named in the plan by name; two workspaces may use one name, so those get "name@ns" keys.
@@ -118,7 +130,11 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                                               memory_bytes=w.memory_bytes) for w in pending),
             start="Independent" if independent else "Gang", time_limit_seconds=limit,
             node_selection=sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
-                                               labels=tuple(sorted((sel.get("labels") or {}).items()))),
+                                               labels=tuple(sorted((sel.get("labels") or {}).items())),
+                                               pools=tuple(sel.get("pools") or ()),
+                                               gpu_model=(tt.get("requested_resources", {}).get("gpu_requests")
+                                                          or {}).get("model"),
+                                               reservation=sel.get("reservation")),
             excluded_machines=tuple(excluded), quota_noted=run.quota_noted,
             array=run.array_job, array_max_running=run.array_max_running, dependency=deps.get(run.id)))
     workspaces = []
@@ -128,9 +144,11 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                                                 a.quota_workers))
         quota = sched.Quota(gpus=a.quota_gpus, cpu_cores=a.quota_cpu_cores, memory_bytes=a.quota_memory_bytes,
                             workers=a.quota_workers) if has_quota else None
-        workspaces.append(sched.Workspace(id=ws.ns, name=ws.name, quota=quota, weight=a.weight or 1.0))
+        workspaces.append(sched.Workspace(id=ws.ns, name=ws.name, quota=quota, weight=a.weight or 1.0,
+                                          pools=tuple(a.pools) if a.pools is not None else None))
     snap = sched.Snapshot(cluster=cluster.name, machines=snap_machines, running=tuple(running),
-                          waiting=tuple(waiting), workspaces=tuple(workspaces), preemption=cluster.preemption)
+                          waiting=tuple(waiting), workspaces=tuple(workspaces), preemption=cluster.preemption,
+                          pools=snap_pools, reservations=snap_reservations)
     # What the apply step needs to find the rows again (under the state lock, in its own session) and to write
     # only what changed: ids, and the reasons and per-machine lines the snapshot saw.
     lookups = {"runs": {key(r): r.id for r in runs}, "machines": {m.name: m.id for m in machines},
@@ -263,6 +281,18 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
         lifecycle.preempt(session, run, ws, text(stop.preempted_by), text(stop.reason), at)
         lifecycle.refresh_run(session, run, at)
         PREEMPTIONS.inc()
+    for stop in plan.reservation_stops:  # others' work on a reservation's machines once its window opened
+        run = run_named(stop.run)
+        if run is None:
+            continue
+        gang = run.spec.get("start") != "Independent"
+        ws = [w for w in run.workers if (gang or w.name in stop.workers) and w.state in lifecycle.ACTIVE
+              and w.desired != "Stopped"]  # a gang stops whole: it is queued again only once none still runs
+        if not ws:
+            continue
+        touched.update(w.machine_id for w in ws if w.machine_id)
+        lifecycle.stop_for_reservation(session, run, ws, stop.preempted_by, stop.reason, at)
+        lifecycle.refresh_run(session, run, at)
     seen_reasons = lookups["queue_reasons"]
     for name, reason in plan.reasons.items():
         reason = text(reason)
@@ -370,13 +400,25 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -
             raise
         except Exception:
             log.exception("schedules: a tick failed this cycle")
+        try:  # reservations' windows open and close (server/reservations.py): their events, once each
+            with cp.sessions() as session:
+                due = reservation_duty.any_due(session, at)
+            if due:
+                with STATE_LOCK, cp.sessions() as session, session.begin():
+                    fence(session, term, lease)
+                    touched |= reservation_duty.open_and_close(session, at)
+        except NotLeader:
+            raise
+        except Exception:
+            log.exception("reservations: nothing applied this cycle")
         replan = False
         with cp.sessions() as session:
             clusters = list(session.scalars(select(Cluster)))
         for cluster in clusters:
             with cp.sessions() as session:
                 snap, lookups = build_snapshot(session, cluster, at)
-            if not snap.waiting and not any(u.stopping for u in snap.running):
+            reserved = snap.running and any(r.start <= at for r in snap.reservations)  # others' work may stop
+            if not snap.waiting and not any(u.stopping for u in snap.running) and not reserved:
                 continue
             p0 = time.perf_counter()
             plan = sched.plan(snap, at)
@@ -469,6 +511,9 @@ class SchedulingLoop:
                 retry = replica_group_duty.next_retry_at(session, now)  # a replica group's backoff ends
                 if retry is not None and (self.next_restart is None or retry < self.next_restart):
                     self.next_restart = retry
+                change = reservation_duty.next_change(session, now)  # a reservation's window opens or closes
+                if change is not None and (self.next_restart is None or change < self.next_restart):
+                    self.next_restart = change
                 # A stop asked by an agent's report (a gang mate of a worker that failed, or that reached its time
                 # limit) is on another machine than the report's: tell that machine now, not at its next poll.
                 stops = stops_asked_since(session, now - 30)

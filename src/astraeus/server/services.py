@@ -25,6 +25,7 @@ from astraeus.server.db import (
     LogLine,
     Machine,
     Org,
+    Pool,
     Run,
     Template,
     Token,
@@ -409,6 +410,7 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -
             raise ApiError(400, "DRIVE_NOT_FOUND",
                            f"spec.task_template.datavolume_refs: drive {ref.name} does not exist in workspace "
                            f"{caller.workspace.name}: create it first (POST $API/drives)")
+    check_node_selection(session, caller, cluster, access, body.spec.task_template.requested_resources, at)
     name = body.metadata.name
     if session.scalar(select(Run.id).where(Run.workspace_id == caller.workspace.id, Run.name == name,
                                            Run.live_key == "")):
@@ -437,6 +439,30 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -
     session.flush()
     session.refresh(run)
     return run
+
+
+def check_node_selection(session: Session, caller: Caller, cluster: Cluster, access: Access, resources,
+                         at: float) -> None:
+    """The pools a run asks for are pools of the cluster that its workspace may use (422 for no such pool, 403
+    POOL_NOT_ALLOWED for one outside the workspace's), and the reservation it names is one for its workspace on
+    the cluster, not ended (422)."""
+    from astraeus.server import pools, reservations
+
+    sel = resources.node_selection if resources is not None else None
+    if sel is None:
+        return
+    field = "spec.task_template.requested_resources.node_selection.pools"
+    if sel.pools:
+        known = {p.name for p in pools.cluster_pools(session, cluster.id)}
+        for name in sel.pools:
+            if name not in known:
+                raise ApiError(422, "INVALID", f"{field}: no pool named {name} in cluster {cluster.name}")
+            if access.pools is not None and name not in access.pools:
+                raise ApiError(403, "POOL_NOT_ALLOWED",
+                               f"{field}: pool {name} is not one of workspace {caller.workspace.name}'s pools on "
+                               f"cluster {cluster.name} ({', '.join(access.pools) or 'none'})")
+    if sel.reservation:
+        reservations.check_run(session, caller, cluster, sel.reservation, at)
 
 
 def get_run(session: Session, caller: Caller, name: str) -> Run:
@@ -636,9 +662,17 @@ def machines_view(session: Session, cluster_ids: list[int]) -> list[dict]:
         counts[mid] = counts.get(mid, 0) + len(idx or [])
     out = []
     names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
-    for m in session.scalars(select(Machine).where(Machine.cluster_id.in_(cluster_ids)).order_by(Machine.name)):
+    machines = list(session.scalars(select(Machine).where(Machine.cluster_id.in_(cluster_ids)).order_by(Machine.name)))
+    in_pools: dict[tuple[int, str], list[str]] = {}  # (cluster id, machine) -> the pools it is in
+    from astraeus.server.pools import pool_members
+
+    for p in session.scalars(select(Pool).where(Pool.cluster_id.in_(cluster_ids)).order_by(Pool.name)):
+        for n in pool_members(p, [m for m in machines if m.cluster_id == p.cluster_id]):
+            in_pools.setdefault((p.cluster_id, n), []).append(p.name)
+    for m in machines:
         u = counts.get(m.id, 0)
         out.append({"name": m.name, "cluster": names.get(m.cluster_id), "state": m.state, "gpus": m.gpus,
+                    "pools": in_pools.get((m.cluster_id, m.name), []),
                     "gpus_used": u, "gpus_free": max(0, m.gpus - u) if m.state == "Ready" else 0,
                     "gpu_models": m.gpu_models, "cpu_cores": m.cpu_cores, "memory_bytes": m.memory_bytes,
                     "stop_grace_seconds": m.stop_grace_seconds, "labels": m.labels, "runtime": m.runtime,
@@ -660,6 +694,6 @@ def workspace_view(session: Session, caller: Caller, base: str) -> dict:
 
 def access_view(c: Cluster, a: Access) -> dict:
     return {"name": c.name, "max_priority": a.max_priority, "weight": a.weight, "host_paths": a.host_paths or [],
-            "preemption": c.preemption,
+            "preemption": c.preemption, "pools": list(a.pools) if a.pools is not None else None,
             "quota": {"gpus": a.quota_gpus, "cpu_cores": a.quota_cpu_cores, "memory_bytes": a.quota_memory_bytes,
                       "workers": a.quota_workers}}

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query, Response
 from sqlalchemy import select
 
 from astraeus import spec as S
 from astraeus.server import bodies as B
-from astraeus.server import services
+from astraeus.server import services, whatif
 from astraeus.server.db import Cluster
 from astraeus.server.routers.deps import CP, Base, Sess, WsCaller, machine_names, now, tx
 from astraeus.server.routers.workspace import PREFIX
@@ -40,8 +40,16 @@ def document_run_body(app) -> None:
     app.openapi = openapi
 
 
-@router.post("/runs", status_code=201)
-def create_run(c: WsCaller, s: Sess, cp: CP, base: Base, body: Annotated[dict, Body()]):
+@router.post("/runs", status_code=201, responses={200: {"description": "dry_run=true: what the run would do now "
+                                                                         "(nothing is stored)"}})
+def create_run(c: WsCaller, s: Sess, cp: CP, base: Base, body: Annotated[dict, Body()], response: Response,
+               dry_run: Annotated[bool, Query(description="Answer what the run would do if submitted now (starts "
+                                                          "where, preempts whom, starts by when, waits behind "
+                                                          "whom) and store nothing; refusals are the submit's")]
+               = False):
+    if dry_run:
+        response.status_code = 200
+        return whatif.what_if(s, c, body, now())
     with tx(s):
         run = services.submit_run_body(s, c, body, now())
         out = services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base, [], {},

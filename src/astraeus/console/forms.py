@@ -15,10 +15,11 @@ from typing import Any
 from astraeus.units import GIB, UnitError, format_cpus, parse_duration, parse_memory
 
 RUN_FIELDS = ("name", "image", "command", "args", "gpus", "machines", "cpus", "memory", "drives", "time_limit",
-              "restart_policy", "priority", "start", "template")
+              "restart_policy", "priority", "start", "template", "pools")
 RUN_DEFAULTS = {"restart_policy": "OnFailure", "priority": "0", "start": "Independent", "gpus": "0",
                 "machines": "1"}
 DRIVE_FIELDS = ("name", "kind", "machine", "filesystem", "path", "mount_path", "mode", "transport", "create")
+RESERVATION_FIELDS = ("name", "cluster", "workspaces", "machines", "pool", "count", "start", "end")
 ACCESS_FIELDS = ("host_paths", "max_priority", "weight", "quota_gpus", "quota_cpu_cores", "quota_memory_gib",
                  "quota_workers")
 
@@ -39,6 +40,11 @@ def _number(text: str, integer: bool = True) -> Any:
 def split_args(text: str) -> list[str]:
     """The Arguments field splits on spaces; quotes are not understood (Edit as JSON for those)."""
     return (text or "").split()
+
+
+def names(text: str) -> list[str]:
+    """A list field (pools, machines, workspaces): names separated by commas or spaces."""
+    return [x for x in re.split(r"[\s,]+", (text or "").strip()) if x]
 
 
 def parse_drives(text: str) -> list[dict[str, str]]:
@@ -75,6 +81,8 @@ def run_body(form: dict[str, str]) -> dict[str, Any]:
     if f["machines"]:
         resources["machines"] = _number(f["machines"])
     resources["node_selection"] = {"mode": "Any"}
+    if names(f["pools"]):
+        resources["node_selection"]["pools"] = names(f["pools"])
     template: dict[str, Any] = {"image": f["image"], "command": f["command"], "args": args,
                                 "restart_policy": f["restart_policy"] or "OnFailure"}
     if f["time_limit"]:
@@ -127,7 +135,8 @@ def template_values(spec: dict[str, Any]) -> dict[str, str]:
               "cpus": f"{format_cpus(cpus)}" if cpus else "", "memory": _size(memory), "drives": drives,
               "time_limit": str(tt["time_limit_seconds"]) if tt.get("time_limit_seconds") else "",
               "restart_policy": tt.get("restart_policy", "OnFailure"), "priority": str(spec.get("priority", 0)),
-              "start": spec.get("start", "Independent")}
+              "start": spec.get("start", "Independent"),
+              "pools": ", ".join((rr.get("node_selection") or {}).get("pools") or [])}
     return values
 
 
@@ -180,3 +189,21 @@ def access_body(form: dict[str, str], cluster: str) -> dict[str, Any]:
                      "memory_bytes": _gib(f["quota_memory_gib"]) if f["quota_memory_gib"] else None,
                      "workers": f["quota_workers"] or None}
     return {"clusters": {cluster: conf}}
+
+
+def reservation_body(form: dict[str, str]) -> dict[str, Any]:
+    """Settings → Reservations → New reservation → the body of POST $ORG_API/reservations. Machines by name, or a
+    pool and a count; an empty Start means now, an empty End no end. Times go on as typed (ISO 8601), for the
+    API to read or refuse."""
+    f = {k: (form.get(k) or "").strip() for k in RESERVATION_FIELDS}
+    body: dict[str, Any] = {"name": f["name"], "cluster": f["cluster"], "workspaces": names(f["workspaces"])}
+    if f["machines"]:
+        body["machines"] = names(f["machines"])
+    if f["pool"]:
+        body["pool"] = f["pool"]
+    if f["count"]:
+        body["count"] = _number(f["count"])
+    if f["start"]:
+        body["start"] = f["start"]
+    body["end"] = f["end"] or None
+    return body

@@ -39,6 +39,16 @@ from astraeus.server.routers.errors import validation_errors, validation_message
 from astraeus.server.services import ApiError, Caller, tx
 from astraeus.units import human_bytes, human_duration
 
+try:  # TEMPORARY until helpers B and C commit server/pools.py and server/whatif.py
+    from astraeus.server.pools import workspace_pools
+except ImportError:
+    def workspace_pools(s, c):
+        return []
+try:
+    from astraeus.server.whatif import what_if
+except ImportError:
+    what_if = None
+
 HERE = Path(__file__).parent
 COOKIE = "astraeus_session"  # a console session's own secret (never the API token)
 CSRF_FIELD = "csrf"  # the hidden input every console form carries
@@ -340,7 +350,8 @@ def runs_live(request: Request, org: str, ws: str, state: str = ""):
 
 
 def new_run_page(request: Request, s: Session, p: Page, *, mode: str = "form", values: dict | None = None,
-                 spec_json: str = "", error: str | None = None, errors: list | None = None, status: int = 200):
+                 spec_json: str = "", error: str | None = None, errors: list | None = None, status: int = 200,
+                 whatif: dict | None = None):
     acc = default_access(s, request, p.caller)
     vals = {**forms.RUN_DEFAULTS, **(values or {})}
     tpls = run_templates.listed(s, p.caller)
@@ -350,7 +361,9 @@ def new_run_page(request: Request, s: Session, p: Page, *, mode: str = "form", v
                   spec_json=spec_json, error=error, errors=errors or [], access=acc,
                   max_priority=S.highest_priority_allowed(acc["max_priority"] if acc else 0), cannot_submit=p.cannot("editor"),
                   machines=services.machines_view(s, services.granted_cluster_ids(s, p.caller)),
-                  drives=[d.name for d in services.list_drives(s, p.caller)])
+                  drives=[d.name for d in services.list_drives(s, p.caller)],
+                  pools=sorted({x["name"] for x in workspace_pools(s, p.caller)}), whatif=whatif,
+                  can_what_if=what_if is not None)
 
 
 @router.get("/o/{org}/w/{ws}/runs/new")
@@ -387,11 +400,15 @@ def new_run(request: Request, org: str, ws: str):
         if mode == "json" and action == "form":
             return new_run_page(request, s, p, values=values)
         spec_json = form.get("spec_json", "")
+        answer = None
         try:
             raw = parse_json(spec_json) if mode == "json" else forms.run_body(form)
-            with tx(s):  # as POST $API/runs: a template it names is merged in first
-                run = services.submit_run_body(s, p.caller, raw, now())
-                url = f"{p.base}/jobs/{s.get(Cluster, run.cluster_id).name}/{run.name}"
+            if action == "whatif" and what_if is not None:  # as POST $API/runs?dry_run=true: nothing is stored
+                answer = what_if(s, p.caller, raw, now())
+            else:
+                with tx(s):  # as POST $API/runs: a template it names is merged in first
+                    run = services.submit_run_body(s, p.caller, raw, now())
+                    url = f"{p.base}/jobs/{s.get(Cluster, run.cluster_id).name}/{run.name}"
         except forms.FormError as e:
             return new_run_page(request, s, p, mode=mode, values=values, spec_json=spec_json, error=str(e),
                                 status=422)
@@ -408,6 +425,8 @@ def new_run(request: Request, org: str, ws: str):
                 raise
             return new_run_page(request, s, p, mode=mode, values=values, spec_json=spec_json, error=e.message,
                                 status=e.status)
+        if answer is not None:
+            return new_run_page(request, s, p, mode=mode, values=values, spec_json=spec_json, whatif=answer)
     cp_of(request).notifier.wake_scheduler()
     return RedirectResponse(url, status_code=303)
 
@@ -587,13 +606,23 @@ def events_live(request: Request, org: str, ws: str):
         return render(request, "_events_rows.html", p, **events_ctx(s, p))
 
 
+def machines_ctx(s: Session, p: Page) -> dict:
+    """The workspace's machines, each with the pools it is in (as GET $API/machines), and the pools it may use
+    (as GET $API/pools)."""
+    machines = services.machines_view(s, services.granted_cluster_ids(s, p.caller))
+    pools = workspace_pools(s, p.caller)
+    for m in machines:
+        if "pools" not in m:
+            m["pools"] = [x["name"] for x in pools if x["cluster"] == m["cluster"] and m["name"] in x["machines"]]
+    return {"machines": machines, "pools": pools}
+
+
 @router.get("/o/{org}/w/{ws}/machines")
 @page
 def machines(request: Request, org: str, ws: str):
     with cp_of(request).sessions() as s:
         p = ws_page(s, request, org, ws)
-        return render(request, "machines.html", p, nav="machines",
-                      machines=services.machines_view(s, services.granted_cluster_ids(s, p.caller)))
+        return render(request, "machines.html", p, nav="machines", **machines_ctx(s, p))
 
 
 @router.get("/o/{org}/w/{ws}/machines/live")
@@ -601,8 +630,7 @@ def machines(request: Request, org: str, ws: str):
 def machines_live(request: Request, org: str, ws: str):
     with cp_of(request).sessions() as s:
         p = ws_page(s, request, org, ws)
-        return render(request, "_machines_rows.html", p,
-                      machines=services.machines_view(s, services.granted_cluster_ids(s, p.caller)))
+        return render(request, "_machines_rows.html", p, **machines_ctx(s, p))
 
 
 # -------------------------------------------------------------------------------------- settings
@@ -679,4 +707,4 @@ def change_access(request: Request, org: str, cluster: str, ws: str):
 
 
 # Their routes join this router (they import it, so they are imported last).
-from astraeus.console import replica_group_pages, schedule_pages  # noqa: E402, F401, I001
+from astraeus.console import replica_group_pages, reservation_pages, schedule_pages  # noqa: E402, F401, I001

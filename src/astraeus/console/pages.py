@@ -34,20 +34,12 @@ from astraeus.server import bodies as B
 from astraeus.server import templates as run_templates
 from astraeus.server.core import ControlPlane
 from astraeus.server.db import Access, Cluster, ConsoleSession, Org, Token, Workspace
+from astraeus.server.pools import workspace_pools
 from astraeus.server.routers.deps import control_plane, machine_names, now
 from astraeus.server.routers.errors import validation_errors, validation_message
 from astraeus.server.services import ApiError, Caller, tx
+from astraeus.server.whatif import what_if
 from astraeus.units import human_bytes, human_duration
-
-try:  # TEMPORARY until helpers B and C commit server/pools.py and server/whatif.py
-    from astraeus.server.pools import workspace_pools
-except ImportError:
-    def workspace_pools(s, c):
-        return []
-try:
-    from astraeus.server.whatif import what_if
-except ImportError:
-    what_if = None
 
 HERE = Path(__file__).parent
 COOKIE = "astraeus_session"  # a console session's own secret (never the API token)
@@ -362,8 +354,7 @@ def new_run_page(request: Request, s: Session, p: Page, *, mode: str = "form", v
                   max_priority=S.highest_priority_allowed(acc["max_priority"] if acc else 0), cannot_submit=p.cannot("editor"),
                   machines=services.machines_view(s, services.granted_cluster_ids(s, p.caller)),
                   drives=[d.name for d in services.list_drives(s, p.caller)],
-                  pools=sorted({x["name"] for x in workspace_pools(s, p.caller)}), whatif=whatif,
-                  can_what_if=what_if is not None)
+                  pools=sorted({x["name"] for x in workspace_pools(s, p.caller)}), whatif=whatif)
 
 
 @router.get("/o/{org}/w/{ws}/runs/new")
@@ -403,7 +394,7 @@ def new_run(request: Request, org: str, ws: str):
         answer = None
         try:
             raw = parse_json(spec_json) if mode == "json" else forms.run_body(form)
-            if action == "whatif" and what_if is not None:  # as POST $API/runs?dry_run=true: nothing is stored
+            if action == "whatif":  # as POST $API/runs?dry_run=true: nothing is stored
                 answer = what_if(s, p.caller, raw, now())
             else:
                 with tx(s):  # as POST $API/runs: a template it names is merged in first

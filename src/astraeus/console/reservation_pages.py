@@ -16,11 +16,7 @@ from sqlalchemy.orm import Session
 
 from astraeus.console import forms
 from astraeus.console.pages import Page, admin_page, cp_of, page, read_form, render, router, ws_page
-
-try:  # TEMPORARY until helper B commits server/reservations.py
-    from astraeus.server import reservations
-except ImportError:
-    reservations = None
+from astraeus.server import reservations
 from astraeus.server.db import Cluster
 from astraeus.server.routers.deps import now
 from astraeus.server.routers.errors import validation_errors, validation_message

@@ -18,7 +18,9 @@ from astraeus.scheduler import (
     Machine,
     NodeSelection,
     PlacedWorker,
+    Pool,
     Quota,
+    Reservation,
     RunningUnit,
     Snapshot,
     WaitingRun,
@@ -34,9 +36,10 @@ WS_B = "ws-8a7b6c5d4e3f"
 
 
 def machine(name: str, gpus: int = 8, cpu: float = 64, mem_gib: int = 512, labels: dict | None = None,
-            schedulable: bool = True, grace: float = 30.0, unschedulable_reason: str = "lost") -> Machine:
+            schedulable: bool = True, grace: float = 30.0, unschedulable_reason: str = "lost",
+            model: str = "") -> Machine:
     return Machine(name, gpus, cpu, mem_gib * GIB, tuple(sorted((labels or {}).items())), grace, schedulable,
-                   unschedulable_reason)
+                   unschedulable_reason, model)
 
 
 class ClusterBuilder:
@@ -47,10 +50,27 @@ class ClusterBuilder:
         self.spaces: dict[str, Workspace] = {}
         self.used: dict[str, set[int]] = {m.name: set() for m in machines}
         self.switches: dict = {}
+        self.pools: list[Pool] = []
+        self.reservations: list[Reservation] = []
         self._t = NOW - 100 * HOUR
 
-    def workspace(self, ws: str, quota: Quota | None = None, weight: float = 1.0) -> ClusterBuilder:
-        self.spaces[ws] = Workspace(ws, ws, quota, weight)
+    def workspace(self, ws: str, quota: Quota | None = None, weight: float = 1.0,
+                  pools: tuple[str, ...] | None = None) -> ClusterBuilder:
+        self.spaces[ws] = Workspace(ws, ws, quota, weight, pools)
+        return self
+
+    def pool(self, name: str, *machines: str) -> ClusterBuilder:
+        self.pools.append(Pool(name, tuple(machines)))
+        return self
+
+    def reservation(self, name: str, machines: str | list[str], start: float, end: float | None = None,
+                    ws: str | tuple[str, ...] = WS_B) -> ClusterBuilder:
+        """Machines kept for `ws` (WS_B unless said: the default runs, in WS_A, are outsiders) from start to end."""
+        spaces = (ws,) if isinstance(ws, str) else tuple(ws)
+        for w in spaces:
+            self._ws(w)
+        ms = (machines,) if isinstance(machines, str) else tuple(machines)
+        self.reservations.append(Reservation(name, ms, spaces, start, end))
         return self
 
     def _ws(self, ws: str) -> None:
@@ -79,7 +99,8 @@ class ClusterBuilder:
     def waiting(self, run: str, gpus: int = 1, workers: int = 1, prio: int = 0, ws: str = WS_A,
                 submitted: float | None = None, limit: float | None = None, cpu: float = 1, mem_gib: float = 1,
                 start: str = "Gang", names: tuple[str, ...] = (), labels: dict | None = None,
-                excluded: tuple[tuple[str, str], ...] = (), quota_noted: bool = False) -> ClusterBuilder:
+                excluded: tuple[tuple[str, str], ...] = (), quota_noted: bool = False, pools: tuple[str, ...] = (),
+                model: str | None = None, reservation: str | None = None) -> ClusterBuilder:
         self._ws(ws)
         if submitted is None:
             self._t += 1
@@ -90,6 +111,8 @@ class ClusterBuilder:
             sel = NodeSelection("Labels", labels=tuple(sorted(labels.items())))
         else:
             sel = NodeSelection()
+        if pools or model or reservation:
+            sel = replace(sel, pools=tuple(pools), gpu_model=model, reservation=reservation)
         reqs = tuple(WorkerRequest(i, gpus, cpu, int(mem_gib * GIB)) for i in range(workers))
         self.runs.append(WaitingRun(run, ws, prio, submitted, reqs, start, limit, sel, excluded, quota_noted))
         return self
@@ -100,7 +123,7 @@ class ClusterBuilder:
 
     def build(self) -> Snapshot:
         snap = Snapshot("c1", tuple(self.machines), tuple(self.units), tuple(self.runs),
-                        tuple(self.spaces.values()))
+                        tuple(self.spaces.values()), pools=tuple(self.pools), reservations=tuple(self.reservations))
         return replace(snap, **self.switches)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+from . import reasons as R
 from .model import Machine, NodeSelection, Placement, Snapshot, WaitingRun, WorkerRequest
 from .reasons import gib, number
 
@@ -34,8 +35,76 @@ def placement_order(workers) -> list[WorkerRequest]:
     return sorted(workers, key=lambda w: (-w.gpus, -w.cpu_cores, -w.memory_bytes, w.index))
 
 
+class Reserved:
+    """The cycle's reservations as they restrict a workspace's runs: per machine the why-not line of each machine
+    another namespace has reserved (open window: always; upcoming window: unless the run's time limit and the
+    machine's stop grace end it by the start). Reservations are never named here (they are another namespace's)."""
+
+    def __init__(self, snapshot: Snapshot, index: dict[str, int], machines: list[Machine], now: float):
+        self.now = now
+        self.machines = machines
+        self.by_name = {r.name: r for r in snapshot.reservations}
+        self.open: list[tuple] = []  # (reservation, machine indices) with start <= now < end
+        self.upcoming: list[tuple] = []  # (reservation, machine indices) with now < start
+        for r in sorted(snapshot.reservations, key=lambda r: (r.start, r.name)):
+            if r.end is not None and r.end <= now:
+                continue  # ended: restricts nothing
+            idx = sorted({index[m] for m in r.machines if m in index})
+            (self.open if r.start <= now else self.upcoming).append((r, idx))
+        self._ws: dict[str, tuple[dict[int, str], list]] = {}
+        self._timed: dict[tuple, tuple] = {}
+        self._none = (None, {})
+
+    def open_for(self, ws: str) -> dict[int, str]:
+        """The machines open reservations of other namespaces keep from `ws` now (empty when none)."""
+        if not self.open:
+            return {}
+        return self._for(ws)[0]
+
+    def _for(self, ws: str) -> tuple[dict[int, str], list]:
+        hit = self._ws.get(ws)
+        if hit is None:
+            lines: dict[int, str] = {}
+            for r, idx in self.open:
+                if ws not in r.workspaces:
+                    for i in idx:
+                        lines.setdefault(i, R.RESERVED_NOW)
+            upcoming = [(r, idx) for r, idx in self.upcoming if ws not in r.workspaces]
+            hit = self._ws[ws] = (lines, upcoming)
+        return hit
+
+    def affects(self, ws: str) -> bool:
+        """Does any reservation keep machines from this workspace's runs (now, or for some time limit)?"""
+        lines, upcoming = self._for(ws)
+        return bool(lines or upcoming)
+
+    def exclusions(self, ws: str, time_limit: float | None) -> tuple:
+        """(key, {machine: line}) of the machines reservations keep from a run of `ws` with this time limit; key
+        None when there are none. The key is equal for equal exclusions (it keys Cluster.allowed's cache)."""
+        if not self.open and not self.upcoming:
+            return self._none
+        lines, upcoming = self._for(ws)
+        k = (ws, time_limit if upcoming else None)
+        hit = self._timed.get(k)
+        if hit is not None:
+            return hit
+        if upcoming:
+            lines = dict(lines)
+            now = self.now
+            for r, idx in upcoming:
+                for i in idx:
+                    if i in lines:
+                        continue
+                    if time_limit is None:
+                        lines[i] = R.reserved_before(r.start, False)
+                    elif now + time_limit + self.machines[i].stop_grace_seconds > r.start:
+                        lines[i] = R.reserved_before(r.start, True)
+        hit = self._timed[k] = (frozenset(lines.items()) if lines else None, lines)
+        return hit
+
+
 class Cluster:
-    def __init__(self, snapshot: Snapshot):
+    def __init__(self, snapshot: Snapshot, now: float = 0.0):
         machines: list[Machine] = sorted(snapshot.machines, key=lambda m: m.name)
         self.machines = machines
         self.names = [m.name for m in machines]
@@ -79,6 +148,11 @@ class Cluster:
         self.held: dict[int, list] = {}
         self.ending: dict[int, list] = {}
         self._allowed_cache: dict[tuple, tuple[int, frozenset[int] | None, list[int] | None]] = {}
+        # Per allowed key: the why-not line of each machine that pools, the GPU model or reservations keep from it.
+        self.restricted: dict[int, dict[int, str]] = {}
+        self._pools: dict[str, tuple[str, ...]] = {p.name: p.machines for p in snapshot.pools}
+        self._pool_sets: dict[tuple[str, ...], frozenset[int]] = {}
+        self.reserved = Reserved(snapshot, self.index, machines, now)
 
     # ------------------------------------------------------------------------------------------- machines
 
@@ -121,21 +195,78 @@ class Cluster:
             self._labels = [dict(m.labels) for m in self.machines]
         return self._labels
 
-    def allowed(self, run: WaitingRun) -> tuple[int, frozenset[int] | None, list[int] | None]:
-        """(key, set, sorted list) of schedulable machines the run may use; set None = every schedulable one."""
-        k = (run.node_selection, run.excluded_machines)
+    def in_pools(self, pools: tuple[str, ...]) -> frozenset[int]:
+        """The machines of any of these pools (a name that is no pool of the cluster holds none)."""
+        hit = self._pool_sets.get(pools)
+        if hit is None:
+            index = self.index
+            hit = self._pool_sets[pools] = frozenset(
+                [index[m] for p in pools for m in self._pools.get(p, ()) if m in index]
+            )
+        return hit
+
+    def model_fits(self, i: int, asked: str) -> bool:
+        m = self.machines[i]
+        return bool(m.gpus) and asked.lower() in m.gpu_model.lower()
+
+    def allowed(
+        self, run: WaitingRun, ws_pools: tuple[str, ...] | None = None, reserved: bool = True
+    ) -> tuple[int, frozenset[int] | None, list[int] | None]:
+        """(key, set, sorted list) of schedulable machines the run may use; set None = every schedulable one.
+        `ws_pools`: the pools its workspace may use (None: every machine); `reserved`: False to leave out what
+        reservations keep from it (to tell "never fits here" from "waits for reserved machines")."""
+        sel = run.node_selection
+        res_key, res_lines = self.reserved.exclusions(run.workspace, run.time_limit_seconds) if reserved else (
+            None, {})
+        k = (sel, run.excluded_machines, ws_pools, res_key)
         hit = self._allowed_cache.get(k)
         if hit is not None:
             return hit
-        sel = run.node_selection
         excluded = {self.index[n] for n, _ in run.excluded_machines if n in self.index}
-        if sel.mode == "Any" and not excluded:
-            result: tuple = (len(self._allowed_cache), None, None)
+        lines = self._restrictions(sel, ws_pools, res_lines)
+        key = len(self._allowed_cache)
+        if sel.mode == "Any" and not excluded and not lines:
+            result: tuple = (key, None, None)
         else:
-            chosen = [i for i in self.all_schedulable if i not in excluded and self.selected(sel, i)]
-            result = (len(self._allowed_cache), frozenset(chosen), chosen)
+            chosen = [i for i in self.all_schedulable
+                      if i not in excluded and i not in lines and self.selected(sel, i)]
+            result = (key, frozenset(chosen), chosen)
+        if lines:
+            self.restricted[key] = lines
         self._allowed_cache[k] = result
         return result
+
+    def _restrictions(self, sel: NodeSelection, ws_pools: tuple[str, ...] | None, res_lines: dict[int, str]):
+        """Per machine the first of: not in the reservation the run names, not in its pools, not in its
+        workspace's pools, not its GPU model, reserved for another namespace."""
+        lines: dict[int, str] = {}
+        n = len(self.machines)
+        if sel.reservation is not None:
+            r = self.reserved.by_name.get(sel.reservation)
+            inside = frozenset(self.index[m] for m in (r.machines if r else ()) if m in self.index)
+            line = R.not_in_reservation(sel.reservation)
+            for i in range(n):
+                if i not in inside:
+                    lines[i] = line
+        if sel.pools:
+            inside = self.in_pools(sel.pools)
+            line = R.not_in_run_pools(sel.pools)
+            for i in range(n):
+                if i not in inside:
+                    lines.setdefault(i, line)
+        if ws_pools is not None:
+            inside = self.in_pools(ws_pools)
+            for i in range(n):
+                if i not in inside:
+                    lines.setdefault(i, R.NOT_IN_NAMESPACE_POOLS)
+        if sel.gpu_model:
+            asked = sel.gpu_model
+            for i, m in enumerate(self.machines):
+                if i not in lines and not self.model_fits(i, asked):
+                    lines[i] = R.gpu_model_mismatch(m.gpu_model, m.gpus, asked)
+        for i, line in res_lines.items():
+            lines.setdefault(i, line)
+        return lines
 
     def selected(self, sel: NodeSelection, i: int) -> bool:
         if sel.mode == "Names":
@@ -246,16 +377,14 @@ class Cluster:
 
     # ------------------------------------------------------------------------------ could it ever run here
 
-    def never_fits(self, run: WaitingRun, workers, allowed_list: list[int] | None) -> str | None:
+    def never_fits(
+        self, run: WaitingRun, workers, allowed_list: list[int] | None, ws_pools: tuple[str, ...] | None = None
+    ) -> str | None:
         """Why the run cannot run on this cluster even if it were empty, or None if it could."""
         machines = self.all_schedulable if allowed_list is None else allowed_list
         restricted = allowed_list is not None
         if not machines:
-            if run.node_selection.mode != "Any" and not any(
-                self.selected(run.node_selection, i) for i in self.all_schedulable
-            ):
-                return "no machine matches its node_selection"
-            return "no schedulable machine it may use"
+            return self._nothing_allowed(run.node_selection, ws_pools)
         largest = "the largest machine it may use has" if restricted else "the largest machine has"
         fitting: set[int] = set()
         for s in sorted({shape(w) for w in workers}):
@@ -280,3 +409,26 @@ class Cluster:
             return f"asks for {len(workers)} machines (one worker on each); only {len(fitting)} can hold its workers"
         return None
 
+
+    def _nothing_allowed(self, sel: NodeSelection, ws_pools: tuple[str, ...] | None) -> str:
+        """Which restriction, applied in turn to the schedulable machines, leaves none."""
+        left = self.all_schedulable
+        if sel.mode != "Any":
+            left = [i for i in left if self.selected(sel, i)]
+            if not left:
+                return "no machine matches its node_selection"
+        if sel.pools:
+            inside = self.in_pools(sel.pools)
+            left = [i for i in left if i in inside]
+            if not left:
+                return R.no_machine_in_pools()
+        if ws_pools is not None:
+            inside = self.in_pools(ws_pools)
+            left = [i for i in left if i in inside]
+            if not left:
+                return R.no_machine_in_namespace_pools()
+        if sel.gpu_model:
+            left = [i for i in left if self.model_fits(i, sel.gpu_model)]
+            if not left:
+                return R.no_machine_with_model(sel.gpu_model)
+        return "no schedulable machine it may use"

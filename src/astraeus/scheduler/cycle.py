@@ -3,10 +3,14 @@
 The phases, named as the README describes the scheduler (each a method of `Cycle`):
   room                the cluster's free room from machines and running work (`Cluster`), each workspace's usage;
   order_queue         the waiting runs lazily in priority → fair share → submission order (`queue_order`);
-  held                a run whose dependency is not met (`dependencies.verdict`), or whose job array already runs
-                      its `max_running` runs, waits with its reason and is never the head; one whose dependency
-                      can no longer be met fails;
-  place               can the run ever run here? is it within quota? does it fit now? start it if so — behind
+  reservation_stops   work of other namespaces still on the machines of a reservation whose window is open is
+                      stopped (it stays in the room until it is gone, and counts as stopping work);
+  held                a run whose dependency is not met (`dependencies.verdict`), whose job array already runs
+                      its `max_running` runs, or that names a reservation whose window has not opened, waits with
+                      its reason and is never the head; one whose dependency can no longer be met, or whose
+                      reservation has ended, fails;
+  place               the machines it may use (node selection, pools, GPU model, reservations: `Cluster.allowed`);
+                      can the run ever run here? is it within quota? does it fit now? start it if so — behind
                       the head only in room the head does not need, or anywhere if its time limit (and the
                       stop grace after it) ends it by the shadow time (backfill);
   find_head           the first run that cannot start now but could here is the head, and its room is held:
@@ -20,12 +24,13 @@ The phases, named as the README describes the scheduler (each a method of `Cycle
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from . import reasons as R
 from .cluster import Cluster, by_worker_index
 from .dependencies import verdict
 from .head import HeadFit, choose_victims, shadow, unit_grace
-from .model import Plan, QuotaReached, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
+from .model import Plan, QuotaReached, RunningUnit, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
 from .queue import Usage, queue_order
 from .whynot import Unstarted, WhyNot
 
@@ -104,15 +109,22 @@ class Cycle:
         self.failed: set[tuple] = set()  # placements known not to fit: free room only shrinks within a cycle
         self.never: dict[tuple, str | None] = {}  # (shapes, machines) -> "Cannot run on this cluster: …" or None
         self.queued_behind: dict[str, str] = {}  # the reason behind the head, per workspace of the waiting run
-        self.fails: dict[str, str] = {}  # runs whose dependency can no longer be met
+        self.fails: dict[str, str] = {}  # runs whose dependency can no longer be met, or whose reservation ended
         self.room()
+        self.reservation_stops: list[StopUnit] = []
+        # Running work as preemption and the shadow time see it: units stopped for a reservation are stopping.
+        self.running: tuple[RunningUnit, ...] = snapshot.running
+        self.stop_for_reservations()
 
     # ----------------------------------------------------------------------------------------------- room
 
     def room(self) -> None:
         snapshot = self.snapshot
-        self.cluster = cluster = Cluster(snapshot)
+        self.cluster = cluster = Cluster(snapshot, self.now)
         self.workspaces = {ws.id: ws for ws in snapshot.workspaces}
+        # Per workspace: True when nothing restricts its runs beyond their own node selection (no pools of its
+        # own, no reservation of another namespace now or ahead): the fast path of `place`.
+        self.plain: dict[str, bool] = {}
         self.usage: dict[str, Usage] = defaultdict(Usage)
         self.run_machines: dict[str, set[int]] = defaultdict(set)  # machines holding workers of a run now
         index_get = cluster.index.get
@@ -132,6 +144,41 @@ class Cycle:
         # Per workspace with a quota: group shapes -> _quota_check's answer at the workspace's usage now; cleared
         # whenever that usage changes (same ask, same usage: same answer).
         self.quota_seen: dict[str, dict] = {ws_id: {} for ws_id, spec in self.quota_specs.items() if spec is not None}
+
+    # ---------------------------------------------------------------------------------- reservation_stops
+
+    def stop_for_reservations(self) -> None:
+        """Inside a reservation's window, every running unit of another namespace with a worker on one of its
+        machines is stopped like a preemption (its room stays taken this cycle: it is still stopping)."""
+        opened = self.cluster.reserved.open
+        if not opened:
+            return
+        stopped: set[int] = set()
+        for r, _ in opened:
+            machines = frozenset(r.machines)
+            spaces = frozenset(r.workspaces)
+            for k, u in enumerate(self.running):
+                if u.stopping or k in stopped or u.workspace in spaces:
+                    continue
+                if any(w.machine in machines for w in u.workers):
+                    stopped.add(k)
+                    self.reservation_stops.append(StopUnit(
+                        run=u.run, workers=tuple(w.name for w in u.workers), preempted_by=r.name,
+                        reason=R.stopped_for_reservation(r.name),
+                    ))
+        if stopped:
+            self.running = tuple(replace(u, stopping=True) if k in stopped else u for k, u in enumerate(self.running))
+
+    def is_plain(self, ws_id: str) -> bool:
+        plain = self.plain.get(ws_id)
+        if plain is None:
+            ws = self.workspaces.get(ws_id)
+            plain = self.plain[ws_id] = (ws is None or ws.pools is None) and not self.cluster.reserved.affects(ws_id)
+        return plain
+
+    def ws_pools(self, ws_id: str) -> tuple[str, ...] | None:
+        ws = self.workspaces.get(ws_id)
+        return None if ws is None else ws.pools
 
     # ---------------------------------------------------------------------------------------- order_queue
 
@@ -157,6 +204,18 @@ class Cycle:
             if run.name not in runs and len(runs) >= run.array_max_running:
                 self.reasons[run.name] = R.array_limit(len(runs), run.array, run.array_max_running)
                 return True
+        name = run.node_selection.reservation
+        if name is not None:
+            r = self.cluster.reserved.by_name.get(name)
+            if r is None or (r.end is not None and r.end <= self.now):
+                self.fails[run.name] = R.reservation_ended(name)
+                return True
+            if run.workspace not in r.workspaces:
+                self.reasons[run.name] = R.reservation_not_for_namespace(name)
+                return True
+            if self.now < r.start:
+                self.reasons[run.name] = R.waits_for_reservation(name, r.start)
+                return True
         return False
 
     def array_started(self, run: WaitingRun) -> None:
@@ -170,10 +229,15 @@ class Cycle:
         workers = run.workers
         if not workers:
             return None
-        if run.node_selection.mode == "Any" and not run.excluded_machines:
+        sel = run.node_selection
+        plain = self.plain.get(run.workspace)
+        if plain is None:
+            plain = self.is_plain(run.workspace)
+        if (sel.mode == "Any" and not run.excluded_machines and plain and not sel.pools and not sel.gpu_model
+                and sel.reservation is None):
             allowed_key, allowed, allowed_list = -1, None, None  # every schedulable machine
         else:
-            allowed_key, allowed, allowed_list = self.cluster.allowed(run)
+            allowed_key, allowed, allowed_list = self.cluster.allowed(run, self.ws_pools(run.workspace))
         if len(workers) == 1:
             w0 = workers[0]
             ordered = shapes = (w0.gpus, w0.cpu_cores, w0.memory_bytes)  # one worker: its shape, not a 1-tuple
@@ -185,8 +249,7 @@ class Cycle:
         nk = (shapes, allowed_key)
         never = self.never.get(nk, _UNSET)
         if never is _UNSET:
-            why = self.cluster.never_fits(run, workers, allowed_list)
-            never = self.never[nk] = None if why is None else R.cannot_run(why)
+            never = self.never[nk] = self._never(run, workers, allowed_key, allowed_list)
         if never is not None:
             self.reasons[run.name] = never
             self._left_waiting(run, workers, False, None, avoid, allowed_key)
@@ -215,6 +278,20 @@ class Cycle:
             return None
         self._left_waiting(run, waiting, view_b, None, avoid, allowed_key)
         return waiting, allowed_list, avoid
+
+    def _never(self, run: WaitingRun, workers, allowed_key: int, allowed_list: list[int] | None) -> str | None:
+        """The reason of a run that can never run on the machines it may use, or None. When it could on machines
+        reserved for another namespace, it waits for them (it is never the head: they may stay reserved)."""
+        cluster = self.cluster
+        ws_pools = self.ws_pools(run.workspace)
+        why = cluster.never_fits(run, workers, allowed_list, ws_pools)
+        if why is None:
+            return None
+        if allowed_key in cluster.restricted and cluster.reserved.affects(run.workspace):
+            _, _, unreserved = cluster.allowed(run, ws_pools, reserved=False)
+            if unreserved != allowed_list and cluster.never_fits(run, workers, unreserved, ws_pools) is None:
+                return R.waits_for_reserved_machines()
+        return R.cannot_run(why)
 
     def _place_together(self, run: WaitingRun, ordered, shapes, where, avoid, view_b: bool, ends_before: bool):
         """A gang, or a run of one worker: placed all at once or not at all. Returns (workers still waiting,
@@ -311,7 +388,7 @@ class Cycle:
         """Room from lower-priority work: what already stops for the head if that suffices, else the fewest
         new victims. Returns (when the head starts at the latest, its reason), or None when preemption cannot
         make room."""
-        cluster, now, running = self.cluster, self.now, self.snapshot.running
+        cluster, now, running = self.cluster, self.now, self.running
         # Work already stopping for the head: its room is the head's; no new victims if it suffices.
         for_head = [u for u in running if u.stopping and u.preempted_for == head.name]
         for u in for_head:
@@ -323,6 +400,11 @@ class Cycle:
                 t = now + max(unit_grace(cluster, u) for u in for_head)
                 return t, R.head_waiting_for_victims(sum(len(u.workers) for u in for_head))
         if self.snapshot.preemption:
+            guarded = cluster.reserved.open_for(head.workspace)
+            if guarded:
+                # Inside a reservation's window, runs from outside it never preempt work on its machines.
+                index_get = cluster.index.get
+                running = [u for u in running if not any(index_get(w.machine) in guarded for w in u.workers)]
             found = choose_victims(fit, head.priority, running)
             if found is not None:
                 victims, chosen = found
@@ -346,7 +428,7 @@ class Cycle:
 
     def compute_shadow_time(self, head: WaitingRun, fit: HeadFit) -> tuple[float | None, str]:
         """When the head starts at the latest, as running work ends; the room it takes then is held now."""
-        t, held = shadow(self.cluster, fit, self.snapshot.running, self.now)
+        t, held = shadow(self.cluster, fit, self.running, self.now)
         self.cluster.held = held
         return t, R.head_next(head.priority, t)
 
@@ -383,4 +465,5 @@ class Cycle:
             shadow_time=self.shadow_time,
             quota_reached=tuple(self.quota_notes),
             fails=self.fails,
+            reservation_stops=tuple(self.reservation_stops),
         )

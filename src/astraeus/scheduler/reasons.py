@@ -102,3 +102,63 @@ def preempted_by(head: str) -> str:
 
 def array_limit(running: int, array: str, limit: int) -> str:
     return f"Waiting: {running} of array {array} are running (at most {limit} at once)"
+
+
+# ---------------------------------------------------------------------------------- pools, reservations
+
+RESERVED_NOW = "machine is reserved for another namespace"
+NOT_IN_NAMESPACE_POOLS = "machine is not in the namespace's pools"
+
+
+def not_in_run_pools(pools: tuple[str, ...]) -> str:
+    return f"machine is not in the run's pools ({', '.join(pools)})"
+
+
+def gpu_model_mismatch(machine_model: str, gpus: int, asked: str) -> str:
+    if not gpus or not machine_model:
+        return f"machine has no GPUs, not {asked}"
+    return f"machine's GPUs are {machine_model}, not {asked}"
+
+
+def reserved_before(start: float, timed: bool) -> str:
+    """An outsider's run before another namespace's reservation window (its name is never shown)."""
+    if timed:
+        return f"{RESERVED_NOW} from {utc_minute(start)}: the run's time limit does not end it by then"
+    return f"{RESERVED_NOW} from {utc_minute(start)}: a run without a time limit cannot use it before then"
+
+
+def not_in_reservation(name: str) -> str:
+    return f"machine is not in reservation {name}"
+
+
+def no_machine_in_pools() -> str:
+    return "no machine in its pools"
+
+
+def no_machine_in_namespace_pools() -> str:
+    return "no machine the namespace's pools hold"
+
+
+def no_machine_with_model(asked: str) -> str:
+    return f"no machine has {asked} GPUs"
+
+
+def waits_for_reservation(name: str, start: float) -> str:
+    return f"Waits for reservation {name}, which starts at {utc_minute(start)}"
+
+
+def reservation_ended(name: str) -> str:
+    return f"Reservation {name} has ended"
+
+
+def reservation_not_for_namespace(name: str) -> str:
+    return cannot_run(f"reservation {name} is not for this namespace")
+
+
+def waits_for_reserved_machines() -> str:
+    """A run that fits only on machines another namespace has reserved (never named): it waits, never the head."""
+    return "Waits for machines reserved for another namespace"
+
+
+def stopped_for_reservation(name: str) -> str:
+    return f"Stopped for reservation {name}"

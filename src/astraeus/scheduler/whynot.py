@@ -113,7 +113,7 @@ class WhyNot:
             k = (s, allowed_key, u.view_b, u.quota, len(u.workers), u.avoid, head_shown)
             base = self._base.get(k)
             if base is None:
-                base = self._base[k] = self._compute(run, s, u, head_shown)
+                base = self._base[k] = self._compute(run, s, u, head_shown, allowed_key)
             lines, named = base
             kv = (k, run.workspace)
             mine = self._lines.get(kv)
@@ -215,14 +215,18 @@ class WhyNot:
         self._templates[k] = hit
         return hit
 
-    def _compute(self, run: WaitingRun, s: Shape, u: Unstarted, head_shown: str | None) -> tuple[tuple, dict]:
+    def _compute(
+        self, run: WaitingRun, s: Shape, u: Unstarted, head_shown: str | None, allowed_key: int
+    ) -> tuple[tuple, dict]:
         c = self.cluster
         excluded = dict(run.excluded_machines)
         selection = run.node_selection
         any_machine = selection.mode == "Any"
+        # Pools, the GPU model and reservations: the line of each machine they keep from the run.
+        restricted = c.restricted.get(allowed_key)
         avoid = u.avoid
         quota = None if u.quota is None else f"namespace quota: {u.quota}"
-        if any_machine and not excluded and (quota is not None or not avoid):
+        if any_machine and not excluded and not restricted and (quota is not None or not avoid):
             names = c.names
             if quota is not None:
                 t, open_, named = self._template(s, False)
@@ -255,6 +259,8 @@ class WhyNot:
                 line = excluded[name]
             elif not any_machine and not c.selected(selection, i):
                 line = "not selected by node_selection"
+            elif restricted and i in restricted:
+                line = restricted[i]
             elif (line := caps[i]) is not None:
                 pass
             elif quota is not None:

@@ -139,10 +139,10 @@ def test_default_name(path, name):
 def test_command_line_wins_over_sbatch_lines():
     script = ("#!/bin/bash\n#SBATCH -J from-script\n#SBATCH -t 10\n#SBATCH --mem=8G\n"
               "#SBATCH -p small\n#SBATCH --container-image=img:1\npython x.py\n")
-    j = job(["-J", "from-cli", "--time=1:00:00", "--mem", "16G", "--partition=main", "s.sh"], script)
+    j = job(["-J", "from-cli", "--time=1:00:00", "--mem", "16G", "--partition=a100", "s.sh"], script)
     assert j.name == "from-cli"
     spec = j.spec["spec"]
-    assert spec["cluster"] == "main"
+    assert spec["task_template"]["requested_resources"]["node_selection"]["pools"] == ["a100"]
     assert spec["task_template"]["time_limit_seconds"] == 3600
     assert spec["task_template"]["requested_resources"]["memory_bytes"] == 16 * GIB
 
@@ -236,12 +236,12 @@ def test_a_script_without_sbatch_lines():
 # --- refusals --------------------------------------------------------------------------------------------------
 
 UNSUPPORTED = [
-    "--account=proj", "--qos=high", "--exclusive", "--constraint=a100",
+    "--account=proj", "--qos=high", "--exclusive",
     "--mail-type=ALL", "--mail-user=a@b.c", "--export=ALL", "--container-mounts=/data:/data", "--requeue",
-    "--signal=B:USR1@60", "--chdir=/tmp", "--reservation=r", "--begin=now+1hour", "--exclude=gpu-01",
+    "--signal=B:USR1@60", "--chdir=/tmp", "--begin=now+1hour", "--exclude=gpu-01",
     "--nodelist=gpu-01", "--hint=nomultithread", "--distribution=block", "--wait", "--open-mode=append",
     "--gpu-bind=closest", "--mem-bind=local", "--licenses=x", "--comment=x", "--priority=10", "--deadline=now",
-    "--cpu-freq=high", "--container-workdir=/w", "--parsable", "--hold", "--test-only", "--no-requeue",
+    "--cpu-freq=high", "--container-workdir=/w", "--parsable", "--hold", "--no-requeue",
 ]
 
 
@@ -269,7 +269,7 @@ def test_exclusive_message_exactly():
     assert str(e.value).startswith("sbatch: option --exclusive is not supported by astra slurm")
 
 
-@pytest.mark.parametrize("opt", ["-A", "-w", "-x", "-C", "-q", "-D", "-W", "-H", "-k", "-s"])
+@pytest.mark.parametrize("opt", ["-A", "-w", "-x", "-q", "-D", "-W", "-H", "-k", "-s"])
 def test_unsupported_short_options(opt):
     with pytest.raises(SbatchError) as e:
         parse_command_line([opt, "v", "x.sh"])
@@ -277,13 +277,24 @@ def test_unsupported_short_options(opt):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--gres=gpu:a100:4", "x.sh"], "GPU types are not supported"),
-    (["--gpus=a100:4", "x.sh"], "GPU types are not supported"),
+    (["--gres=gpu:a100:h100:4", "x.sh"], "invalid --gres='gpu:a100:h100:4': use --gres=gpu:N or --gres=gpu:TYPE:N"),
+    (["--gres=gpu:a100:2,gpu:h100:2", "x.sh"], "one GPU type per job"),
+    (["--gres=gpu:a100:0", "x.sh"], "a GPU type with 0 GPUs"),
+    (["--gpus=a100:four", "x.sh"], "invalid --gpus"),
+    (["--gpus=a:b:c", "x.sh"], "give a count of GPUs (N) or a type and a count (TYPE:N"),
+    (["--gpus-per-node=a+b:2", "x.sh"], "'a+b' is not a GPU type"),
     (["--gres=mps:100", "x.sh"], "knows only GPUs"),
+    (["--partition=A100", "x.sh"], "'A100' is not a pool's name"),
+    (["--partition=a,", "x.sh"], "'' is not a pool's name"),
+    (["--clusters=a,b", "x.sh"], "submits to one cluster"),
+    (["--constraint=a|b", "x.sh"], "alternatives (|) are not supported"),
+    (["--constraint=gpu=", "x.sh"], "'gpu=' is not a feature"),
+    (["--constraint=a&&b", "x.sh"], "'' is not a feature"),
+    (["--constraint=gpu=a100&gpu=h100", "x.sh"], "gpu is given twice"),
+    (["--reservation=Launch Day", "x.sh"], "invalid --reservation='Launch Day'"),
     (["--nodes=2-4", "x.sh"], "node ranges are not supported"),
     (["--ntasks-per-node=8", "x.sh"], "one task per node"),
     (["--ntasks=4", "x.sh"], "one task per node"),
-    (["--partition=a,b", "x.sh"], "give one partition"),
     (["--cpus-per-task=0", "x.sh"], "invalid --cpus-per-task"),
     (["-c", "four", "x.sh"], "invalid --cpus-per-task"),
     (["--nice=abc", "x.sh"], "invalid --nice"),
@@ -322,3 +333,77 @@ def test_help_is_recognised():
 
     with pytest.raises(HelpRequested):
         parse_command_line(["--help"])
+
+
+# --- pools, features, GPU types, reservations, --test-only (issue 18) -------------------------------------------
+
+IMG = "#!/bin/bash\n#SBATCH --container-image=img\nx\n"
+
+
+def _rr(argv, script=IMG):
+    return job([*argv, "x.sh"], script).spec["spec"]["task_template"]["requested_resources"]
+
+
+def test_partition_is_pools_and_clusters_is_the_cluster():
+    j = job(["--partition=a100,h100,a100", "-M", "east", "x.sh"], IMG)
+    assert j.spec["spec"]["cluster"] == "east"
+    assert j.spec["spec"]["task_template"]["requested_resources"]["node_selection"] == {
+        "mode": "Any", "pools": ["a100", "h100"]}
+    assert j.partition == "a100,h100"
+    assert "cluster" not in job(["-p", "a100", "x.sh"], IMG).spec["spec"]
+
+
+def test_constraint_is_labels_and_a_bare_feature_is_true():
+    assert _rr(["--constraint=gpu=a100&ib"])["node_selection"] == {"mode": "Labels",
+                                                                   "labels": {"gpu": "a100", "ib": "true"}}
+    assert _rr(["-C", "nvlink"])["node_selection"] == {"mode": "Labels", "labels": {"nvlink": "true"}}
+
+
+def test_gpu_types_become_the_gpu_model():
+    assert _rr(["--gres=gpu:a100:4"])["gpu_requests"] == {"count": 4, "model": "a100"}
+    assert _rr(["--gres=gpu:h100"])["gpu_requests"] == {"count": 1, "model": "h100"}
+    assert _rr(["--gpus=a100:8"])["gpu_requests"] == {"count": 8, "model": "a100"}
+    assert _rr(["--gpus-per-node=H100:2", "-N", "2"])["gpu_requests"] == {"count": 4, "model": "H100",
+                                                                          "min_per_machine": 2}
+    assert _rr(["--gres=gpu:4"])["gpu_requests"] == {"count": 4}
+
+
+def test_reservation_and_the_other_selections_in_sbatch_lines():
+    script = ("#!/bin/bash\n#SBATCH --container-image=img\n#SBATCH --reservation=launch\n#SBATCH -p a100\n"
+              "#SBATCH --constraint=ib\n#SBATCH --gres=gpu:a100:2\nx\n")
+    rr = _rr([], script)
+    assert rr["node_selection"] == {"mode": "Labels", "labels": {"ib": "true"}, "pools": ["a100"],
+                                    "reservation": "launch"}
+    assert rr["gpu_requests"] == {"count": 2, "model": "a100"}
+
+
+def test_with_a_template_only_the_selection_given_is_sent():
+    rr = _rr(["--template=ft", "-p", "a100"], "#!/bin/bash\nx\n")
+    assert rr == {"node_selection": {"pools": ["a100"]}}
+
+
+def test_test_only_is_a_command_line_option():
+    j = job(["--test-only", "-c", "4", "x.sh"], IMG)
+    assert j.test_only and j.processors == 4
+    assert job(["-N", "2", "x.sh"], IMG).processors == 2
+    with pytest.raises(SbatchError, match="option --test-only is not supported"):
+        job(["x.sh"], "#!/bin/bash\n#SBATCH --test-only\n#SBATCH --container-image=img\nx\n")
+
+
+def test_test_only_lines_as_slurm_prints_them():
+    from astraeus.cli import format as fmt
+
+    starts = {"outcome": "Starts", "cluster": "main",
+              "placements": [{"worker": "j-0", "machine": "gpu-01", "gpu_indices": [0]},
+                             {"worker": "j-1", "machine": "gpu-02", "gpu_indices": [0]}]}
+    line, ok = fmt.sbatch_test_only(starts, "j", 16, None)
+    assert ok and line.startswith("sbatch: Job j to start at 20") and line.endswith(
+        " using 16 processors on nodes gpu-01,gpu-02 in partition main")
+    head = {"outcome": "Head", "cluster": "main", "starts_by": "2026-12-01T10:00:00Z", "placements": []}
+    assert fmt.sbatch_test_only(head, "j", 1, "a100") == (
+        "sbatch: Job j to start at 2026-12-01T10:00:00 using 1 processors in partition a100", True)
+    waits = {"outcome": "Waits", "reason": "Waits for namespace quota: gpus 1 in use + 2 asked > 2"}
+    assert fmt.sbatch_test_only(waits, "j", 1, None) == (
+        "sbatch: Job j would not start: Waits for namespace quota: gpus 1 in use + 2 asked > 2", False)
+    unknown = {"outcome": "Head", "reason": "Next to run (priority 0): when running work ends", "starts_by": None}
+    assert fmt.sbatch_test_only(unknown, "j", 1, None)[1] is False

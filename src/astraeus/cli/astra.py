@@ -1,7 +1,7 @@
 """`astra`: the command line for Astraeus.
 
     astra login --api URL --token TOKEN
-    astra astraeus run|runs|logs|describe|delete|events|drives|machines …
+    astra astraeus run|runs|logs|describe|delete|events|drives|machines|pools|reservations …
     astra slurm sbatch|squeue|scancel …
 
 Every failure is one line on stderr and a non-zero exit; set ASTRA_DEBUG=1 for a traceback.
@@ -66,6 +66,13 @@ schedules_app = _app(help="Schedules: a cron line and a run to make at each tick
 groups_app = _app(help="Replica groups: keep N runs of one spec alive (evaluation workers, inference servers); "
                        "an ended or deleted replica is replaced.")
 slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, squeue, scancel.")
+pools_app = _App(pretty_exceptions_enable=False, add_completion=False, invoke_without_command=True,
+                 help="Pools: named groups of a cluster's machines. Without a command: the pools your workspace may "
+                      "use. create/delete: organisation admins (ASTRAEUS_ADMIN_TOKEN, or an admin's token).")
+reservations_app = _App(pretty_exceptions_enable=False, add_completion=False, invoke_without_command=True,
+                        help="Reservations: machines kept for workspaces from a start to an end. Without a command: "
+                             "your workspace's. create/delete/list --all: organisation admins "
+                             "(ASTRAEUS_ADMIN_TOKEN, or an admin's token).")
 app.add_typer(astraeus_app, name="astraeus")
 app.add_typer(slurm_app, name="slurm")
 astraeus_app.add_typer(drives_app, name="drives")
@@ -73,6 +80,8 @@ astraeus_app.add_typer(registries_app, name="registries")
 astraeus_app.add_typer(templates_app, name="templates")
 astraeus_app.add_typer(groups_app, name="replica-groups")
 astraeus_app.add_typer(schedules_app, name="schedules")
+astraeus_app.add_typer(pools_app, name="pools")
+astraeus_app.add_typer(reservations_app, name="reservations")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -106,6 +115,11 @@ def handle_errors(prefix: str = "error: ") -> Callable[[F], F]:
 
 def client() -> Client:
     return Client.from_env()
+
+
+def org_client() -> Client:
+    """$ORG_API (the workspace API URL without /w/WS) with ASTRAEUS_ADMIN_TOKEN, or the token in use."""
+    return Client.org_from_env()
 
 
 def read_json_file(path: str, what: str = "spec") -> Any:
@@ -184,6 +198,9 @@ def run(
                                                                     "list): its fields apply where no option here "
                                                                     "gives one")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the spec; submit nothing")] = False,
+    what_if: Annotated[bool, typer.Option("--what-if", help="Ask what the run would do now (start where, preempt "
+                                                            "whom, start by when, wait behind whom); submit "
+                                                            "nothing")] = False,
 ) -> None:
     """Submit a run: astra astraeus run --name N --image I --gpus G -- CMD ARGS…
 
@@ -216,6 +233,9 @@ def run(
         print_json(body)
         return
     with client() as c:
+        if what_if:
+            typer.echo(fmt.what_if(c.post("runs", body, dry_run=True)), nl=False)
+            return
         created = c.post("runs", body)
     typer.echo(submitted_line(created, body))
 
@@ -628,15 +648,179 @@ def registries_delete(registries: Annotated[list[str], typer.Argument(metavar="H
                        "deleted")
 
 
+# --- pools and reservations -----------------------------------------------------------------------------------
+
+
+@pools_app.callback()
+@handle_errors()
+def pools(
+    ctx: typer.Context,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """The pools your workspace may use: NAME, CLUSTER, MACHINES, GPUS, FREE GPUS."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _pools_list(output)
+
+
+@pools_app.command("list")
+@handle_errors()
+def pools_list(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """The pools your workspace may use (the same as `astra astraeus pools`)."""
+    _pools_list(output)
+
+
+def _pools_list(output: str | None) -> None:
+    as_json = check_output(output)
+    with client() as c:
+        data = c.get("pools")
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(fmt.pools_table(_items(data)), nl=False)
+
+
+def parse_labels(labels: list[str] | None, option: str = "--label") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in labels or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise SpecError(f"{option} {item}: give KEY=VALUE, e.g. {option} gpu=a100")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@pools_app.command("create")
+@handle_errors()
+def pools_create(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The pool's name")],
+    cluster: Annotated[str, typer.Option("--cluster", help="The cluster whose machines it groups")],
+    machine: Annotated[list[str] | None, typer.Option("--machine", help="A machine by name; repeatable")] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help="KEY=VALUE: every machine with all these labels "
+                                                                   "(now or later); repeatable")] = None,
+) -> None:
+    """Create a pool (organisation admins): machines by name and/or every machine with the labels."""
+    body = {"name": name, "machines": list(machine or []), "labels": parse_labels(label)}
+    if not body["machines"] and not body["labels"]:
+        raise SpecError("give the pool's machines (--machine NAME) or labels (--label KEY=VALUE), or both")
+    with org_client() as c:
+        out = c.post(f"clusters/{q(cluster)}/pools", body)
+    members = (out if isinstance(out, dict) else {}).get("machines") or []
+    typer.echo(f"pool {name} created in cluster {cluster}: {len(members)} machine(s)"
+               + (f" ({', '.join(members)})" if members else ""))
+
+
+@pools_app.command("delete")
+@handle_errors()
+def pools_delete(
+    names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Pools to delete")],
+    cluster: Annotated[str, typer.Option("--cluster", help="Their cluster")],
+) -> None:
+    """Delete pools (organisation admins); refused while a workspace's access or a reservation uses one."""
+    with org_client() as c:
+        for name in names:
+            c.delete(f"clusters/{q(cluster)}/pools/{q(name)}")
+            typer.echo(f"pool {name} deleted")
+
+
+@reservations_app.callback()
+@handle_errors()
+def reservations(
+    ctx: typer.Context,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+) -> None:
+    """Your workspace's reservations: NAME, CLUSTER, MACHINES, START, END, STATE."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _reservations_list(output, False)
+
+
+@reservations_app.command("list")
+@handle_errors()
+def reservations_list(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every reservation of the organisation (organisation "
+                                                     "admins)")] = False,
+) -> None:
+    """Your workspace's reservations (with --all: the organisation's)."""
+    _reservations_list(output, all_)
+
+
+def _reservations_list(output: str | None, everyone: bool) -> None:
+    as_json = check_output(output)
+    with (org_client() if everyone else client()) as c:
+        data = c.get("reservations")
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(fmt.reservations_table(_items(data)), nl=False)
+
+
+@reservations_app.command("create")
+@handle_errors()
+def reservations_create(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The reservation's name")],
+    cluster: Annotated[str, typer.Option("--cluster", help="The cluster of its machines")],
+    workspace: Annotated[list[str], typer.Option("--workspace", help="A workspace it is for; repeatable")],
+    machine: Annotated[list[str] | None, typer.Option("--machine", help="A machine by name; repeatable")] = None,
+    pool: Annotated[str | None, typer.Option("--pool", help="Reserve --count machines of this pool")] = None,
+    count: Annotated[int | None, typer.Option("--count", help="How many machines of --pool")] = None,
+    start: Annotated[str | None, typer.Option("--start", help="ISO 8601, e.g. 2026-12-01T10:00:00Z (default: "
+                                                              "now)")] = None,
+    end: Annotated[str | None, typer.Option("--end", help="ISO 8601 (default: no end)")] = None,
+) -> None:
+    """Reserve machines for workspaces (organisation admins): --machine M… or --pool P --count N."""
+    if machine and (pool or count is not None):
+        raise SpecError("give machines (--machine), or a pool and a count (--pool P --count N), not both")
+    if not machine and (pool is None or count is None):
+        raise SpecError("give machines (--machine NAME, repeatable), or a pool and a count (--pool P --count N)")
+    body: dict[str, Any] = {"name": name, "cluster": cluster, "workspaces": list(workspace)}
+    if machine:
+        body["machines"] = list(machine)
+    else:
+        body["pool"], body["count"] = pool, count
+    if start is not None:
+        body["start"] = start
+    if end is not None:
+        body["end"] = end
+    with org_client() as c:
+        out = c.post("reservations", body)
+    r = out if isinstance(out, dict) else {}
+    until = fmt.show_time(r["end"]) if r.get("end") else "no end"
+    typer.echo(f"reservation {name} created: {', '.join(r.get('machines') or [])} for "
+               f"{', '.join(r.get('workspaces') or workspace)} from {fmt.show_time(r.get('start'))} to {until} "
+               f"({r.get('state', '')})")
+
+
+@reservations_app.command("delete")
+@handle_errors()
+def reservations_delete(
+    names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Reservations to end")],
+) -> None:
+    """End reservations now and delete them (organisation admins)."""
+    with org_client() as c:
+        for name in names:
+            c.delete(f"reservations/{q(name)}")
+            typer.echo(f"reservation {name} deleted")
+
+
 # --- astra slurm ---------------------------------------------------------------------------------------------------
 
 SBATCH_HELP = """Submit a batch script: astra slurm sbatch [OPTIONS] SCRIPT [ARGS]…
 
 Options (also read from the script's #SBATCH lines; the command line wins):
   -J, --job-name=NAME        the run's name (default: the script's file name without its extension)
-  -p, --partition=PART       the cluster
+  -p, --partition=POOL[,POOL…]  the pools the job may run in (astra astraeus pools)
+  -M, --clusters=CLUSTER     the cluster (default: the workspace's)
+  -C, --constraint=FEATURES  machine labels the job needs, joined by &: KEY=VALUE, or a bare FEATURE for the
+                             label FEATURE=true (e.g. --constraint=gpu=a100&ib)
+  --reservation=NAME         run in this reservation of your workspace (astra astraeus reservations); it waits
+                             for the reservation's start
   --nice[=N]                 priority -N (default 100)
-  --gres=gpu:N, --gpus-per-node=N   GPUs per node;  -G, --gpus=N   GPUs in all
+  --gres=gpu:[TYPE:]N, --gpus-per-node=[TYPE:]N   GPUs per node;  -G, --gpus=[TYPE:]N   GPUs in all
+                             (TYPE: a word of the machines' GPU model, e.g. a100, matched case-insensitively)
   -N, --nodes=N              machines (the script runs on each)
   -c, --cpus-per-task=N      CPU cores per node;  --cpus-per-gpu=N
   --mem=SIZE                 memory per node (16G, 500M, 1T; a plain number is MB);  --mem-per-cpu, --mem-per-gpu
@@ -651,6 +835,7 @@ Options (also read from the script's #SBATCH lines; the command line wins):
   -o, --output / -e, --error accepted and ignored: Astraeus keeps each worker's output (astra astraeus logs)
   --ntasks-per-node=1, -n/--ntasks=NODES   one task per node
   --wrap=COMMAND             a one-line script
+  --test-only                when and where the job would start now, as Slurm says it; submit nothing
   --dry-run                  print the run spec; submit nothing (astra's own)
 Other options are refused by name.
 """
@@ -691,6 +876,9 @@ def sbatch(ctx: typer.Context) -> None:
         for note in job.notes:
             typer.echo(note, err=True)
         return
+    if job.test_only:
+        _test_only(job)
+        return
     with client() as c:
         if job.array is not None:
             _submit_array(c, job)
@@ -705,6 +893,25 @@ def sbatch(ctx: typer.Context) -> None:
     typer.echo(f"Submitted batch job {name}")
     for note in job.notes:  # after the outcome, so that a refusal stays one line
         typer.echo(note, err=True)
+
+
+def _test_only(job: SbatchJob) -> None:
+    """`sbatch --test-only`: what the job would do now (POST $API/runs?dry_run=true), as Slurm prints it; exit 1
+    when it would not start. A job array: its first run."""
+    body = job.bodies()[0]
+    name = body["metadata"]["name"]
+    with client() as c:
+        try:
+            answer = c.post("runs", body, dry_run=True)
+        except ApiError as e:
+            if e.status is not None:
+                raise SbatchError(f"sbatch: error: Batch job submission failed: {e.message}") from None
+            raise
+    line, starts = fmt.sbatch_test_only(answer if isinstance(answer, dict) else {}, name, job.processors,
+                                        job.partition)
+    typer.echo(line, err=True)  # Slurm writes it to stderr too
+    if not starts:
+        raise typer.Exit(1)
 
 
 def _submit_array(c: Client, job: SbatchJob) -> None:

@@ -69,6 +69,22 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     return Config(api=api.rstrip("/"), token=token)
 
 
+def org_config(env: Mapping[str, str] | None = None) -> Config:
+    """The organisation's API ($ORG_API) for organisation-admin commands: the workspace API URL without its
+    `/w/<workspace>`, with ASTRAEUS_ADMIN_TOKEN when set (else the token in use: it must be an organisation
+    admin's)."""
+    env = os.environ if env is None else env
+    config = load_config(env)
+    urls = []
+    for url in api_urls(config.api):
+        base, sep, _ws = url.rpartition("/w/")
+        if not sep or "/o/" not in base or "/" in _ws:
+            raise ApiError(f"the Astraeus API URL {url} is not a workspace's ($API: http://HOST:PORT/api/v1/o/ORG/w/WS): "
+                           "organisation commands use the organisation's part of it")
+        urls.append(base)
+    return Config(api=",".join(urls), token=env.get("ASTRAEUS_ADMIN_TOKEN") or config.token)
+
+
 def save_config(api: str, token: str, env: Mapping[str, str] | None = None) -> Path:
     path = config_path(env)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,6 +199,11 @@ class Client:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Client:
         return cls(load_config(env))
 
+    @classmethod
+    def org_from_env(cls, env: Mapping[str, str] | None = None) -> Client:
+        """A client of $ORG_API (organisation-admin commands: org_config)."""
+        return cls(org_config(env))
+
     def close(self) -> None:
         self._http.close()
 
@@ -229,8 +250,8 @@ class Client:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params)
 
-    def post(self, path: str, body: Any) -> Any:
-        return self.request("POST", path, json_body=body)
+    def post(self, path: str, body: Any, **params: Any) -> Any:
+        return self.request("POST", path, json_body=body, params=params)
 
     def put(self, path: str, body: Any) -> Any:
         return self.request("PUT", path, json_body=body)

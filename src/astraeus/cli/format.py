@@ -169,14 +169,81 @@ def events_table(events: list[dict[str, Any]]) -> str:
 
 
 def machines_table(machines: list[dict[str, Any]]) -> str:
+    """Machines; a POOLS column (the pools each is in) when the API says which (control planes since pools)."""
+    pools = any("pools" in m for m in machines)
     rows = []
     for m in machines:
-        rows.append([m.get("name", ""), m.get("cluster", ""), m.get("state", ""), m.get("gpus", 0),
-                     m.get("gpus_used", 0), m.get("gpus_free", 0), _num(m.get("cpu_cores")),
-                     human_bytes(m.get("memory_bytes")), m.get("runtime") or "", m.get("address") or "",
-                     ",".join(sorted(m.get("shared_filesystems") or {}))])
-    return table(["NAME", "CLUSTER", "STATE", "GPUS", "GPUS USED", "GPUS FREE", "CPUS", "MEMORY", "RUNTIME", "ADDRESS",
-                  "SHARED FS"], rows)
+        row = [m.get("name", ""), m.get("cluster", ""), m.get("state", ""), m.get("gpus", 0),
+               m.get("gpus_used", 0), m.get("gpus_free", 0), _num(m.get("cpu_cores")),
+               human_bytes(m.get("memory_bytes")), m.get("runtime") or "", m.get("address") or "",
+               ",".join(sorted(m.get("shared_filesystems") or {}))]
+        if pools:
+            row.insert(3, ",".join(m.get("pools") or []) or "-")
+        rows.append(row)
+    headers = ["NAME", "CLUSTER", "STATE", "GPUS", "GPUS USED", "GPUS FREE", "CPUS", "MEMORY", "RUNTIME", "ADDRESS",
+               "SHARED FS"]
+    if pools:
+        headers.insert(3, "POOLS")
+    return table(headers, rows)
+
+
+def pools_table(items: list[dict[str, Any]]) -> str:
+    """`astra astraeus pools`: the pools the workspace may use."""
+    rows = [[p.get("name", ""), p.get("cluster", ""), ",".join(p.get("machines") or []) or "-", p.get("gpus", 0),
+             p.get("free_gpus", 0)] for p in items]
+    return table(["NAME", "CLUSTER", "MACHINES", "GPUS", "FREE GPUS"], rows)
+
+
+def reservations_table(items: list[dict[str, Any]]) -> str:
+    """`astra astraeus reservations`: times in UTC; no end: `-`."""
+    rows = [[r.get("name", ""), r.get("cluster", ""), ",".join(r.get("machines") or []), show_time(r.get("start")),
+             show_time(r.get("end")) if r.get("end") else "-", r.get("state", "")] for r in items]
+    return table(["NAME", "CLUSTER", "MACHINES", "START", "END", "STATE"], rows)
+
+
+def _on(p: dict[str, Any]) -> str:
+    gpus = p.get("gpu_indices") or []
+    return f"{p.get('machine', '')} (GPUs {','.join(str(i) for i in gpus)})" if gpus else str(p.get("machine", ""))
+
+
+def what_if(answer: dict[str, Any]) -> str:
+    """`astra astraeus run --what-if`: the answer's sentence, then where each worker would go, whom it would
+    preempt, and why each waiting worker is not placed on each machine."""
+    lines = [str(answer.get("message") or answer.get("reason") or answer.get("outcome") or "")]
+    if answer.get("outcome") != "Starts" and answer.get("reason") and answer.get("reason") != lines[0]:
+        lines.append(f"Reason: {answer['reason']}")
+    for p in answer.get("placements") or []:
+        lines.append(f"  {p.get('worker', '')} on {_on(p)}")
+    if answer.get("preempts"):
+        lines.append(f"Would preempt: {', '.join(answer['preempts'])}")
+    why = answer.get("why_not") or {}
+    if why:
+        lines.append("Why not:")
+        for worker, items in why.items():
+            for item in items:
+                lines.append(f"  {worker} {item.get('machine', '')}: {item.get('reason', '')}")
+    return "\n".join(lines) + "\n"
+
+
+def slurm_time(value: Any) -> str:
+    """Slurm's `YYYY-MM-DDTHH:MM:SS` (UTC here)."""
+    t = parse_time(value) or datetime.now(UTC)
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def sbatch_test_only(answer: dict[str, Any], name: str, processors: int, partition: str | None) -> tuple[str, bool]:
+    """`astra slurm sbatch --test-only`, as Slurm prints it: (the line, whether the job would start)."""
+    outcome = answer.get("outcome")
+    if outcome == "Starts":
+        when = slurm_time(None)
+    elif outcome in ("Preempts", "Head", "Queued") and answer.get("starts_by"):
+        when = slurm_time(answer["starts_by"])
+    else:
+        return f"sbatch: Job {name} would not start: {answer.get('reason') or answer.get('message') or outcome}", False
+    nodes = list(dict.fromkeys(p.get("machine", "") for p in answer.get("placements") or []))
+    on = f" on nodes {','.join(nodes)}" if nodes else ""
+    where = partition or answer.get("cluster") or ""
+    return f"sbatch: Job {name} to start at {when} using {processors} processors{on} in partition {where}", True
 
 
 def registries_table(items: list[dict[str, Any]]) -> str:

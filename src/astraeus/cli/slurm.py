@@ -92,34 +92,53 @@ def _positive_int(text: str, option: str, allow_zero: bool = False) -> int:
     return int(s)
 
 
-def _gpu_count(text: str, option: str) -> int:
-    """`N` or `gpu:N` forms' count; GPU types (`a100:4`) are refused."""
+_GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _gpu_type(text: str, option: str, whole: str) -> str:
+    if not _GPU_TYPE.fullmatch(text):
+        raise SbatchError(f"sbatch: error: invalid {option}={whole!r}: {text!r} is not a GPU type: give a word of "
+                          "the machines' GPU model, e.g. a100 or h100")
+    return text
+
+
+def _gpu_count(text: str, option: str) -> tuple[int, str | None]:
+    """`N` or `TYPE:N` → (count, type or None); the type is matched, case-insensitively, as part of the machines'
+    GPU model (`a100` matches NVIDIA A100-SXM4-80GB)."""
     parts = text.strip().split(":")
     if len(parts) == 2:
-        raise SbatchError(f"sbatch: error: {option}={text}: GPU types are not supported by astra slurm; "
-                          f"give a count, e.g. {option}={parts[1]}")
+        return _positive_int(parts[1], option, allow_zero=True), _gpu_type(parts[0], option, text)
     if len(parts) != 1:
-        raise SbatchError(f"sbatch: error: invalid {option}={text!r}: give a count of GPUs")
-    return _positive_int(parts[0], option, allow_zero=True)
+        raise SbatchError(f"sbatch: error: invalid {option}={text!r}: give a count of GPUs (N) or a type and a "
+                          "count (TYPE:N, e.g. a100:4)")
+    return _positive_int(parts[0], option, allow_zero=True), None
 
 
-def _gres(text: str) -> int:
-    """`--gres=gpu`, `gpu:N`; `gpu:TYPE:N` and other resources are refused."""
+def _gres(text: str) -> tuple[int, str | None]:
+    """`--gres=gpu`, `gpu:N`, `gpu:TYPE`, `gpu:TYPE:N` → (count, type or None); other resources are refused."""
     total = 0
+    types: set[str] = set()
     for item in text.split(","):
         parts = item.strip().split(":")
         if parts[0] not in ("gpu", "gres/gpu"):
-            raise SbatchError(f"sbatch: error: --gres={text}: astra slurm knows only GPUs (--gres=gpu:N)")
+            raise SbatchError(f"sbatch: error: --gres={text}: astra slurm knows only GPUs (--gres=gpu:N or "
+                              "--gres=gpu:TYPE:N)")
         if len(parts) == 1:
             total += 1
         elif len(parts) == 2 and parts[1].isdigit():
             total += int(parts[1])
-        elif len(parts) >= 3:
-            raise SbatchError(f"sbatch: error: --gres={text}: GPU types are not supported by astra slurm; "
-                              f"give a count, e.g. --gres=gpu:{parts[-1]}")
+        elif len(parts) == 2:
+            types.add(_gpu_type(parts[1], "--gres", text))
+            total += 1
+        elif len(parts) == 3 and parts[2].isdigit():
+            types.add(_gpu_type(parts[1], "--gres", text))
+            total += int(parts[2])
         else:
-            raise SbatchError(f"sbatch: error: invalid --gres={text!r}: use --gres=gpu:N")
-    return total
+            raise SbatchError(f"sbatch: error: invalid --gres={text!r}: use --gres=gpu:N or --gres=gpu:TYPE:N")
+    if len(types) > 1:
+        raise SbatchError(f"sbatch: error: --gres={text}: astra slurm takes one GPU type per job; give one, "
+                          f"e.g. --gres=gpu:{sorted(types)[0]}:{total}")
+    return total, next(iter(types), None)
 
 
 def _nodes(text: str) -> int:
@@ -169,11 +188,61 @@ def _template(text: str) -> str:
     return s
 
 
-def _partition(text: str) -> str:
-    s = _nonempty(text, "--partition").strip()
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _partition(text: str) -> list[str]:
+    """`--partition=a100[,h100]` → pools: the run goes on a machine of one of them."""
+    names = [p.strip() for p in _nonempty(text, "--partition").split(",")]
+    for n in names:
+        if not _NAME.fullmatch(n):
+            raise SbatchError(f"sbatch: error: invalid --partition={text!r}: {n!r} is not a pool's name (lowercase "
+                              "letters, digits and '-'; astra astraeus pools shows them)")
+    return list(dict.fromkeys(names))
+
+
+def _clusters(text: str) -> str:
+    s = _nonempty(text, "--clusters").strip()
     if "," in s:
-        raise SbatchError(f"sbatch: error: --partition={text}: astra slurm submits to one cluster; "
-                          "give one partition")
+        raise SbatchError(f"sbatch: error: --clusters={text}: astra slurm submits to one cluster; give one")
+    if not _NAME.fullmatch(s):
+        raise SbatchError(f"sbatch: error: invalid --clusters={text!r}: give a cluster's name")
+    return s
+
+
+_LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
+
+
+def _constraint(text: str) -> dict[str, str]:
+    """`--constraint=gpu=a100&ib` → machine labels the run needs, all of them: `KEY=VALUE`, and a bare feature
+    `ib` meaning the label ib=true. Slurm's `|`, brackets, counts and `!` are refused."""
+    s = _nonempty(text, "--constraint").strip()
+    for bad, what in (("|", "alternatives (|)"), ("[", "brackets"), ("*", "counts (*N)"), ("!", "negation (!)"),
+                      (",", "commas")):
+        if bad in s:
+            raise SbatchError(f"sbatch: error: --constraint={text}: {what} are not supported by astra slurm; give "
+                              "features joined by &, each KEY=VALUE or a bare FEATURE (the label FEATURE=true), e.g. "
+                              "--constraint=gpu=a100&ib")
+    labels: dict[str, str] = {}
+    for item in s.split("&"):
+        item = item.strip()
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip() if eq else "true"
+        if not key or not _LABEL_KEY.fullmatch(key) or (eq and not value) or not _LABEL_VALUE.fullmatch(value):
+            raise SbatchError(f"sbatch: error: invalid --constraint={text!r}: {item!r} is not a feature: give KEY=VALUE "
+                              "or a bare FEATURE (letters, digits, '.', '_', '-'), joined by &")
+        if key in labels and labels[key] != value:
+            raise SbatchError(f"sbatch: error: --constraint={text}: {key} is given twice ({labels[key]} and {value})")
+        labels[key] = value
+    return labels
+
+
+def _reservation(text: str) -> str:
+    s = _nonempty(text, "--reservation").strip()
+    if not _NAME.fullmatch(s):
+        raise SbatchError(f"sbatch: error: invalid --reservation={text!r}: give a reservation's name (astra "
+                          "astraeus reservations shows them)")
     return s
 
 
@@ -324,9 +393,12 @@ class Option:
 OPTIONS: list[Option] = [
     Option("job-name", "J", "required", "name", lambda v: _nonempty(v, "--job-name")),
     Option("partition", "p", "required", "partition", _partition),
-    Option("gres", None, "required", "gpus", lambda v: ("per_node", _gres(v))),
-    Option("gpus-per-node", None, "required", "gpus", lambda v: ("per_node", _gpu_count(v, "--gpus-per-node"))),
-    Option("gpus", "G", "required", "gpus", lambda v: ("total", _gpu_count(v, "--gpus"))),
+    Option("clusters", "M", "required", "cluster", _clusters),
+    Option("constraint", "C", "required", "constraint", _constraint),
+    Option("reservation", None, "required", "reservation", _reservation),
+    Option("gres", None, "required", "gpus", lambda v: ("per_node", *_gres(v))),
+    Option("gpus-per-node", None, "required", "gpus", lambda v: ("per_node", *_gpu_count(v, "--gpus-per-node"))),
+    Option("gpus", "G", "required", "gpus", lambda v: ("total", *_gpu_count(v, "--gpus"))),
     Option("nodes", "N", "required", "nodes", _nodes),
     Option("cpus-per-task", "c", "required", "cpus", lambda v: ("per_task", _positive_int(v, "--cpus-per-task"))),
     Option("cpus-per-gpu", None, "required", "cpus", lambda v: ("per_gpu", _positive_int(v, "--cpus-per-gpu"))),
@@ -346,6 +418,7 @@ OPTIONS: list[Option] = [
     Option("ntasks", "n", "required", "ntasks", lambda v: _positive_int(v, "--ntasks")),
     Option("wrap", None, "required", "wrap", lambda v: _nonempty(v, "--wrap"), cli_only=True),
     Option("dry-run", None, "none", "dry_run", lambda v: True, cli_only=True),  # astra's own: print the spec
+    Option("test-only", None, "none", "test_only", lambda v: True, cli_only=True),  # what-if: submit nothing
 ]
 _LONG = {o.long: o for o in OPTIONS}
 _SHORT = {o.short: o for o in OPTIONS if o.short}
@@ -496,6 +569,9 @@ class SbatchJob:
     notes: list[str]
     dry_run: bool = False
     array: ArrayRange | None = None  # --array: one run per index, `<name>_<index>`
+    test_only: bool = False  # --test-only: ask when and where it would start (POST $API/runs?dry_run=true)
+    partition: str | None = None  # the pools given (comma-separated), as --test-only names the partition
+    processors: int = 1  # CPU cores in all (Slurm's "processors"; 1 per task unless asked)
 
     def bodies(self) -> list[dict[str, Any]]:
         """The runs to submit: the job's, or one per index of its array (each with `spec.array`)."""
@@ -573,8 +649,9 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
     resources: dict[str, Any] = {}
     gpu_count = 0
     per_machine: int | None = None
+    gpu_model: str | None = None
     if "gpus" in v:
-        kind, n = v["gpus"]
+        kind, n, gpu_model = v["gpus"]
         if kind == "per_node":
             gpu_count, per_machine = n * nodes, n
         else:
@@ -600,13 +677,22 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
             if not gpu_count:
                 raise SbatchError("sbatch: error: --mem-per-gpu needs GPUs (--gres=gpu:N or --gpus=N)")
             resources["memory_bytes"] = b * gpu_count
+    if gpu_model and not gpu_count:
+        raise SbatchError(f"sbatch: error: {merged.given['gpus']}: a GPU type with 0 GPUs: give a count of 1 or more")
     if gpu_count:
         gpu_req: dict[str, Any] = {"count": gpu_count}
+        if gpu_model:
+            gpu_req["model"] = gpu_model
         if per_machine and nodes > 1:
             gpu_req["min_per_machine"] = per_machine
         resources["gpu_requests"] = gpu_req
     resources["machines"] = nodes
-    resources["node_selection"] = {"mode": "Any"}
+    selection: dict[str, Any] = {"mode": "Labels", "labels": v["constraint"]} if v.get("constraint") else {}
+    if v.get("partition"):
+        selection["pools"] = v["partition"]
+    if v.get("reservation"):
+        selection["reservation"] = v["reservation"]
+    resources["node_selection"] = {"mode": "Any", **selection}
 
     # With --template the run template's fields apply wherever no option here says otherwise: its image, drives,
     # env, priority, resources and restart policy (the server merges them: astraeus.templates).
@@ -614,7 +700,10 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
     if from_template:
         if "nodes" not in v:
             del resources["machines"]
-        del resources["node_selection"]
+        if selection:  # only what the options say; the template's node selection applies to the rest
+            resources["node_selection"] = selection
+        else:
+            del resources["node_selection"]
     if "image" not in v and not from_template:
         raise SbatchError("sbatch: error: no container image: add #SBATCH --container-image=IMAGE to the script, "
                           "or give --container-image=IMAGE (every Astraeus run names its image), or "
@@ -638,8 +727,8 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
         spec["priority"] = -v["nice"]
     if not from_template:
         spec["start"] = "Gang"
-    if "partition" in v:
-        spec["cluster"] = v["partition"]
+    if "cluster" in v:
+        spec["cluster"] = v["cluster"]
     if "dependency" in v:
         spec["dependency"] = v["dependency"]
     spec["task_template"] = template
@@ -654,4 +743,6 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
         notes.append(f"sbatch: note: {' and '.join(ignored)} ignored: Astraeus keeps each worker's output; "
                      f"read it with astra astraeus logs {name if array is None else f'{name}_{array.indices[0]}'}-0")
     return SbatchJob(name=name, spec={"metadata": {"name": name}, "spec": spec}, notes=notes,
-                     dry_run=bool(v.get("dry_run")), array=array)
+                     dry_run=bool(v.get("dry_run")), array=array, test_only=bool(v.get("test_only")),
+                     partition=",".join(v["partition"]) if v.get("partition") else None,
+                     processors=cpus_total if cpus_total is not None else nodes)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from sqlalchemy import select
 
 from astraeus import spec as S
 from astraeus.server import bodies as B
 from astraeus.server import services
+from astraeus.server.db import Drive
 from astraeus.server.routers.deps import Sess, WsCaller, now, tx
+from astraeus.server.routers.events import PAGE_DEFAULT, Cursor, Limit, decode_cursor, page
 from astraeus.server.routers.workspace import PREFIX
 
 router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
@@ -22,8 +25,14 @@ def create_drive(c: WsCaller, s: Sess, body: S.DriveCreate):
 
 
 @router.get("/drives")
-def list_drives(c: WsCaller, s: Sess):
-    return {"items": [services.drive_out(s, c, d) for d in services.list_drives(s, c)]}
+def list_drives(c: WsCaller, s: Sess, limit: Limit = PAGE_DEFAULT, cursor: Cursor = None):
+    """The workspace's drives, by name, a page at a time."""
+    after = decode_cursor(cursor, (str,))
+    q = select(Drive).where(Drive.workspace_id == c.workspace.id)
+    if after is not None:
+        q = q.where(Drive.name > after[0])
+    rows = list(s.scalars(q.order_by(Drive.name).limit(limit + 1)))
+    return page(rows, limit, lambda d: (d.name,), lambda d: services.drive_out(s, c, d))
 
 
 @router.get("/drives/{name}")

@@ -10,11 +10,14 @@ from typing import Annotated
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from sqlalchemy import select, tuple_
+from sqlalchemy.orm import selectinload
 
 from astraeus.server import bodies as B
 from astraeus.server import lifecycle, services
-from astraeus.server.db import Worker
+from astraeus.server.db import Run, Worker
 from astraeus.server.routers.deps import CP, Sess, WsCaller, machine_names
+from astraeus.server.routers.events import PAGE_DEFAULT, Cursor, Limit, decode_cursor, page
 from astraeus.server.routers.workspace import PREFIX
 
 router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
@@ -23,9 +26,18 @@ LOGS_200 = {200: {"description": "one line per output line", "content": {"text/p
 
 
 @router.get("/workers")
-def list_workers(c: WsCaller, s: Sess, run: str | None = None):
+def list_workers(c: WsCaller, s: Sess, run: str | None = None, limit: Limit = PAGE_DEFAULT, cursor: Cursor = None):
+    """The workspace's workers (of one run with `run`), by run then index, a page at a time."""
+    after = decode_cursor(cursor, (int, int, int))
+    q = (select(Worker).join(Run).where(Run.workspace_id == c.workspace.id, Run.live_key == "")
+         .options(selectinload(Worker.run)))
+    if run:
+        q = q.where(Run.name == run)
+    if after is not None:
+        q = q.where(tuple_(Run.id, Worker.index, Worker.id) > tuple_(*after))
+    rows = list(s.scalars(q.order_by(Run.id, Worker.index, Worker.id).limit(limit + 1)))
     names = machine_names(s)
-    return {"items": [services.worker_view(x, names) for x in services.list_workers(s, c, run)]}
+    return page(rows, limit, lambda w: (w.run_id, w.index, w.id), lambda w: services.worker_view(w, names))
 
 
 @router.get("/workers/{name}")

@@ -63,15 +63,18 @@ def answer(plan: Plan, snapshot: Snapshot, key: str) -> WhatIf:
     backfilled = start.backfilled if start is not None else False
     if plan.head == key:
         stops = [s for s in plan.stops if s.preempted_by == key]
-        victims: list[str] = []
+        victims: list[str] = []  # its own namespace's workers by name, in the plan's order; then the others as one
         n = 0
+        others = False
         own = {u.run: u.workspace for u in snapshot.running}
         for s in stops:
             n += len(s.workers)
             if own.get(s.run) == ws:
                 victims.extend(s.workers)
-            elif OTHER_NAMESPACE not in victims:
-                victims.append(OTHER_NAMESPACE)
+            else:
+                others = True
+        if others:
+            victims.append(OTHER_NAMESPACE)
         if stops or reason.startswith("Starting: waiting for"):
             return WhatIf("Preempts", reason, placements, backfilled, tuple(victims), n, plan.shadow_time,
                           why_not=why_not)

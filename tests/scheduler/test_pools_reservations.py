@@ -225,9 +225,9 @@ def test_work_of_others_still_there_is_stopped_when_the_window_opens():
             .waiting("b-run", gpus=8, ws=WS_B, names=("g1",))
             .build())
     p = plan(snap, NOW)
-    assert p.reservation_stops == (
-        StopUnit("outside", ("outside-0",), "launch", "Stopped for reservation launch"),
+    assert p.reservation_stops == (  # in run name order
         StopUnit("gang", ("gang-0", "gang-1"), "launch", "Stopped for reservation launch"),
+        StopUnit("outside", ("outside-0",), "launch", "Stopped for reservation launch"),
     )
     assert p.stops == ()
     # Their room is still taken this cycle: the insider waits as the head until the stop grace has run out.

@@ -29,7 +29,7 @@ from dataclasses import replace
 from . import reasons as R
 from .cluster import Cluster, by_worker_index
 from .dependencies import verdict
-from .head import HeadFit, choose_victims, shadow, unit_grace
+from .head import HeadFit, choose_victims, shadow, unit_grace, unit_order_key
 from .model import Plan, QuotaReached, RunningUnit, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
 from .queue import Usage, queue_order
 from .whynot import Unstarted, WhyNot
@@ -154,10 +154,12 @@ class Cycle:
         if not opened:
             return
         stopped: set[int] = set()
-        for r, _ in opened:
+        order = sorted(range(len(self.running)), key=lambda k: unit_order_key(self.running[k]))
+        for r, _ in opened:  # by start, then name
             machines = frozenset(r.machines)
             spaces = frozenset(r.workspaces)
-            for k, u in enumerate(self.running):
+            for k in order:
+                u = self.running[k]
                 if u.stopping or k in stopped or u.workspace in spaces:
                     continue
                 if any(w.machine in machines for w in u.workers):

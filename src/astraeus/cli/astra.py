@@ -797,13 +797,13 @@ def reservations_create(
 @reservations_app.command("delete")
 @handle_errors()
 def reservations_delete(
-    names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Reservations to end")],
+    names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Reservations to end now")],
 ) -> None:
-    """End reservations now and delete them (organisation admins)."""
+    """End reservations now (organisation admins); they stay listed as Ended."""
     with org_client() as c:
         for name in names:
             c.delete(f"reservations/{q(name)}")
-            typer.echo(f"reservation {name} deleted")
+            typer.echo(f"reservation {name} ended")
 
 
 # --- astra slurm ---------------------------------------------------------------------------------------------------

@@ -125,6 +125,7 @@ class Cycle:
         # Per workspace: True when nothing restricts its runs beyond their own node selection (no pools of its
         # own, no reservation of another namespace now or ahead): the fast path of `place`.
         self.plain: dict[str, bool] = {}
+        self.all_plain = not snapshot.reservations and all(ws.pools is None for ws in snapshot.workspaces)
         self.usage: dict[str, Usage] = defaultdict(Usage)
         self.run_machines: dict[str, set[int]] = defaultdict(set)  # machines holding workers of a run now
         index_get = cluster.index.get
@@ -232,7 +233,7 @@ class Cycle:
         if not workers:
             return None
         sel = run.node_selection
-        plain = self.plain.get(run.workspace)
+        plain = self.all_plain or self.plain.get(run.workspace)
         if plain is None:
             plain = self.is_plain(run.workspace)
         if (sel.mode == "Any" and not run.excluded_machines and plain and not sel.pools and not sel.gpu_model

@@ -224,3 +224,57 @@ def test_live_the_run_does_what_the_answer_said(cluster):
         time.sleep(0.5)
         c.wait_for(lambda: status("after")["reason"] == a["reason"], 20,
                    what=f"after's reason to be {a['reason']!r}")
+
+
+# ------------------------------------------------------------------------------------- pools, GPU models, reservations
+
+
+def test_a_gpu_model_no_machine_has_and_a_pool_are_answered(app):
+    r = app.client.post("/api/v1/agent/register", headers=_h(app.boot["machine_token"]),
+                        json={"name": "gpu-01", "gpus": 4, "gpu_models": ["NVIDIA H100 80GB HBM3"], "cpu_cores": 32,
+                              "memory_bytes": 1 << 38, "stop_grace_seconds": 1})
+    assert r.status_code == 200, r.text
+    b = body("a100-only", gpus=1)
+    b["spec"]["task_template"]["requested_resources"]["gpu_requests"]["model"] = "a100"
+    a = what_if(app, b)
+    assert (a["outcome"], a["reason"]) == ("Waits", "Cannot run on this cluster: no machine has a100 GPUs"), a
+    assert a["message"] == a["reason"]
+    b["spec"]["task_template"]["requested_resources"]["gpu_requests"]["model"] = "h100"
+    a = what_if(app, b)
+    assert a["outcome"] == "Starts" and a["placements"][0]["machine"] == "gpu-01", a
+    r = app.client.post(f"{ORG}/clusters/main/pools", json={"name": "fast", "machines": ["gpu-01"]},
+                        headers=_h(app.boot["admin_token"]))
+    assert r.status_code == 201, r.text
+    b = body("in-pool", gpus=1)
+    b["spec"]["task_template"]["requested_resources"]["node_selection"] = {"pools": ["fast"]}
+    assert what_if(app, b)["placements"] == [{"worker": "in-pool-0", "machine": "gpu-01", "gpu_indices": [0]}]
+    b["spec"]["task_template"]["requested_resources"]["node_selection"] = {"pools": ["nosuch"]}
+    r = app.client.post(app.api + "/runs", params={"dry_run": "true"}, json=b, headers=app.h())
+    assert r.status_code == 422 and "node_selection.pools: no pool named nosuch in cluster main" in r.text
+
+
+def test_a_reservation_before_its_window_holds_its_run_and_keeps_others_untimed_runs_off(app):
+    register(app, "gpu-01")
+    nlp = other_workspace(app)
+    start = time.time() + 3600
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+    r = app.client.post(f"{ORG}/reservations", headers=_h(app.boot["admin_token"]),
+                        json={"name": "launch", "cluster": "main", "workspaces": ["vision"], "machines": ["gpu-01"],
+                              "start": iso})
+    assert r.status_code == 201, r.text
+    b = body("for-launch", gpus=1)
+    b["spec"]["task_template"]["requested_resources"]["node_selection"] = {"reservation": "launch"}
+    a = what_if(app, b)
+    assert a["outcome"] == "Waits", a
+    assert a["reason"].startswith("Waits for reservation launch, which starts at ") and a["reason"].endswith(" UTC")
+    # another workspace: an untimed run may not use the machine before the window, a timed one that ends first may
+    api, h = nlp
+    r = app.client.post(api + "/runs", params={"dry_run": "true"}, json=body("theirs", gpus=1), headers=h)
+    assert r.status_code == 200, r.text
+    a = r.json()
+    assert a["outcome"] != "Starts" and "launch" not in r.text, a
+    assert a["why_not"]["theirs-0"][0]["reason"].endswith(
+        "UTC: a run without a time limit cannot use it before then"), a
+    r = app.client.post(api + "/runs", params={"dry_run": "true"}, json=body("short", gpus=1, time_limit=60),
+                        headers=h)
+    assert r.json()["outcome"] == "Starts", r.text

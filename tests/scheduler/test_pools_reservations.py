@@ -194,6 +194,23 @@ def test_a_window_opens_and_closes_as_now_moves():
     }
 
 
+@pytest.mark.parametrize("limit, reason", [
+    pytest.param(20 * 60, "Next to run (priority 0): starts by 2026-10-01 12:30 UTC as running work ends",
+                 id="ends-before-the-window-from-when-room-frees"),
+    pytest.param(40 * 60, "Next to run (priority 0): starts by 2026-10-01 14:00 UTC as running work ends",
+                 id="would-not-end-before-the-window-from-then"),
+])
+def test_an_outsider_heads_shadow_time_counts_a_reserved_machine_only_while_it_would_end_in_time(limit, reason):
+    # g1 frees at 12:30 and is reserved from 13:00; g2 frees at 14:00.
+    snap = (two_machines().reservation("launch", "g1", **AHEAD)
+            .running("g1-busy", gpus=8, on="g1", started=NOW - HOUR - 30, limit=1.5 * HOUR)
+            .running("g2-busy", gpus=8, on="g2", started=NOW - HOUR - 30, limit=3 * HOUR)
+            .waiting("r", gpus=8, limit=limit).build())
+    p = plan(snap, NOW)
+    assert p.head == "r"
+    assert p.reasons["r"] == reason
+
+
 def test_an_outsider_that_only_fits_on_reserved_machines_waits_and_is_never_the_head():
     snap = (cluster(machine("g1"), machine("g2", gpus=2)).reservation("launch", "g1", **WINDOW)
             .waiting("big", gpus=8).waiting("small", gpus=2).build())

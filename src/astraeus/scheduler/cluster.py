@@ -78,6 +78,19 @@ class Reserved:
         lines, upcoming = self._for(ws)
         return bool(lines or upcoming)
 
+    def deadlines(self, ws: str, time_limit: float | None) -> dict[int, float]:
+        """Machine -> the latest start on it for a run of `ws` with this time limit (another namespace's window
+        opens after that), for the machines it may use now only because its time limit ends it by the start."""
+        if not self.upcoming or time_limit is None:
+            return {}
+        out: dict[int, float] = {}
+        for r, idx in self._for(ws)[1]:
+            for i in idx:
+                latest = r.start - time_limit - self.machines[i].stop_grace_seconds
+                if latest >= self.now and latest < out.get(i, latest + 1):
+                    out[i] = latest
+        return out
+
     def exclusions(self, ws: str, time_limit: float | None) -> tuple:
         """(key, {machine: line}) of the machines reservations keep from a run of `ws` with this time limit; key
         None when there are none. The key is equal for equal exclusions (it keys Cluster.allowed's cache)."""

@@ -431,7 +431,10 @@ class Cycle:
 
     def compute_shadow_time(self, head: WaitingRun, fit: HeadFit) -> tuple[float | None, str]:
         """When the head starts at the latest, as running work ends; the room it takes then is held now."""
-        t, held = shadow(self.cluster, fit, self.running, self.now)
+        deadlines = self.cluster.reserved.deadlines(head.workspace, head.time_limit_seconds)
+        if deadlines:
+            deadlines = {i: t for i, t in deadlines.items() if i in fit.machine_set}
+        t, held = shadow(self.cluster, fit, self.running, self.now, deadlines)
         self.cluster.held = held
         return t, R.head_next(head.priority, t)
 

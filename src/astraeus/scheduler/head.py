@@ -22,6 +22,7 @@ class HeadFit:
         self.shapes: list[Shape] = sorted({shape(w) for w in self.workers}, key=lambda s: (-s[0], -s[1], -s[2]))
         self.need = [sum(1 for w in self.workers if shape(w) == s) for s in self.shapes]
         self.extra: dict[int, list] = {}  # machine -> [gpus, cpu, memory] that the added units free
+        self.dropped: set[int] = set()  # machines the head may no longer start on (a reservation's window nears)
         self.fit: list[set[int]] = [set() for _ in self.shapes]
         for i in machines:
             self._refresh(i)
@@ -33,7 +34,15 @@ class HeadFit:
             return len(c.free_g[i]), c.free_c[i], c.free_m[i]
         return len(c.free_g[i]) + e[0], c.free_c[i] + e[1], c.free_m[i] + e[2]
 
+    def drop(self, i: int) -> None:
+        """The head may not start on machine i from now on (in the time `shadow` has reached)."""
+        self.dropped.add(i)
+        for f in self.fit:
+            f.discard(i)
+
     def _refresh(self, i: int) -> None:
+        if i in self.dropped:
+            return
         fg, fc, fm = self.room(i)
         for k, (g, c, m) in enumerate(self.shapes):
             if fg >= g and fc >= c and fm >= m:
@@ -112,10 +121,15 @@ def unit_grace(cluster: Cluster, u: RunningUnit) -> float:
     return max((cluster.machines[idx[w.machine]].stop_grace_seconds for w in u.workers if w.machine in idx), default=0.0)
 
 
-def shadow(cluster: Cluster, fit: HeadFit, running, now: float) -> tuple[float | None, dict[int, list]]:
+def shadow(
+    cluster: Cluster, fit: HeadFit, running, now: float, deadlines: dict[int, float] | None = None
+) -> tuple[float | None, dict[int, list]]:
     """The earliest time enough room frees for the head, from time limits and stop graces (work stopped at its
-    time limit, or stopping now, is gone when its machine's stop grace runs out), and the room to hold now. If work without a time limit must end first, the time is None and the
-    room held is the room the head would take once that work ends (oldest first)."""
+    time limit, or stopping now, is gone when its machine's stop grace runs out), and the room to hold now. If
+    work without a time limit must end first, the time is None and the room held is the room the head would take
+    once that work ends (oldest first). `deadlines`: machine -> the latest time the head may start there (another
+    namespace's reservation opens after it); past it the machine does not count."""
+    late = sorted((t, i) for i, t in deadlines.items()) if deadlines else []
     events = []
     unlimited = []
     for u in running:
@@ -132,14 +146,20 @@ def shadow(cluster: Cluster, fit: HeadFit, running, now: float) -> tuple[float |
     events.sort(key=lambda e: (e[0], e[1]))
     n = len(events)
     k = 0
+    d = 0
     while k < n:
         t = events[k][0]
         while k < n and events[k][0] == t:
             fit.add(events[k][2])
             k += 1
+        while d < len(late) and late[d][0] < t:
+            fit.drop(late[d][1])
+            d += 1
         chosen = fit.placement()
         if chosen is not None:
             return t, fit.holds(chosen)
+    for _, i in late[d:]:
+        fit.drop(i)  # work without a time limit ends at no known time
     unlimited.sort(key=lambda e: e[0])
     for _, u in unlimited:
         fit.add(u)

@@ -65,3 +65,20 @@ def test_sbatch_test_only_prints_as_slurm_does(c, tmp_path):
     assert r.returncode == 1 and r.stderr.startswith(
         "sbatch: error: Batch job submission failed: 403 PRIORITY_NOT_ALLOWED"), r.stderr
     assert "probe" not in runs(c)
+
+
+def test_what_if_text_lists_placements_victims_and_why_not_lines():
+    from astraeus.cli import format as fmt
+
+    answer = {"outcome": "Preempts", "message": "Would preempt 2 worker(s) (train-0, a job in another namespace) and "
+                                                "start by 2026-12-01 10:00 UTC",
+              "reason": "Preempting 2 lower-priority worker(s) of train to start", "placements": [],
+              "preempts": ["train-0", "a job in another namespace"],
+              "why_not": {"urgent-0": [{"machine": "gpu-01", "reason": "machine is reserved for another namespace"}]}}
+    assert fmt.what_if(answer).splitlines() == [
+        "Would preempt 2 worker(s) (train-0, a job in another namespace) and start by 2026-12-01 10:00 UTC",
+        "Reason: Preempting 2 lower-priority worker(s) of train to start",
+        "Would preempt: train-0, a job in another namespace",
+        "Why not:",
+        "  urgent-0 gpu-01: machine is reserved for another namespace",
+    ]

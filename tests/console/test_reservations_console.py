@@ -175,6 +175,29 @@ def test_new_run_asks_for_pools_and_what_if_stores_nothing(c):
     assert c.worker("in-pool-0")["machine"] == "gpu-01"
 
 
+def test_settings_limit_a_workspace_to_pools(c):
+    url = "/o/acme/settings/clusters/main/workspaces/audio"
+    form = {"host_paths": "", "max_priority": "", "weight": "", "quota_gpus": "", "quota_cpu_cores": "",
+            "quota_memory_gib": "", "quota_workers": ""}
+    with _h(c, c.admin_token) as h:
+        page = h.get("/o/acme/settings").text
+        assert "<b>a100</b> (gpu-01;" in page
+        assert "every machine" in _row(page, "access", "main/audio")
+        assert "The cluster's pools: a100." in h.get(url).text
+        r = h.post(url, data={**form, "pools": "a100, nope"})
+        assert r.status_code == 422 and _error(r.text) == "clusters.main.pools: no pool named nope in cluster main"
+        r = h.post(url, data={**form, "pools": "a100"}, follow_redirects=False)
+        assert r.status_code == 303, r.text[:3000]
+        assert '<span class="tag">a100</span>' in _row(h.get("/o/acme/settings").text, "access", "main/audio")
+        with c.admin() as a:
+            assert a.get("/workspaces/audio").json()["clusters"]["main"]["pools"] == ["a100"]
+        assert 'value="a100"' in h.get(url).text
+        r = h.post(url, data={**form, "pools": ""}, follow_redirects=False)  # empty: every machine again
+        assert r.status_code == 303
+    with c.admin() as a:
+        assert a.get("/workspaces/audio").json()["clusters"]["main"]["pools"] is None
+
+
 @pytest.mark.browser
 def test_in_a_browser_an_admin_reserves_and_another_workspace_does_not_see_it(browser, c):
     from tests.console.conftest import shot

@@ -21,7 +21,7 @@ RUN_DEFAULTS = {"restart_policy": "OnFailure", "priority": "0", "start": "Indepe
 DRIVE_FIELDS = ("name", "kind", "machine", "filesystem", "path", "mount_path", "mode", "transport", "create")
 RESERVATION_FIELDS = ("name", "cluster", "workspaces", "machines", "pool", "count", "start", "end")
 ACCESS_FIELDS = ("host_paths", "max_priority", "weight", "quota_gpus", "quota_cpu_cores", "quota_memory_gib",
-                 "quota_workers")
+                 "quota_workers", "pools")
 
 
 class FormError(ValueError):
@@ -177,7 +177,8 @@ def _gib(text: str) -> Any:
 def access_body(form: dict[str, str], cluster: str) -> dict[str, Any]:
     """Settings → Clusters → Change → the body of PATCH $ORG_API/workspaces/{name} for this one cluster.
 
-    An empty Max priority or Weight leaves it as it is; an empty quota field means no limit (null)."""
+    An empty Max priority or Weight leaves it as it is; an empty quota field means no limit (null); empty Pools
+    means every machine of the cluster (null)."""
     f = {k: (form.get(k) or "").strip() for k in ACCESS_FIELDS}
     conf: dict[str, Any] = {}
     if f["max_priority"]:
@@ -188,6 +189,7 @@ def access_body(form: dict[str, str], cluster: str) -> dict[str, Any]:
     conf["quota"] = {"gpus": f["quota_gpus"] or None, "cpu_cores": f["quota_cpu_cores"] or None,
                      "memory_bytes": _gib(f["quota_memory_gib"]) if f["quota_memory_gib"] else None,
                      "workers": f["quota_workers"] or None}
+    conf["pools"] = names(f["pools"]) or None
     return {"clusters": {cluster: conf}}
 
 

@@ -34,7 +34,7 @@ from astraeus.server import bodies as B
 from astraeus.server import templates as run_templates
 from astraeus.server.core import ControlPlane
 from astraeus.server.db import Access, Cluster, ConsoleSession, Org, Token, Workspace
-from astraeus.server.pools import workspace_pools
+from astraeus.server.pools import list_pools, workspace_pools
 from astraeus.server.routers.deps import control_plane, machine_names, now
 from astraeus.server.routers.errors import validation_errors, validation_message
 from astraeus.server.services import ApiError, Caller, tx
@@ -633,7 +633,7 @@ def settings_ctx(s: Session, p: Page) -> dict:
                                  .where(Access.workspace_id == ws.id).order_by(Cluster.id)).all():
             rows.append({"workspace": ws.name, "ns": ws.ns, **services.access_view(cl, acc)})
     return {"clusters": [{"name": cl.name, "preemption": cl.preemption,
-                          "machines": services.machines_view(s, [cl.id]),
+                          "machines": services.machines_view(s, [cl.id]), "pools": list_pools(s, p.caller, cl.name),
                           "access": [x for x in rows if x["name"] == cl.name]} for cl in clusters],
             "rows": rows}
 
@@ -655,11 +655,12 @@ def access_of(s: Session, p: Page, cluster: str, ws: str) -> tuple[Cluster, Work
     return cl, w, view
 
 
-def change_access_page(request: Request, p: Page, cluster: str, workspace: str, view: dict, *,
+def change_access_page(request: Request, s: Session, p: Page, cluster: str, workspace: str, view: dict, *,
                        values: dict | None = None, error: str | None = None, errors: list | None = None,
                        status: int = 200) -> HTMLResponse:
     return render(request, "settings_change.html", p, status=status, nav="settings", cluster=cluster,
-                  workspace=workspace, a=view, values=values, error=error, errors=errors or [])
+                  workspace=workspace, a=view, values=values, error=error, errors=errors or [],
+                  cluster_pools=[x["name"] for x in list_pools(s, p.caller, cluster)])
 
 
 @router.get("/o/{org}/settings/clusters/{cluster}/workspaces/{ws}")
@@ -668,7 +669,7 @@ def change_access_form(request: Request, org: str, cluster: str, ws: str):
     with cp_of(request).sessions() as s:
         p = admin_page(s, request, org)
         _, w, view = access_of(s, p, cluster, ws)
-        return change_access_page(request, p, cluster, w.name, view)
+        return change_access_page(request, s, p, cluster, w.name, view)
 
 
 @router.post("/o/{org}/settings/clusters/{cluster}/workspaces/{ws}")
@@ -686,12 +687,12 @@ def change_access(request: Request, org: str, cluster: str, ws: str):
                 admin.update_workspace(s, p.caller, w.name, body.model_dump(exclude_unset=True))
         except ValidationError as e:
             msg, errs = validation_message(e)
-            return change_access_page(request, p, cluster, w.name, view, values=form, error=msg, errors=errs,
+            return change_access_page(request, s, p, cluster, w.name, view, values=form, error=msg, errors=errs,
                                       status=422)
         except ApiError as e:
             if e.status == 401:
                 raise
-            return change_access_page(request, p, cluster, w.name, view, values=form, error=e.message,
+            return change_access_page(request, s, p, cluster, w.name, view, values=form, error=e.message,
                                       status=e.status)
     cp_of(request).notifier.wake_scheduler()
     return RedirectResponse(f"/o/{org}/settings?saved={quote(ws)}", status_code=303)

@@ -98,6 +98,10 @@ def test_sbatch_reaches_pools_and_reservations(c, tmp_path):
     assert r.returncode == 0 and r.stderr.strip().endswith(" on nodes gpu-01 in partition sb"), r.stderr
     r = astra(c, "slurm", "sbatch", "--test-only", "-p", "nosuch", str(script))
     assert r.returncode == 1 and "node_selection.pools: no pool named nosuch in cluster main" in r.stderr, r.stderr
+    assert r.stderr.strip().endswith("(-p/--partition names pools: astra astraeus pools; give a cluster with "
+                                     "-M/--clusters=NAME)"), r.stderr
+    r = astra(c, "slurm", "sbatch", "--test-only", "-M", "main", "--gres=gpu:1", str(script))
+    assert r.returncode == 0 and r.stderr.strip().endswith(" on nodes gpu-01 in partition main"), r.stderr
     r = astra(c, "slurm", "sbatch", "--test-only", "--reservation=nosuch", str(script))
     assert r.returncode == 1 and "node_selection.reservation: no reservation named nosuch" in r.stderr, r.stderr
     ok(astra(c, "astraeus", "pools", "delete", "sb", "--cluster", "main"))

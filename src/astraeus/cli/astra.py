@@ -887,12 +887,19 @@ def sbatch(ctx: typer.Context) -> None:
             created = c.post("runs", job.spec)
         except ApiError as e:
             if e.status is not None:
-                raise SbatchError(f"sbatch: error: Batch job submission failed: {e.message}") from None
+                raise SbatchError(f"sbatch: error: Batch job submission failed: {_hint(e.message)}") from None
             raise
     name = ((created if isinstance(created, dict) else {}).get("metadata") or {}).get("name") or job.name
     typer.echo(f"Submitted batch job {name}")
     for note in job.notes:  # after the outcome, so that a refusal stays one line
         typer.echo(note, err=True)
+
+
+def _hint(message: str) -> str:
+    """A partition that is no pool: scripts written before pools named the cluster with -p."""
+    if "node_selection.pools: no pool named" in message:
+        return message + " (-p/--partition names pools: astra astraeus pools; give a cluster with -M/--clusters=NAME)"
+    return message
 
 
 def _test_only(job: SbatchJob) -> None:
@@ -905,7 +912,7 @@ def _test_only(job: SbatchJob) -> None:
             answer = c.post("runs", body, dry_run=True)
         except ApiError as e:
             if e.status is not None:
-                raise SbatchError(f"sbatch: error: Batch job submission failed: {e.message}") from None
+                raise SbatchError(f"sbatch: error: Batch job submission failed: {_hint(e.message)}") from None
             raise
     line, starts = fmt.sbatch_test_only(answer if isinstance(answer, dict) else {}, name, job.processors,
                                         job.partition)
@@ -930,7 +937,7 @@ def _submit_array(c: Client, job: SbatchJob) -> None:
                     pass
             undone = f"; the {len(done)} run(s) of the array already submitted were deleted" if done else ""
             if isinstance(e, ApiError) and e.status is not None:
-                raise SbatchError(f"sbatch: error: Batch job submission failed: {e.message} ({name}{undone})") from None
+                raise SbatchError(f"sbatch: error: Batch job submission failed: {_hint(e.message)} ({name}{undone})") from None
             raise
         done.append(name)
     assert job.array is not None

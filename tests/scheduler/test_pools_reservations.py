@@ -371,6 +371,8 @@ def _open(r: Reservation, now: float) -> bool:
 @st.composite
 def reserved_snapshots(draw):
     snap = draw(snapshots(max_waiting=5))
+    snap = replace(snap, machines=tuple(replace(m, gpu_model=draw(st.sampled_from(["", A100, H100])))
+                                        for m in snap.machines))
     names = [m.name for m in snap.machines]
     reservations = []
     for k in range(draw(st.integers(0, 3))):
@@ -387,6 +389,7 @@ def reserved_snapshots(draw):
     for r in snap.waiting:
         sel = NodeSelection(
             pools=draw(st.sampled_from([(), (), ("p0",), ("p1",)])),
+            gpu_model=draw(st.sampled_from([None, None, "a100", "H100"])),
             reservation=draw(st.sampled_from([None] * 4 + [x.name for x in reservations])),
         )
         waiting.append(replace(r, node_selection=sel))
@@ -424,6 +427,10 @@ def test_nothing_from_outside_starts_on_reserved_machines_inside_the_window(case
             # pools: the run's and the workspace's
             if run.node_selection.pools:
                 assert any(pl.machine in pools[n] for n in run.node_selection.pools)
+            model = run.node_selection.gpu_model
+            if model is not None:
+                m = next(m for m in snap.machines if m.name == pl.machine)
+                assert m.gpus and model.lower() in m.gpu_model.lower()
             ws_pools = spaces[run.workspace].pools
             if ws_pools is not None:
                 assert any(pl.machine in pools[n] for n in ws_pools)

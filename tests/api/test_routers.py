@@ -11,7 +11,7 @@ import pytest
 from fastapi import APIRouter
 
 ROUTERS = ("workspace", "runs", "templates", "workers", "drives", "registries", "events", "machines", "admin", "agent", "health",
-           "schedules", "replica_groups", "console")
+           "schedules", "replica_groups", "pools", "reservations", "console")
 SERVER_ROUTERS = [n for n in ROUTERS if n != "console"]
 
 
@@ -63,6 +63,13 @@ def test_every_url_keeps_its_tag(app):
         f"POST {ws}/replica-groups": ["workspace"], f"GET {ws}/replica-groups": ["workspace"],
         f"GET {ws}/replica-groups/{{name}}": ["workspace"], f"PATCH {ws}/replica-groups/{{name}}": ["workspace"],
         f"DELETE {ws}/replica-groups/{{name}}": ["workspace"],
+        f"GET {ws}/pools": ["workspace"], f"GET {ws}/reservations": ["workspace"],
+        f"GET {org}/clusters/{{cluster}}/pools": ["organisation"], f"POST {org}/clusters/{{cluster}}/pools": ["organisation"],
+        f"GET {org}/clusters/{{cluster}}/pools/{{name}}": ["organisation"],
+        f"PUT {org}/clusters/{{cluster}}/pools/{{name}}": ["organisation"],
+        f"DELETE {org}/clusters/{{cluster}}/pools/{{name}}": ["organisation"],
+        f"GET {org}/reservations": ["organisation"], f"POST {org}/reservations": ["organisation"],
+        f"GET {org}/reservations/{{name}}": ["organisation"], f"DELETE {org}/reservations/{{name}}": ["organisation"],
         f"GET {ws}/workers": ["workspace"], f"GET {ws}/workers/{{name}}": ["workspace"],
         f"GET {ws}/workers/{{name}}/logs": ["workspace"],
         f"POST {ws}/drives": ["workspace"], f"GET {ws}/drives": ["workspace"],

@@ -8,6 +8,8 @@ routers/pools.py and the console only call these.
 
 from __future__ import annotations
 
+import time
+
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -163,8 +165,9 @@ def pool_users(s: Session, cl: Cluster, name: str, at: float) -> list[str]:
     return out
 
 
-def delete_pool(s: Session, c: Caller, cluster_name: str, name: str, at: float) -> None:
+def delete_pool(s: Session, c: Caller, cluster_name: str, name: str, at: float | None = None) -> None:
     cl = _cluster(s, c, cluster_name)
+    at = time.time() if at is None else at
     p = _pool(s, cl, name)
     users = pool_users(s, cl, name, at)
     if users:

@@ -92,9 +92,9 @@ def test_run_the_page_command(c):
         events = ok(astra(c, "astraeus", "events"))
         assert events.startswith("TIME") and re.search(r"RunSubmitted\s+urgent-eval\s", events)
         machines = ok(astra(c, "astraeus", "machines")).splitlines()
-        assert machines[0].split() == ["NAME", "CLUSTER", "STATE", "GPUS", "GPUS", "USED", "GPUS", "FREE", "CPUS",
-                                       "MEMORY", "RUNTIME", "ADDRESS", "SHARED", "FS"]
-        assert machines[1].split()[:6] == ["gpu-01", "main", "Ready", "8", "8", "0"]
+        assert machines[0].split() == ["NAME", "CLUSTER", "STATE", "POOLS", "GPUS", "GPUS", "USED", "GPUS", "FREE",
+                                       "CPUS", "MEMORY", "RUNTIME", "ADDRESS", "SHARED", "FS"]
+        assert machines[1].split()[:7] == ["gpu-01", "main", "Ready", "-", "8", "8", "0"]
         # the agent's address: the source of its route to the control plane (here, loopback)
         assert re.search(r"\s(process|container \(runc [0-9.]+\))\s+127\.0\.0\.1$", machines[1]), machines[1]
 
@@ -104,8 +104,8 @@ def test_run_the_page_command(c):
         r = astra(c, "astraeus", "delete", "urgent-eval")
     assert ok(r) == "urgent-eval deleted\n"
     # The workers stop (SIGTERM, the stop grace) and the GPUs are free again.
-    c.wait_for(lambda: ok(astra(c, "astraeus", "machines")).splitlines()[1].split()[:6] == [
-        "gpu-01", "main", "Ready", "8", "0", "8"], what="GPUs free again")
+    c.wait_for(lambda: ok(astra(c, "astraeus", "machines")).splitlines()[1].split()[:7] == [
+        "gpu-01", "main", "Ready", "-", "8", "0", "8"], what="GPUs free again")
 
 
 def test_run_logs_tail_and_follow(c):

@@ -333,6 +333,18 @@ def _watch(render: Callable[[], str], interval: float) -> None:
         time.sleep(interval)
 
 
+def every_page(c: Client, path: str) -> list[dict[str, Any]]:
+    """Every item of a paginated list (`limit` + `cursor`, the API's `next_cursor`)."""
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page = c.get(f"{path}?limit=1000" + (f"&cursor={cursor}" if cursor else ""))
+        items += _items(page)
+        cursor = page.get("next_cursor") if isinstance(page, dict) else None
+        if not cursor:
+            return items
+
+
 def _items(data: Any) -> list[dict[str, Any]]:
     if isinstance(data, dict):
         return list(data.get("items") or [])
@@ -408,10 +420,10 @@ def delete(run_names: Annotated[list[str], typer.Argument(metavar="RUN...", help
 def events(
     output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
 ) -> None:
-    """The workspace's events, newest first."""
+    """The workspace's events, newest first (the newest 200)."""
     as_json = check_output(output)
     with client() as c:
-        data = c.get("events")
+        data = c.get("events?limit=200")
     if as_json:
         print_json(data)
     else:
@@ -455,7 +467,7 @@ def drives_list(
     """List drives."""
     as_json = check_output(output)
     with client() as c:
-        data = c.get("drives")
+        data = {"items": every_page(c, "drives")}
     if as_json:
         print_json(data)
     else:

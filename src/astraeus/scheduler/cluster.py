@@ -21,6 +21,10 @@ from .reasons import gib, number
 
 Shape = tuple[int, float, int]  # (gpus, cpu cores, memory bytes) of one worker
 
+# A run restricted to more machines than this gets free-GPU buckets of its own (`Cluster.sub_buckets`), so best
+# fit scans only its machines; up to this many, scanning its list is cheaper. 0 in tests: always the buckets.
+SCAN_AT_MOST = 32
+
 
 def shape(w: WorkerRequest) -> Shape:
     return (w.gpus, w.cpu_cores, w.memory_bytes)
@@ -166,6 +170,13 @@ class Cluster:
         self._pools: dict[str, tuple[str, ...]] = {p.name: p.machines for p in snapshot.pools}
         self._pool_sets: dict[tuple[str, ...], frozenset[int]] = {}
         self.reserved = Reserved(snapshot, self.index, machines, now)
+        # Constraint indexes, made on first use: (label, value) -> machines; per allowed list (by id; the entry
+        # keeps the list alive) free-GPU buckets restricted to its machines, and per machine the restricted
+        # buckets it is in (`commit` keeps them); per names tuple of a selection (by id, likewise) its set.
+        self._by_label: dict[tuple[str, str], set[int]] | None = None
+        self._sub: dict[int, tuple[list[int], list[list[int]]]] = {}
+        self._subs_of: dict[int, list[list[list[int]]]] = {}
+        self._name_sets: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
 
     # ------------------------------------------------------------------------------------------- machines
 
@@ -241,13 +252,40 @@ class Cluster:
         if sel.mode == "Any" and not excluded and not lines:
             result: tuple = (key, None, None)
         else:
-            chosen = [i for i in self.all_schedulable
-                      if i not in excluded and i not in lines and self.selected(sel, i)]
+            chosen = [i for i in self._candidates(sel) if i not in excluded and i not in lines]
             result = (key, frozenset(chosen), chosen)
         if lines:
             self.restricted[key] = lines
         self._allowed_cache[k] = result
         return result
+
+    def _candidates(self, sel: NodeSelection) -> list[int]:
+        """The schedulable machines its mode (Any, Names, Labels) selects, in index order, from the indexes."""
+        schedulable = self.schedulable
+        if sel.mode == "Names":
+            index_get = self.index.get
+            found = {index_get(n) for n in sel.names}
+            found.discard(None)
+            return sorted(i for i in found if schedulable[i])
+        if sel.mode == "Labels":
+            if not sel.labels:
+                return self.all_schedulable
+            by_label = self.by_label
+            sets = sorted((by_label.get(kv, set()) for kv in set(sel.labels)), key=len)
+            found = set(sets[0]).intersection(*sets[1:])
+            return sorted(i for i in found if schedulable[i])
+        return self.all_schedulable
+
+    @property
+    def by_label(self) -> dict[tuple[str, str], set[int]]:
+        """(label, value) -> the machines with that label (the last value given wins, as in `labels`)."""
+        if self._by_label is None:
+            out: dict[tuple[str, str], set[int]] = {}
+            for i, labels in enumerate(self.labels):
+                for kv in labels.items():
+                    out.setdefault(kv, set()).add(i)
+            self._by_label = out
+        return self._by_label
 
     def _restrictions(self, sel: NodeSelection, ws_pools: tuple[str, ...] | None, res_lines: dict[int, str]):
         """Per machine the first of: not in the reservation the run names, not in its pools, not in its
@@ -283,7 +321,10 @@ class Cluster:
 
     def selected(self, sel: NodeSelection, i: int) -> bool:
         if sel.mode == "Names":
-            return self.names[i] in sel.names
+            hit = self._name_sets.get(id(sel.names))
+            if hit is None or hit[0] is not sel.names:
+                hit = self._name_sets[id(sel.names)] = (sel.names, frozenset(sel.names))
+            return self.names[i] in hit[1]
         if sel.mode == "Labels":
             labels = self.labels[i]
             return all(labels.get(k) == v for k, v in sel.labels)
@@ -308,7 +349,7 @@ class Cluster:
     ) -> int | None:
         """Best fit for one worker: fewest free GPUs that still fits, ties by name."""
         g, c, m = s
-        if allowed_list is not None and len(allowed_list) <= 32:
+        if allowed_list is not None and len(allowed_list) <= SCAN_AT_MOST:
             best = None
             for i in allowed_list:
                 if i in avoid:
@@ -317,17 +358,20 @@ class Cluster:
                 if fg >= g and fc >= c and fm >= m and (best is None or (fg, i) < best):
                     best = (fg, i)
             return None if best is None else best[1]
+        if allowed_list is None and allowed is not None:
+            allowed_list = sorted(allowed)
         held = self.held if view_b else ()
         while self.top > 0 and not self.buckets[self.top]:
             self.top -= 1
+        # A restricted run scans the buckets of its own machines (every one of them allowed).
+        buckets = self.buckets if allowed_list is None else self.sub_buckets(allowed_list)
         best = None
         free_c, free_m = self.free_c, self.free_m
         for cnt in range(g, self.top + 1):
-            for i in self.buckets[cnt]:
+            for i in buckets[cnt]:
                 if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held:
-                    if allowed is None or i in allowed:
-                        best = (cnt, i)
-                        break
+                    best = (cnt, i)
+                    break
             if best is not None:
                 break
         for i in held:
@@ -337,6 +381,22 @@ class Cluster:
             if fg >= g and fc >= c and fm >= m and (best is None or (fg, i) < best):
                 best = (fg, i)
         return None if best is None else best[1]
+
+    def sub_buckets(self, allowed_list: list[int]) -> list[list[int]]:
+        """`buckets` restricted to these machines: made on first use from the room now, then kept by `commit`."""
+        hit = self._sub.get(id(allowed_list))
+        if hit is not None and hit[0] is allowed_list:
+            return hit[1]
+        free_g, schedulable, subs_of = self.free_g, self.schedulable, self._subs_of
+        sub: list[list[int]] = [[] for _ in range(self.max_g + 1)]
+        for i in allowed_list:
+            if schedulable[i]:
+                sub[len(free_g[i])].append(i)
+                subs_of.setdefault(i, []).append(sub)
+        for b in sub:
+            b.sort()
+        self._sub[id(allowed_list)] = (allowed_list, sub)
+        return sub
 
     def place(
         self, workers, allowed, allowed_list, avoid: frozenset[int], view_b: bool
@@ -371,9 +431,14 @@ class Cluster:
             gpus = tuple(free[:n])
             del free[:n]
             if n and self.schedulable[i]:
+                after = before - len(gpus)
                 b = buckets[before]
                 del b[bisect_left(b, i)]
-                insort(buckets[before - len(gpus)], i)
+                insort(buckets[after], i)
+                for sub in self._subs_of.get(i, ()):
+                    b = sub[before]
+                    del b[bisect_left(b, i)]
+                    insort(sub[after], i)
             self.free_c[i] -= w.cpu_cores
             self.free_m[i] -= w.memory_bytes
             if ends_before_shadow and i in held:

@@ -201,7 +201,10 @@ class Run(Base):
     array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
     array_max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)
     workers: Mapped[list[Worker]] = relationship(back_populates="run", order_by="Worker.index")
-    __table_args__ = (UniqueConstraint("workspace_id", "name", "live_key"), Index("ix_runs_state", "state"))
+    __table_args__ = (UniqueConstraint("workspace_id", "name", "live_key"), Index("ix_runs_state", "state"),
+                      # revision 0010: GET $API/runs' keyset pages, newest first, with and without a state
+                      Index("ix_runs_list", "workspace_id", "live_key", "created_at", "id"),
+                      Index("ix_runs_list_state", "workspace_id", "live_key", "state", "created_at", "id"))
 
 
 class Worker(Base):

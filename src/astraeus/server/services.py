@@ -473,11 +473,47 @@ def get_run(session: Session, caller: Caller, name: str) -> Run:
     return run
 
 
-def list_runs(session: Session, caller: Caller, state: str | None = None) -> list[Run]:
+def parse_label_selector(values: list[str] | None, field: str = "label") -> dict[str, str]:
+    """`key=value` selectors (each value may hold several, comma-separated) as one dict, all of which a run must
+    carry (`key=`: the label with an empty value); anything else, or a key or value no label can have, is a 422
+    naming `field`."""
+    out: dict[str, str] = {}
+    for value in values or []:
+        for part in value.split(","):
+            key, eq, val = part.strip().partition("=")
+            key, val = key.strip(), val.strip()
+            if not eq or not key:
+                raise ApiError(422, "INVALID", f"{field}: {part.strip()[:80]!r} is not a label selector: give "
+                                               "key=value (several: repeat it, or separate them with commas)")
+            try:
+                S.check_labels({key: val}, "label")
+            except ValueError as e:
+                raise ApiError(422, "INVALID", f"{field}: {e}") from None
+            if key in out and out[key] != val:
+                raise ApiError(422, "INVALID", f"{field}: label {key} asked for twice with different values "
+                                               f"({out[key]} and {val}): no run can match")
+            out[key] = val
+    return out
+
+
+def list_runs(session: Session, caller: Caller, state: str | None = None, labels: dict[str, str] | None = None,
+              after: tuple[float, int] | None = None, limit: int | None = None) -> list[Run]:
+    """The workspace's runs, newest first (created_at, then id, descending), with their workers loaded in one
+    query more: those in `state`, carrying every label of `labels`, after the sort key `after` (a page's last
+    run), at most `limit` (None: all of them). The indexes of revision 0010 make this an index scan."""
+    from sqlalchemy.orm import selectinload
+
     q = select(Run).where(Run.workspace_id == caller.workspace.id, Run.live_key == "")
     if state:
         q = q.where(Run.state == state)
-    return list(session.scalars(q.order_by(Run.created_at.desc(), Run.id.desc())))
+    for key, value in (labels or {}).items():
+        q = q.where(Run.labels[key].as_string() == value)
+    if after is not None:
+        q = q.where(Run.created_at <= after[0], or_(Run.created_at < after[0], Run.id < after[1]))
+    q = q.order_by(Run.created_at.desc(), Run.id.desc()).options(selectinload(Run.workers))
+    if limit is not None:
+        q = q.limit(limit)
+    return list(session.scalars(q))
 
 
 def run_history(session: Session, run: Run) -> list[History]:
@@ -655,14 +691,31 @@ def granted_cluster_ids(session: Session, caller: Caller) -> list[int]:
     return list(session.scalars(select(Access.cluster_id).where(Access.workspace_id == caller.workspace.id)))
 
 
-def machines_view(session: Session, cluster_ids: list[int]) -> list[dict]:
+def list_machines(session: Session, cluster_ids: list[int], after: tuple[str, int] | None = None,
+                  limit: int | None = None) -> list[Machine]:
+    """The machines of `cluster_ids` by name (then id: two clusters may share a name), after the sort key `after`
+    (a page's last machine), at most `limit` (None: all of them)."""
+    q = select(Machine).where(Machine.cluster_id.in_(cluster_ids))
+    if after is not None:
+        q = q.where(Machine.name >= after[0], or_(Machine.name > after[0], Machine.id > after[1]))
+    q = q.order_by(Machine.name, Machine.id)
+    if limit is not None:
+        q = q.limit(limit)
+    return list(session.scalars(q))
+
+
+def machines_view(session: Session, cluster_ids: list[int], machines: list[Machine] | None = None) -> list[dict]:
+    """The views of `machines` (of `cluster_ids`; None: every machine of them, by name)."""
+    if machines is None:
+        machines = list_machines(session, cluster_ids)
     counts: dict[int, int] = {}
-    for mid, idx in session.execute(select(Worker.machine_id, Worker.gpu_indices)
-                                    .where(Worker.state.in_(lifecycle.ACTIVE))):
+    q = select(Worker.machine_id, Worker.gpu_indices).where(Worker.state.in_(lifecycle.ACTIVE))
+    if len(machines) <= 1000:
+        q = q.where(Worker.machine_id.in_([m.id for m in machines]))
+    for mid, idx in session.execute(q):
         counts[mid] = counts.get(mid, 0) + len(idx or [])
     out = []
     names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
-    machines = list(session.scalars(select(Machine).where(Machine.cluster_id.in_(cluster_ids)).order_by(Machine.name)))
     in_pools: dict[tuple[int, str], list[str]] = {}  # (cluster id, machine) -> the pools it is in
     from astraeus.server.pools import pool_members
 

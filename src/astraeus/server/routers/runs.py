@@ -10,8 +10,9 @@ from sqlalchemy import select
 from astraeus import spec as S
 from astraeus.server import bodies as B
 from astraeus.server import services, whatif
-from astraeus.server.db import Cluster
+from astraeus.server.db import Cluster, Machine
 from astraeus.server.routers.deps import CP, Base, Sess, WsCaller, machine_names, now, tx
+from astraeus.server.routers.events import PAGE_DEFAULT, Cursor, Limit, decode_cursor, page
 from astraeus.server.routers.workspace import PREFIX
 
 router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
@@ -50,21 +51,30 @@ def create_run(c: WsCaller, s: Sess, cp: CP, base: Base, body: Annotated[dict, B
     if dry_run:
         response.status_code = 200
         return whatif.what_if(s, c, body, now())
-    with tx(s):
-        run = services.submit_run_body(s, c, body, now())
-        out = services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base, [], {},
-                                c.role)
+    parsed = services.parse_run_body(body)  # checked before the state lock (None: names a template)
+    org, ws = c.org, c.workspace
+    with tx(s, keep=(org, ws)):
+        run = services.submit_run_body(s, c, body, now(), parsed=parsed)
+        out = services.run_view(run, org, ws, run.cluster_row, base, [], {}, c.role)
     cp.notifier.wake_scheduler()
     return out
 
 
 @router.get("/runs")
-def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None):
-    names = machine_names(s)
+def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None,
+              label: Annotated[list[str] | None, Query(
+                  max_length=2048, description="Only runs with these labels: key=value, repeated or comma-separated "
+                                               "(all must match)")] = None,
+              limit: Limit = PAGE_DEFAULT, cursor: Cursor = None):
+    """The workspace's runs, newest first, a page at a time (see routers/events.py)."""
+    labels = services.parse_label_selector(label)
+    after = decode_cursor(cursor, (float, int))
+    runs = services.list_runs(s, c, state, labels, after, limit + 1)
+    mids = {w.machine_id for r in runs[:limit] for w in r.workers if w.machine_id is not None}
+    names = dict(s.execute(select(Machine.id, Machine.name).where(Machine.id.in_(mids))).all()) if mids else {}
     clusters = {cl.id: cl for cl in s.scalars(select(Cluster))}
-    runs = services.list_runs(s, c, state)
-    return {"items": [services.run_view(r, c.org, c.workspace, clusters[r.cluster_id], base, None, names, c.role)
-                      for r in runs]}
+    return page(runs, limit, lambda r: (r.created_at, r.id),
+                lambda r: services.run_view(r, c.org, c.workspace, clusters[r.cluster_id], base, None, names, c.role))
 
 
 @router.get("/runs/{name}")

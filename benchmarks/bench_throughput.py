@@ -11,50 +11,85 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
+import os
+import statistics
 import time
+from datetime import datetime
 from pathlib import Path
 
 from astraeus_local import LocalAstraeus
-from slurm_peer import (
-    GPUS,
-    machine_info,
-    measure_slurm_throughput,
-    measure_xargs_floor,
-    read_stamp,
-    stamp_command,
-)
+from slurm_peer import GPUS, machine_info, measure_slurm_throughput, measure_xargs_floor
 
 
-def measure_astraeus_throughput(n: int = 500) -> dict:
-    d = Path(tempfile.mkdtemp(prefix="astraeus-tput-"))
-    with LocalAstraeus(gpus=GPUS) as ax:
-        tag = str(int(time.time()))[-6:]
-        t0 = time.time()
-        for i in range(n):
-            ax.submit(f"tput-{tag}-{i}", ["sh", "-c", stamp_command(d / f"done.{i}")], gpus=1)
-        t_submitted = time.time()
-        # Until every run wrote its file, or every run has ended (a run that failed to start writes none). The
-        # API is asked every 2 s only, so the check adds little load to the control plane being measured.
-        deadline = time.time() + 3600
-        next_check = time.time() + 2.0
-        while len(list(d.glob("done.*[0-9]"))) < n:
-            if time.time() > deadline:
-                raise TimeoutError(f"{n} runs did not finish in an hour")
-            time.sleep(0.1)
-            if time.time() >= next_check:
-                next_check = time.time() + 2.0
-                states = [r["status"]["state"] for r in ax.get("/runs")["items"]]
-                if len(states) >= n and all(st in ("Completed", "Failed", "Cancelled") for st in states):
+def measure_astraeus_throughput(n: int = 500, launcher: bool = True) -> dict:
+    """Workers see the host read-only with a private /tmp (astraeus.agent.runtime.mounts), so each run prints its
+    timestamp (`date +%s.%N`, the same command as Slurm's jobs less the file) and the stamps are read from the
+    runs' logs once they have all ended. launcher=False: the agent starts each worker's shim with an interpreter
+    of its own (ASTRAEUS_SHIM_LAUNCHER=0), as before the pre-started launcher."""
+    old = os.environ.get("ASTRAEUS_SHIM_LAUNCHER")
+    if not launcher:
+        os.environ["ASTRAEUS_SHIM_LAUNCHER"] = "0"
+    try:
+        with LocalAstraeus(gpus=GPUS) as ax:
+            tag = str(int(time.time()))[-6:]
+            t0 = time.time()
+            for i in range(n):
+                ax.submit(f"tput-{tag}-{i}", ["sh", "-c", "date +%s.%N"], gpus=1)
+            t_submitted = time.time()
+            # Until every run has ended. The API is asked every second only, so that the check adds little load
+            # to the control plane being measured; the figure is the last stamp, not when this loop noticed.
+            deadline = time.time() + 3600
+            while True:
+                time.sleep(1.0)
+                items = ax.get(f"/runs?limit={min(max(n, 1), 1000)}")["items"]
+                if len(items) >= n and all(r["status"]["state"] in FINAL for r in items):
                     break
-        failed = ax.failed_runs()
-        stamps = [read_stamp(p) or 0.0 for p in d.glob("done.*[0-9]")]
-        last = max(stamps, default=t0)
+                if time.time() > deadline:
+                    raise TimeoutError(f"{n} runs did not finish in an hour")
+            failed = [r for r in items if r["status"]["state"] != "Completed"]
+            stamps = []
+            for i in range(n):
+                text = ax.client.get(f"{ax.api}/workers/tput-{tag}-{i}-0/logs").text.strip()
+                try:
+                    stamps.append(float(text.splitlines()[-1]))
+                except (ValueError, IndexError):
+                    pass
+            phases = worker_phases(items)
+    finally:
+        if old is None:
+            os.environ.pop("ASTRAEUS_SHIM_LAUNCHER", None)
+        else:
+            os.environ["ASTRAEUS_SHIM_LAUNCHER"] = old
+    last = max(stamps, default=t0)
     total = last - t0
     done = len(stamps)
-    return {"system": "astraeus", "jobs": n, "seconds": total, "jobs_per_second": done / total if total > 0 else None,
-            "submit_seconds": t_submitted - t0, "failed": len(failed),
+    return {"system": "astraeus" if launcher else "astraeus-old", "jobs": n, "seconds": total,
+            "jobs_per_second": done / total if total > 0 else None, "submit_seconds": t_submitted - t0,
+            "stamps": done, "failed": len(failed), "phases": phases,
             "failed_reasons": sorted({r["status"].get("reason", "") for r in failed})}
+
+
+FINAL = ("Completed", "Failed", "Cancelled")
+
+
+def _ts(v: str | None) -> float | None:
+    if not v:
+        return None
+    return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
+
+
+def worker_phases(items: list[dict]) -> dict:
+    """p50 of each step of a worker's life, from the API's timestamps (whole seconds where it gives no more)."""
+    steps: dict[str, list[float]] = {"created→placed": [], "placed→started": [], "started→finished": []}
+    for r in items:
+        created = _ts(r["metadata"].get("created_at"))
+        for w in r["status"].get("workers") or []:
+            placed, started, finished = (_ts(w.get(k)) for k in ("placed_at", "started_at", "finished_at"))
+            for name, a, b in (("created→placed", created, placed), ("placed→started", placed, started),
+                               ("started→finished", started, finished)):
+                if a is not None and b is not None:
+                    steps[name].append(b - a)
+    return {k: statistics.median(v) for k, v in steps.items() if v}
 
 
 def print_side_by_side(results: list[dict]) -> None:
@@ -64,7 +99,8 @@ def print_side_by_side(results: list[dict]) -> None:
     for r in results:
         vs_s = f"{r['seconds'] / slurm['seconds']:.2f}x" if slurm else "-"
         vs_f = f"{r['seconds'] / floor['seconds']:.1f}x" if floor else "-"
-        print(f"{r['system']:<14}{r['jobs']:>6}{r['seconds']:>10.2f}{r['jobs_per_second']:>9.1f}{vs_s:>10}{vs_f:>10}")
+        jps = f"{r['jobs_per_second']:>9.1f}" if r.get("jobs_per_second") else f"{'-':>9}"
+        print(f"{r['system']:<14}{r['jobs']:>6}{r['seconds']:>10.2f}{jps}{vs_s:>10}{vs_f:>10}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,11 +108,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--no-slurm", action="store_true")
     ap.add_argument("--no-astraeus", action="store_true")
+    ap.add_argument("--old", action="store_true",
+                    help="also measure Astraeus without the shim launcher (ASTRAEUS_SHIM_LAUNCHER=0: one Python "
+                         "interpreter start per worker, as before), in the same run")
     ap.add_argument("--json", help="also write the figures to this file")
     a = ap.parse_args(argv)
     results = []
     if not a.no_astraeus:
         results.append(measure_astraeus_throughput(a.jobs))
+        if a.old:
+            results.append(measure_astraeus_throughput(a.jobs, launcher=False))
     if not a.no_slurm:
         results.append(measure_slurm_throughput(a.jobs))
     results.append(measure_xargs_floor(a.jobs))
@@ -85,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{info['cpu_model']}, load average {info['loadavg_1m']}")
     print_side_by_side(results)
     for r in results:
+        if r.get("phases"):
+            print(f"{r['system']}: per worker, p50 (the API's timestamps): "
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in r["phases"].items()))
         if r.get("failed"):
             print(f"{r['system']}: {r['failed']} of {r['jobs']} runs FAILED (not counted in jobs/s): "
                   f"{r['failed_reasons']}")

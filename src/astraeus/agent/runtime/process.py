@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import select
@@ -60,11 +61,13 @@ from astraeus.agent.runtime.base import (
     WorkerStatus,
 )
 from astraeus.agent.runtime.images import ImageMap
+from astraeus.agent.runtime.launcher import Launcher
 from astraeus.protocol import Assignment
 from astraeus.settings import AgentSettings
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 SHIM_MODULE = "astraeus.agent.runtime.shim"
+log = logging.getLogger("astraeus.agent.runtime")
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
@@ -149,12 +152,24 @@ class ProcessRuntime(Runtime):
         self._legacy: dict[tuple[str, int], str] = {}  # (identity, attempt) -> an older agent's folder name
         self._lock = threading.RLock()
         self._events_fd: int | None = None
+        # Shims are forked by a pre-started launcher (no interpreter start per worker); ASTRAEUS_SHIM_LAUNCHER=0
+        # starts each with its own interpreter, as before.
+        self.launcher: Launcher | None = None
+        if os.environ.get("ASTRAEUS_SHIM_LAUNCHER", "1") != "0":
+            self.launcher = Launcher(self._shim_base_env(), os.path.join(self.state_dir, "launcher.log"))
 
     # ------------------------------------------------------------ helpers
     def dir(self, worker: str, attempt: int) -> str:
         """The attempt's folder, `<identity>.<attempt>` (or the folder an older agent made for it)."""
         legacy = self._legacy.get((worker, int(attempt)))
         return os.path.join(self.workers_dir, legacy or f"{worker}.{int(attempt)}")
+
+    @staticmethod
+    def _shim_base_env() -> dict[str, str]:
+        return {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "PYTHONPATH": _PKG_PARENT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+        }
 
     def marker(self, worker: str, attempt: int) -> str:
         return f"{self.owner}:{os.path.basename(self.dir(worker, attempt))}"
@@ -273,18 +288,12 @@ class ProcessRuntime(Runtime):
             _write_json(os.path.join(d, "spec.json"), spec)
             self.write_secrets(assignment, d)
             shim_env = {
-                "PATH": os.environ.get("PATH", os.defpath),
-                "PYTHONPATH": _PKG_PARENT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+                **self._shim_base_env(),
                 "ASTRAEUS_SHIM_OWNER": self.owner,
                 "ASTRAEUS_SHIM_ID": os.path.basename(d),
                 "ASTRAEUS_SHIM_DIR": d,
             }
-            with os.fdopen(os.open(os.path.join(d, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
-                           "ab") as errf:
-                p = subprocess.Popen([sys.executable, "-m", SHIM_MODULE, os.path.join(d, "spec.json")],
-                                     env=shim_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
-                                     cwd="/", start_new_session=True, close_fds=True)
-            p.wait()  # the shim forks away at once
+            self._launch_shim(d, shim_env)
             deadline = time.monotonic() + self.start_timeout
             while True:
                 st = self.status(worker, attempt)
@@ -297,6 +306,27 @@ class ProcessRuntime(Runtime):
             if st.state == START_FAILED:
                 raise StartFailed(st.message or "start failed")
             return st
+
+    def _launch_shim(self, d: str, shim_env: dict[str, str]) -> None:
+        """Start the attempt's shim: forked by the pre-started launcher (astraeus.agent.runtime.launcher), or, when
+        that is off or fails, `python -m astraeus.agent.runtime.shim` of its own. Either way it detaches at once."""
+        spec, shim_log = os.path.join(d, "spec.json"), os.path.join(d, "shim.log")
+        if self.launcher is not None:
+            try:
+                self.launcher.launch([spec], shim_env, shim_log)
+                return  # its status: as with Popen below, what the shim did is read from its files
+            except OSError as e:
+                log.warning("%s; starting the shim with its own interpreter", e)
+        with os.fdopen(os.open(shim_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as errf:
+            p = subprocess.Popen([sys.executable, "-m", SHIM_MODULE, spec],
+                                 env=shim_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
+                                 cwd="/", start_new_session=True, close_fds=True)
+        p.wait()  # the shim forks away at once
+
+    def close(self) -> None:
+        """Stop the shim launcher (the shims it started run on)."""
+        if self.launcher is not None:
+            self.launcher.close()
 
     # ------------------------------------------------------------ status
     def status(self, worker: str, attempt: int) -> WorkerStatus | None:

@@ -514,22 +514,36 @@ class Shim:
     def find_command(self, init_pid: int) -> int:
         """The command's pid as the host sees it: the child of the worker's PID 1 that is PID 2 inside."""
         for _ in range(200):
-            try:
-                kids = psutil.Process(init_pid).children()
-            except psutil.Error:
-                kids = []
+            kids = self._children(init_pid)
             for k in kids:
                 try:
-                    with open(f"/proc/{k.pid}/status") as f:
+                    with open(f"/proc/{k}/status") as f:
                         ns = next((ln.split()[1:] for ln in f if ln.startswith("NSpid:")), [])
                 except OSError:
                     continue
                 if ns and ns[-1] == "2":
-                    return k.pid
+                    return k
             time.sleep(0.005)
         self.sig(init_pid, signal.SIGKILL)
         self.fail("cannot find the worker's main process in its PID namespace")
         raise AssertionError  # not reached
+
+    @staticmethod
+    def _children(pid: int) -> list[int]:
+        """pid's children: from /proc/PID/task/PID/children where the kernel has it (one read), else by psutil
+        (which reads every process's stat)."""
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                return [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            if os.path.exists(f"/proc/{pid}"):
+                try:
+                    return [k.pid for k in psutil.Process(pid).children()]
+                except psutil.Error:
+                    return []
+            return []
+        except (OSError, ValueError):
+            return []
 
     def read_status(self) -> None:
         """What the worker's PID 1 wrote when the command ended: its wait status and how many it left."""

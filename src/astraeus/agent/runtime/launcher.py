@@ -1,0 +1,197 @@
+"""A pre-started shim launcher (a fork server): one per ProcessRuntime, started with the shim's modules imported,
+it forks a worker's shim on request instead of the agent starting a new Python interpreter for each worker.
+
+Why: `python -m astraeus.agent.runtime.shim` costs an interpreter start and the shim's imports (psutil, json,
+ctypes ...): about 0.1 s of CPU per worker, most of a trivial run's cost on a small machine. A fork of a process
+that has them imported costs a few milliseconds.
+
+What the forked child does is exactly what `python -m astraeus.agent.runtime.shim SPEC` does when the agent
+starts it with subprocess.Popen(env=ENV, stdin/stdout=/dev/null, stderr=shim.log, cwd="/",
+start_new_session=True, close_fds=True): it gets the same environment (os.environ, and what /proc/PID/environ
+shows: the agent finds its shims by ASTRAEUS_SHIM_OWNER/ASTRAEUS_SHIM_ID there, see ProcessRuntime.adopt), the
+same descriptors, its own session, and runs shim.main(), which double-forks away and detaches as before. The
+launcher waits for that first child as the agent waited for the Popen, and answers its exit status.
+
+/proc/PID/environ of a forked process shows its parent's environment block, not os.environ: the launcher is
+started with a blank slot variable (ASTRAEUS_SHIM_LAUNCHER=<spaces>) and the child writes its own variables over that
+block in place (as setproctitle does for the command line). When a child's environment does not fit the slot,
+the child execs the shim instead (the old way, an interpreter start), so nothing depends on the slot's size.
+
+Protocol (the agent's side is `Launcher`): one JSON line per request on the launcher's stdin,
+{"argv": [...], "env": {...}, "stderr": PATH}; one line back on its stdout, "<status>" of the first child
+(0: the shim detached). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
+it. Any failure on the agent's side (the launcher not started, dead, a broken pipe, a garbled answer) makes
+ProcessRuntime fall back to starting the shim with Popen.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import threading
+
+SLOT_VAR = "ASTRAEUS_SHIM_LAUNCHER"  # in the launcher: a blank slot; in the agent: `0` turns the launcher off
+SLOT_BYTES = 8192
+LAUNCHER_MODULE = "astraeus.agent.runtime.launcher"
+SHIM_MODULE = "astraeus.agent.runtime.shim"
+
+
+# ------------------------------------------------------------------ the launcher process
+def _env_block() -> tuple[int, int] | None:
+    """This process's environment block (env_start, env_end in /proc/self/stat, fields 50 and 51)."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return int(fields[47]), int(fields[48])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _set_proc_environ(env: dict[str, str], block: tuple[int, int] | None) -> bool:
+    """Write `env` over this process's original environment block, so /proc/self/environ shows it."""
+    if block is None:
+        return False
+    start, end = block
+    data = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+    if len(data) >= end - start:
+        return False
+    ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
+    return True
+
+
+def _child(req: dict, block: tuple[int, int] | None) -> None:
+    """In the forked child: become `python -m astraeus.agent.runtime.shim ARGV` as Popen would have started it."""
+    code = 1
+    try:
+        env = {str(k): str(v) for k, v in req["env"].items()}
+        argv = [str(a) for a in req["argv"]]
+        errf = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(errf, 2)
+        os.closerange(3, 65536)  # close_fds: nothing of the launcher's (its pipes to the agent) stays open
+        os.chdir("/")
+        os.setsid()
+        if not _set_proc_environ(env, block):
+            # does not fit the slot: the old way, an interpreter of its own
+            os.execve(sys.executable, [sys.executable, "-m", SHIM_MODULE, *argv], env)
+        os.environ.clear()
+        os.environ.update(env)
+        from astraeus.agent.runtime import shim
+
+        # forks: this first child exits there at once (the launcher reaps it); the shim returns here when it ends
+        shim.main([SHIM_MODULE, *argv])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001
+        try:
+            import traceback
+
+            os.write(2, traceback.format_exc().encode(errors="replace"))
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+def serve() -> None:
+    # What the shims need, imported once here (each fork has them).
+    from astraeus.agent.runtime import cgroups, container_shim, mounts, shim  # noqa: F401
+
+    block = _env_block()
+    inp = sys.stdin.buffer
+    out = sys.stdout.buffer
+    while True:
+        line = inp.readline()
+        if not line:
+            return  # the agent is gone
+        try:
+            req = json.loads(line)
+        except ValueError:
+            out.write(b"-1\n")
+            out.flush()
+            continue
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(req, block)
+        _, st = os.waitpid(pid, 0)
+        out.write(f"{os.waitstatus_to_exitcode(st)}\n".encode())
+        out.flush()
+
+
+# ------------------------------------------------------------------ the agent's side
+class Launcher:
+    """The agent's handle on its launcher process: started at the first use, restarted if it died."""
+
+    def __init__(self, env: dict[str, str], stderr_path: str | None = None):
+        self.env = env
+        self.stderr_path = stderr_path
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        self.failures = 0
+
+    def _ensure(self) -> subprocess.Popen:
+        if self.proc is not None and self.proc.poll() is None:
+            return self.proc
+        if self.proc is not None:
+            self._close()
+        env = dict(self.env, **{SLOT_VAR: " " * SLOT_BYTES})
+        err = open(self.stderr_path, "ab") if self.stderr_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", LAUNCHER_MODULE], env=env, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, cwd="/", start_new_session=True,
+                                         close_fds=True)
+        finally:
+            if err is not subprocess.DEVNULL:
+                err.close()
+        return self.proc
+
+    def launch(self, argv: list[str], env: dict[str, str], stderr_path: str) -> int:
+        """Start the shim; its first child's exit status (0: detached). Raises OSError when the launcher fails."""
+        with self.lock:
+            if self.failures >= 3:
+                raise OSError("the shim launcher failed three times; not using it")
+            try:
+                p = self._ensure()
+                p.stdin.write(json.dumps({"argv": argv, "env": env, "stderr": stderr_path}).encode() + b"\n")
+                p.stdin.flush()
+                answer = p.stdout.readline()
+                if not answer:
+                    raise OSError("the shim launcher exited")
+                code = int(answer)
+                self.failures = 0
+                return code
+            except (OSError, ValueError) as e:
+                self.failures += 1
+                self._close()
+                raise OSError(f"shim launcher: {e}") from None
+
+    def _close(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        for f in (p.stdin, p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            p.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+    def close(self) -> None:
+        with self.lock:
+            self._close()
+
+
+if __name__ == "__main__":
+    serve()

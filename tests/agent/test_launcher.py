@@ -1,0 +1,130 @@
+"""The shim launcher (astraeus.agent.runtime.launcher): shims forked by a pre-started process are the same as shims
+started with an interpreter of their own (environment as the agent finds them, detached, adoptable), and the
+runtime falls back to starting them the old way whenever the launcher cannot."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from astraeus.agent.runtime import launcher as launcher_mod
+from astraeus.agent.runtime.base import EXITED, RUNNING
+from astraeus.agent.runtime.process import ProcessRuntime, _environ
+from tests.agent.conftest import pid_alive, started, wait_for
+
+LONG = "import time\nwhile True: time.sleep(0.1)\n"
+
+
+def _shim_pid(rt: ProcessRuntime, worker: str) -> int:
+    import json
+
+    with open(os.path.join(rt.dir(worker, 1), "shim.json")) as f:
+        return json.load(f)["shim_pid"]
+
+
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode()
+
+
+def _env(pid: int) -> dict[str, str]:
+    return dict(item.decode().split("=", 1) for item in _environ(pid) if b"=" in item)
+
+
+def test_a_launched_shim_looks_to_the_agent_as_a_started_one(tmp_path, make_rt, assignment):
+    rt = make_rt(tmp_path / "state")
+    assert rt.launcher is not None
+    a = assignment(LONG)
+    st = started(rt, a)
+    assert st.state == RUNNING
+    shim = _shim_pid(rt, a["worker"])
+    assert launcher_mod.LAUNCHER_MODULE in _cmdline(shim)  # forked by the launcher, no interpreter of its own
+    env = _env(shim)
+    assert env["ASTRAEUS_SHIM_OWNER"] == rt.owner  # what adopt() looks for in /proc/PID/environ
+    assert env["ASTRAEUS_SHIM_ID"] == os.path.basename(rt.dir(a["worker"], 1))
+    assert env["ASTRAEUS_SHIM_DIR"] == rt.dir(a["worker"], 1)
+    assert launcher_mod.SLOT_VAR not in env
+    # its own session, not the launcher's child (detached as `python -m ...shim` detaches)
+    assert os.getsid(shim) == shim
+    assert psutil_ppid(shim) != rt.launcher.proc.pid
+    # the launcher's pipes to the agent are not held by the shim
+    fds = {os.readlink(f"/proc/{shim}/fd/{fd}") for fd in os.listdir(f"/proc/{shim}/fd")}
+    lp = rt.launcher.proc
+    for pipe in (lp.stdin, lp.stdout):
+        assert os.readlink(f"/proc/self/fd/{pipe.fileno()}") not in fds
+    end = rt.stop(a["worker"], 1, grace=2)
+    assert end.state == EXITED
+
+
+def psutil_ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_shims_outlive_the_launcher_and_a_wiped_state_dir_is_adopted(tmp_path, make_rt, assignment):
+    state = str(tmp_path / "state")
+    rt1 = make_rt(state)
+    a = assignment(LONG)
+    pid = started(rt1, a).pid
+    launcher_pid = rt1.launcher.proc.pid
+    rt1.close()  # the agent goes: its launcher ends, its workers do not
+    wait_for(lambda: not pid_alive(launcher_pid), what="the launcher to end")
+    assert pid_alive(pid)
+    shutil.rmtree(state)
+    rt2 = make_rt(state)
+    found = {st.key: st for st in rt2.adopt()}
+    assert found[(a["worker"], 1)].state == RUNNING and found[(a["worker"], 1)].pid == pid
+    assert rt2.start(a).pid == pid  # no second copy
+    assert rt2.stop(a["worker"], 1, grace=2).state == EXITED
+
+
+def test_a_dead_launcher_is_started_again(tmp_path, make_rt, assignment):
+    rt = make_rt(tmp_path / "state")
+    first = started(rt, assignment(command="true"))
+    assert wait_for(lambda: (s := rt.status(first.worker, 1)).final and s).exit_code == 0
+    old = rt.launcher.proc
+    old.kill()
+    old.wait()
+    a = assignment(LONG)
+    assert started(rt, a).state == RUNNING
+    assert rt.launcher.proc is not old and rt.launcher.proc.poll() is None
+    assert launcher_mod.LAUNCHER_MODULE in _cmdline(_shim_pid(rt, a["worker"]))
+    rt.stop(a["worker"], 1, grace=2)
+
+
+def test_without_the_launcher_each_shim_has_its_interpreter(tmp_path, make_rt, assignment, monkeypatch):
+    monkeypatch.setenv("ASTRAEUS_SHIM_LAUNCHER", "0")
+    rt = make_rt(tmp_path / "state")
+    assert rt.launcher is None
+    a = assignment(LONG)
+    assert started(rt, a).state == RUNNING
+    assert "-m astraeus.agent.runtime.shim" in _cmdline(_shim_pid(rt, a["worker"]))
+    rt.stop(a["worker"], 1, grace=2)
+
+
+def test_a_launcher_that_cannot_start_falls_back_to_an_interpreter(tmp_path, make_rt, assignment, monkeypatch):
+    rt = make_rt(tmp_path / "state")
+    monkeypatch.setattr(rt.launcher, "_ensure", lambda: (_ for _ in ()).throw(OSError("no launcher here")))
+    a = assignment(LONG)
+    assert started(rt, a).state == RUNNING
+    assert "-m astraeus.agent.runtime.shim" in _cmdline(_shim_pid(rt, a["worker"]))
+    rt.stop(a["worker"], 1, grace=2)
+
+
+def test_an_environment_too_big_for_the_slot_execs_the_shim(tmp_path, make_rt, assignment, monkeypatch):
+    monkeypatch.setattr(launcher_mod, "SLOT_BYTES", 16)  # the shim's variables do not fit: the child execs it
+    rt = make_rt(tmp_path / "state")
+    a = assignment(LONG)
+    assert started(rt, a).state == RUNNING
+    shim = _shim_pid(rt, a["worker"])
+    assert "-m astraeus.agent.runtime.shim" in _cmdline(shim)
+    assert _env(shim)["ASTRAEUS_SHIM_OWNER"] == rt.owner
+    rt.stop(a["worker"], 1, grace=2)
+
+
+def test_a_command_that_cannot_start_is_start_failed_through_the_launcher(tmp_path, make_rt, assignment):
+    from tests.agent.conftest import start_failure
+
+    rt = make_rt(tmp_path / "state")
+    msg = start_failure(rt, assignment(command="/no/such/program"))
+    assert "/no/such/program" in msg

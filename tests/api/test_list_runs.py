@@ -104,7 +104,7 @@ def test_a_run_submitted_between_pages_is_not_shown_again_and_shifts_nothing(app
 
 
 def test_state_and_label_filters_page_too(app):
-    _insert(app, 40, state=lambda i: "Failed" if i % 3 == 0 else "Succeeded")  # the scheduler leaves them so
+    _insert(app, 40, state=lambda i: "Failed" if i % 3 == 0 else "Completed")  # the scheduler leaves them so
     running = _walk(app, 4, state="Failed")
     assert _names(running) == [f"r-{i:04d}" for i in reversed(range(40)) if i % 3 == 0]
     team_a = _walk(app, 3, label="team=a")

@@ -278,27 +278,56 @@ def submitted_line(created: Any, body: dict[str, Any]) -> str:
     return line
 
 
+RUNS_SHOWN = 100  # what `astra astraeus runs` shows without --limit: the API's default page
+
+
 @astraeus_app.command()
 @handle_errors()
 def runs(
     output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh in place until Ctrl-C")] = False,
     state: Annotated[str | None, typer.Option("--state", help="Only runs in this state, e.g. Pending")] = None,
+    label: Annotated[list[str] | None, typer.Option(
+        "-l", "--label", help="Only runs with this label, key=value (repeat it, or separate with commas: all must "
+                              "match)")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Show at most this many, newest first")] = RUNS_SHOWN,
+    every: Annotated[bool, typer.Option("--all", help="Every run (follows the pages to the last)")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes with --watch")] = 2.0,
 ) -> None:
-    """List runs, newest first: NAME, CLUSTER, STATE, REASON."""
+    """List runs, newest first: NAME, CLUSTER, STATE, REASON (the newest 100 unless --limit or --all)."""
     as_json = check_output(output)
     with client() as c:
         if not watch:
-            data = c.get("runs", state=state)
+            items, more = newest_runs(c, None if every else limit, state, label)
             if as_json:
-                print_json(data)
+                print_json({"items": items})
             else:
-                typer.echo(fmt.runs_table(_items(data)), nl=False)
+                typer.echo(fmt.runs_table(items), nl=False)
+            if more:
+                shown = " ".join(["astra astraeus runs", *(["--state", state] if state else []),
+                                  *(f"-l {x}" for x in label or [])])
+                bigger = f"{shown} --limit {max(1000, limit * 10)}, or " if limit < 1000 else ""
+                typer.echo(f"… more runs than these {len(items)}: {bigger}{shown} --all", err=True)
             return
         if as_json:
             raise SpecError("--watch shows the table; leave out -o json")
-        watch_table(lambda: fmt.runs_table(_items(c.get("runs", state=state))), interval)
+        watch_table(lambda: fmt.runs_table(newest_runs(c, None if every else limit, state, label)[0]), interval)
+
+
+def newest_runs(c: Client, limit: int | None, state: str | None = None, label: list[str] | None = None
+                ) -> tuple[list[dict[str, Any]], bool]:
+    """The newest `limit` runs (None: all), in pages of at most 1000, and whether there are more."""
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        want = 1000 if limit is None else min(1000, limit - len(items))
+        page = c.get("runs", state=state, label=label or None, limit=want, cursor=cursor)
+        items += _items(page)
+        cursor = page.get("next_cursor") if isinstance(page, dict) else None
+        if not cursor:
+            return items, False
+        if limit is not None and len(items) >= limit:
+            return items, True
 
 
 def watch_table(render: Callable[[], str], interval: float) -> None:
@@ -438,7 +467,7 @@ def machines(
     """Machines with their GPUs used and free."""
     as_json = check_output(output)
     with client() as c:
-        data = c.get("machines")
+        data = {"items": every_page(c, "machines")}
     if as_json:
         print_json(data)
     else:
@@ -983,7 +1012,7 @@ def squeue(
 ) -> None:
     """Runs in Slurm's squeue layout: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)."""
     with client() as c:
-        items = _items(c.get("runs"))
+        items = every_page(c, "runs")  # every run: the API answers a page at a time
     wanted = [n for arg in name or [] for n in split_jobs(arg) if n]
     if wanted:
         keep = {id(r) for _, runs in _matching(items, wanted, "squeue") for r in runs}
@@ -1002,7 +1031,7 @@ def scancel(jobs: Annotated[list[str], typer.Argument(
         metavar="JOB...", help="Run names; a job array's name (all its runs), or some of its runs: JOB_[0-9]")]) -> None:
     """Cancel jobs: deletes the runs (their workers get SIGTERM, then SIGKILL after the stop grace)."""
     with client() as c:
-        items = _items(c.get("runs"))
+        items = every_page(c, "runs")  # every run: the API answers a page at a time
         for job, runs in _matching(items, jobs, "scancel"):
             if not runs:
                 raise ApiError(f"Kill job error on job id {job}: Invalid job id specified")

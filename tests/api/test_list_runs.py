@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 import uuid
+from html import unescape
+from urllib.parse import parse_qs
 
 import pytest
 from sqlalchemy import event, select
@@ -220,3 +223,52 @@ def test_machines_page_by_name(app):
     for limit in (1, 2, 5):
         assert [m["name"] for m in _walk(app, limit, "machines")] == names
     assert {"gpus_free", "pools", "cluster"} <= set(whole["items"][0])
+
+
+# --- the console's runs page: the same pages, a Next link with the cursor, filters by state and label -----------
+
+
+def _console(app, **params):
+    org, ws = app.boot["org"], app.boot["workspace"]
+    return app.client.get(f"/o/{org}/w/{ws}/runs", params=params, headers=app.h())
+
+
+def _shown(html: str) -> list[str]:
+    return re.findall(r'<tr data-run="([^"]+)"', html)
+
+
+def _next(html: str) -> dict | None:
+    m = re.search(r'<a href="[^"?]*/runs\?([^"]*)" rel="next">Next</a>', html)
+    return {k: v[0] for k, v in parse_qs(unescape(m.group(1))).items()} if m else None
+
+
+def test_console_runs_page_pages_with_next_and_filters(app):
+    _insert(app, 230, state=lambda i: "Failed" if i % 3 == 0 else "Completed")
+    r = _console(app)
+    assert r.status_code == 200, r.text
+    assert _shown(r.text) == [f"r-{i:04d}" for i in reversed(range(130, 230))]
+    shown, params = _shown(r.text), _next(r.text)
+    while params:
+        r = _console(app, **params)
+        assert r.status_code == 200, r.text
+        assert 'rel="first">Newest</a>' in r.text
+        shown += _shown(r.text)
+        params = _next(r.text)
+    assert shown == [f"r-{i:04d}" for i in reversed(range(230))]
+
+    r = _console(app, state="Failed", label="team=a")
+    want = [f"r-{i:04d}" for i in reversed(range(230)) if i % 3 == 0 and i % 2]
+    assert _shown(r.text) == want and _next(r.text) is None
+    assert 'value="team=a"' in r.text
+    live = app.client.get(f"/o/{app.boot['org']}/w/{app.boot['workspace']}/runs/live",
+                          params={"state": "Failed", "label": "team=a"}, headers=app.h())
+    assert _shown(live.text) == want
+    r = _console(app, label="n=5,team=a")
+    assert _shown(r.text) == ["r-0005"]
+    assert "No runs with labels nope=x" in _console(app, label="nope=x").text
+
+
+@pytest.mark.parametrize("params, field", [({"label": "team"}, "label"), ({"cursor": "nope"}, "cursor")])
+def test_console_runs_page_names_a_bad_label_or_cursor(app, params, field):
+    r = _console(app, **params)
+    assert r.status_code == 422 and field in r.text

@@ -311,34 +311,62 @@ def sign_out(request: Request):
 
 
 # ------------------------------------------------------------------------------------------ runs
-def runs_rows(request: Request, s: Session, p: Page, state: str | None) -> list[dict]:
+RUNS_PAGE = 100  # runs on one page of the runs page: newest first, then Next (GET $API/runs' default page)
+
+
+def runs_rows(request: Request, s: Session, p: Page, state: str | None, label: str = "",
+              cursor: str = "") -> tuple[list[dict], str | None]:
+    """One page of the runs (in `state`, with the labels of `label`: key=value,...) after `cursor`, and the next
+    page's cursor (None on the last one): as GET $API/runs, whose 422s (naming label or cursor) it raises."""
+    from astraeus.server.db import Machine
+    from astraeus.server.routers.events import decode_cursor, encode_cursor
+
+    labels = services.parse_label_selector([label] if label else None)
+    after = decode_cursor(cursor or None, (float, int))
+    runs = services.list_runs(s, p.caller, state or None, labels, after, RUNS_PAGE + 1)
+    more, runs = len(runs) > RUNS_PAGE, runs[:RUNS_PAGE]
     at = now()
     clusters = {cl.id: cl for cl in s.scalars(select(Cluster))}
+    mids = {w.machine_id for r in runs for w in r.workers if w.machine_id is not None}
+    names = dict(s.execute(select(Machine.id, Machine.name).where(Machine.id.in_(mids))).all()) if mids else {}
     rows = []
-    for run in services.list_runs(s, p.caller, state or None):
-        v = services.run_view(run, p.org, p.ws, clusters[run.cluster_id], base_url(request), None, {}, p.role)
+    for run in runs:
+        v = services.run_view(run, p.org, p.ws, clusters[run.cluster_id], base_url(request), None, names, p.role)
         tt = v["spec"]["task_template"]
         rows.append({"v": v, "age": _age(run.created_at, at),
                      "gpus": tt.get("requested_resources", {}).get("gpu_requests", {}).get("count", 0),
                      "url": f"{p.base}/jobs/{v['metadata']['cluster']}/{run.name}"})
-    return rows
+    return rows, encode_cursor((runs[-1].created_at, runs[-1].id)) if more else None
+
+
+def _runs_query(**params: str | None) -> str:
+    from urllib.parse import urlencode
+
+    kept = {k: v for k, v in params.items() if v}
+    return "?" + urlencode(kept) if kept else ""
 
 
 @router.get("/o/{org}/w/{ws}/runs")
 @page
-def runs(request: Request, org: str, ws: str, state: str = ""):
+def runs(request: Request, org: str, ws: str, state: str = "", label: str = "", cursor: str = ""):
     with cp_of(request).sessions() as s:
         p = ws_page(s, request, org, ws)
-        return render(request, "runs.html", p, nav="runs", state=state, rows=runs_rows(request, s, p, state),
-                      cannot_submit=p.cannot("editor"))
+        rows, next_cursor = runs_rows(request, s, p, state, label, cursor)
+        return render(request, "runs.html", p, nav="runs", state=state, label=label, rows=rows,
+                      cannot_submit=p.cannot("editor"), first_page=not cursor,
+                      state_query=lambda st: _runs_query(state=st, label=label),
+                      newest_url=_runs_query(state=state, label=label),
+                      next_url=_runs_query(state=state, label=label, cursor=next_cursor) if next_cursor else None,
+                      live_query=_runs_query(state=state, label=label, cursor=cursor))
 
 
 @router.get("/o/{org}/w/{ws}/runs/live")
 @page
-def runs_live(request: Request, org: str, ws: str, state: str = ""):
+def runs_live(request: Request, org: str, ws: str, state: str = "", label: str = "", cursor: str = ""):
     with cp_of(request).sessions() as s:
         p = ws_page(s, request, org, ws)
-        return render(request, "_runs_rows.html", p, rows=runs_rows(request, s, p, state))
+        return render(request, "_runs_rows.html", p, rows=runs_rows(request, s, p, state, label, cursor)[0],
+                      state=state, label=label)
 
 
 def new_run_page(request: Request, s: Session, p: Page, *, mode: str = "form", values: dict | None = None,

@@ -87,16 +87,24 @@ STATE_LOCK_KEY = 0x6173747261535441
 STATE_IDLE_TIMEOUT_MS = 10_000
 
 
-def lock_state(session: Session) -> None:
+def lock_state(session: Session, keep=()) -> None:
     """Make the session's transaction a state change that no other replica's runs beside: on PostgreSQL, take
-    the transaction-level advisory lock (held until commit or rollback), then forget what the session had loaded
-    before it, so that everything the change reads is as committed by the writers before it. A holder that goes
-    idle in the transaction for STATE_IDLE_TIMEOUT_MS is cut off by PostgreSQL (nothing of it is written). SQLite:
-    one process, whose STATE_LOCK the caller holds; nothing to do."""
+    the transaction-level advisory lock (held until commit or rollback; one statement with the idle timeout), then
+    forget what the session had loaded before it, so that everything the change reads is as committed by the
+    writers before it; `keep`: rows not forgotten (read moments before, and only their ids and names are used: the
+    caller's organisation and workspace). A holder that goes idle in the transaction for STATE_IDLE_TIMEOUT_MS is
+    cut off by PostgreSQL (nothing of it is written). SQLite: one process, whose STATE_LOCK the caller holds;
+    nothing to do."""
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {int(STATE_IDLE_TIMEOUT_MS)}"))
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": STATE_LOCK_KEY})
-        session.expire_all()
+        session.execute(text("SELECT set_config('idle_in_transaction_session_timeout', :t, true), "
+                             "pg_advisory_xact_lock(:k)"), {"t": str(int(STATE_IDLE_TIMEOUT_MS)), "k": STATE_LOCK_KEY})
+        if keep:
+            kept = {id(o) for o in keep}
+            for o in list(session.identity_map.values()):
+                if id(o) not in kept:
+                    session.expire(o)
+        else:
+            session.expire_all()
 
 
 def _stamp(old: int) -> int:

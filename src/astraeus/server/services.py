@@ -43,12 +43,13 @@ class ApiError(Exception):
 
 
 @contextmanager
-def tx(s: Session):
+def tx(s: Session, keep=()):
     """Commit what the block did, or nothing at all; one state change at a time, in this process (core.STATE_LOCK)
-    and across replicas on PostgreSQL (core.lock_state: an advisory lock, then the block reads fresh rows)."""
+    and across replicas on PostgreSQL (core.lock_state: an advisory lock, then the block reads fresh rows; `keep`:
+    rows not read again, such as the caller's organisation and workspace, whose ids and names the block uses)."""
     with STATE_LOCK:
         try:
-            lock_state(s)
+            lock_state(s, keep)
             yield
             s.commit()
         except BaseException:
@@ -92,13 +93,14 @@ def authenticate(session: Session, authorization: str | None) -> Token:
 
 
 def workspace_caller(session: Session, tok: Token, org_name: str, ws_name: str) -> Caller:
-    org = session.scalar(select(Org).where(Org.name == org_name))
     not_found = ApiError(404, "NOT_FOUND", f"workspace {org_name}/{ws_name} not found (or this token has no access)")
-    if org is None or tok.org_id != org.id or tok.kind == "machine":
+    if tok.kind == "machine":
         raise not_found
-    ws = session.scalar(select(Workspace).where(Workspace.org_id == org.id, Workspace.name == ws_name))
-    if ws is None:
+    row = session.execute(select(Org, Workspace).join(Workspace, Workspace.org_id == Org.id).where(
+        Org.name == org_name, Workspace.name == ws_name)).first()  # one statement for both
+    if row is None or tok.org_id != row[0].id:
         raise not_found
+    org, ws = row
     if tok.kind == "org_admin":
         return Caller(tok, org, ws, "admin")
     if tok.workspace_id != ws.id:
@@ -354,36 +356,55 @@ def resolve_template(session: Session, caller: Caller, spec: dict) -> tuple[dict
     return templates.merge(t.spec or {}, spec), t
 
 
-def submit_run_body(session: Session, caller: Caller, body: dict, at: float, origin: RunOrigin | None = None) -> Run:
-    """POST /runs from its raw body: the template it names merged in (its labels too), then checked as any run
-    body is (InvalidBody naming the field; the ApiErrors of submit_run), then submitted with its origin."""
+def parse_run_body(body) -> S.RunCreate | None:
+    """A run body checked as POST /runs checks it (InvalidBody naming the field), before any lock or statement;
+    None when its spec names a template (checked only once the template's fields are merged in, in
+    submit_run_body)."""
     from pydantic import ValidationError
 
     if not isinstance(body, dict):
         raise InvalidBody([{"loc": (), "msg": "the body must be a JSON object", "type": "value_error"}])
-    spec, t = resolve_template(session, caller, body.get("spec"))
-    merged = dict(body, spec=spec)
-    if t is not None:
-        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
-        merged["metadata"] = {**meta, "labels": templates.merge_labels(t.labels, meta.get("labels"))}
+    spec = body.get("spec")
+    if isinstance(spec, dict) and spec.get("template"):
+        return None
     try:
-        parsed = S.RunCreate.model_validate(merged)
+        return S.RunCreate.model_validate(body)
     except ValidationError as e:
         raise InvalidBody(e.errors()) from None
+
+
+def submit_run_body(session: Session, caller: Caller, body: dict, at: float, origin: RunOrigin | None = None,
+                    parsed: S.RunCreate | None = None) -> Run:
+    """POST /runs from its raw body: the template it names merged in (its labels too), then checked as any run
+    body is (InvalidBody naming the field; the ApiErrors of submit_run), then submitted with its origin.
+    `parsed`: parse_run_body(body) already (the router checks the body before it takes the state lock)."""
+    from pydantic import ValidationError
+
+    t = None
+    if parsed is None:
+        if not isinstance(body, dict):
+            raise InvalidBody([{"loc": (), "msg": "the body must be a JSON object", "type": "value_error"}])
+        spec, t = resolve_template(session, caller, body.get("spec"))
+        merged = dict(body, spec=spec)
+        if t is not None:
+            meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+            merged["metadata"] = {**meta, "labels": templates.merge_labels(t.labels, meta.get("labels"))}
+        try:
+            parsed = S.RunCreate.model_validate(merged)
+        except ValidationError as e:
+            raise InvalidBody(e.errors()) from None
     check_dependency(session, caller, parsed.spec.dependency)
-    run = submit_run(session, caller, parsed, at)
-    if t is not None:
-        run.template, run.template_version = t.name, t.version
     if parsed.spec.array is not None and (origin is None or origin.array_job is None):
         a = parsed.spec.array  # a job array's run (spec.array): the scheduler keeps max_running of it running
         origin = RunOrigin(**{**(origin.__dict__ if origin else {}), "array_job": a.job, "array_index": a.index,
                               "array_max_running": a.max_running})
+    extra = {}
+    if t is not None:
+        extra.update(template=t.name, template_version=t.version)
     if origin is not None:
-        run.schedule_id, run.group_id = origin.schedule_id, origin.group_id
-        run.array_job, run.array_index, run.array_max_running = (origin.array_job, origin.array_index,
-                                                                  origin.array_max_running)
-    session.flush()
-    return run
+        extra.update(schedule_id=origin.schedule_id, group_id=origin.group_id, array_job=origin.array_job,
+                     array_index=origin.array_index, array_max_running=origin.array_max_running)
+    return submit_run(session, caller, parsed, at, **extra)
 
 
 def check_dependency(session: Session, caller: Caller, dep: S.DependencySpec | None) -> None:
@@ -397,47 +418,51 @@ def check_dependency(session: Session, caller: Caller, dep: S.DependencySpec | N
                            f"{caller.workspace.name}: submit it first, or check its name (astra slurm squeue)")
 
 
-def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float) -> Run:
+def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float, **columns) -> Run:
+    """Store a checked run body as a Pending run with its workers, its "Submitted" history line and its
+    RunSubmitted event (`columns`: more of the run's columns, its template or origin). Every check reads before
+    anything is written, and everything is written in one flush: the run, then its workers, history and event
+    (one INSERT per table); the run is not read back (no column has a server default), and run.workers is the
+    list built here. `run.cluster_row` is its cluster, for the answer (the session holds rows weakly)."""
     require(caller, "editor")
+    ws = caller.workspace
     cluster, access = _cluster_for(session, caller, body.spec.cluster)
     if not S.priority_allowed(body.spec.priority, access.max_priority):
         raise ApiError(403, "PRIORITY_NOT_ALLOWED",
-                       f"priority {body.spec.priority} is above namespace {caller.workspace.ns}'s maximum of "
+                       f"priority {body.spec.priority} is above namespace {ws.ns}'s maximum of "
                        f"{access.max_priority}")
-    for ref in body.spec.task_template.datavolume_refs:
-        d = session.scalar(select(Drive).where(Drive.workspace_id == caller.workspace.id, Drive.name == ref.name))
+    tt = body.spec.task_template
+    for ref in tt.datavolume_refs:
+        d = session.scalar(select(Drive.id).where(Drive.workspace_id == ws.id, Drive.name == ref.name))
         if d is None:
             raise ApiError(400, "DRIVE_NOT_FOUND",
                            f"spec.task_template.datavolume_refs: drive {ref.name} does not exist in workspace "
-                           f"{caller.workspace.name}: create it first (POST $API/drives)")
-    check_node_selection(session, caller, cluster, access, body.spec.task_template.requested_resources, at)
+                           f"{ws.name}: create it first (POST $API/drives)")
+    check_node_selection(session, caller, cluster, access, tt.requested_resources, at)
+    gpus, cpu, mem = S.worker_resources(tt)
+    if mem > 2**63 - 1:  # what the database holds (and far beyond any machine)
+        raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
+                                       "ask for at most 2^63-1 bytes per worker")
     name = body.metadata.name
-    if session.scalar(select(Run.id).where(Run.workspace_id == caller.workspace.id, Run.name == name,
-                                           Run.live_key == "")):
+    if session.scalar(select(Run.id).where(Run.workspace_id == ws.id, Run.name == name, Run.live_key == "")):
         raise ApiError(409, "ALREADY_EXISTS",
-                       f"a run named {name} already exists in workspace {caller.workspace.name}: "
+                       f"a run named {name} already exists in workspace {ws.name}: "
                        f"choose another metadata.name, or delete it first")
     spec = body.spec.model_dump(mode="json")
     if spec.get("template") is None:
         spec.pop("template", None)  # a run from no template says nothing of one
     spec["cluster"] = cluster.name
-    run = lifecycle.new_run(uid=uuid.uuid4().hex, workspace_id=caller.workspace.id, cluster_id=cluster.id,
+    run = lifecycle.new_run(uid=uuid.uuid4().hex, workspace_id=ws.id, cluster_id=cluster.id,
                             name=name, labels=body.metadata.labels, spec=spec, priority=body.spec.priority,
-                            created_at=at)
+                            created_at=at, **columns)
+    run.workers = [lifecycle.new_worker(name=f"{name}-{i}", index=i, gpus=gpus, cpu_cores=cpu, memory_bytes=mem,
+                                        gpu_indices=[], why_not=[]) for i in range(S.worker_count(tt))]
     session.add(run)
-    session.flush()
-    gpus, cpu, mem = S.worker_resources(body.spec.task_template)
-    if mem > 2**63 - 1:  # what the database holds (and far beyond any machine)
-        raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
-                                       "ask for at most 2^63-1 bytes per worker")
-    for i in range(S.worker_count(body.spec.task_template)):
-        session.add(lifecycle.new_worker(run_id=run.id, name=f"{name}-{i}", index=i, gpus=gpus, cpu_cores=cpu,
-                                         memory_bytes=mem, gpu_indices=[], why_not=[]))
+    session.flush()  # the run's id, for its history line
     lifecycle.history(session, run, "Pending", "Submitted", at)
-    lifecycle.event(session, caller.workspace.id, "RunSubmitted", name,
-                    f"{name} submitted at priority {body.spec.priority}", at)
+    lifecycle.event(session, ws.id, "RunSubmitted", name, f"{name} submitted at priority {body.spec.priority}", at)
     session.flush()
-    session.refresh(run)
+    run.cluster_row = cluster
     return run
 
 

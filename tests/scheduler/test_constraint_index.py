@@ -1,0 +1,207 @@
+"""The constraint indexes (issue 19) change no placement.
+
+A run restricted to some machines (names, labels, pools, GPU model) takes its machines from name and label
+indexes, and best fit scans free-GPU buckets restricted to them (`Cluster.sub_buckets`, kept on commit) instead
+of every bucket with an `in allowed` test or its whole list. These properties hold the fast path to a
+straightforward reference: every machine the run may use, in name order, the one with the fewest free GPUs
+that still fits (its free room in the view), ties by name; and whole plans equal to those of the plain list scan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from astraeus.scheduler import (
+    Machine,
+    NodeSelection,
+    PlacedWorker,
+    Pool,
+    RunningUnit,
+    Snapshot,
+    WaitingRun,
+    WorkerRequest,
+    Workspace,
+    plan,
+)
+from astraeus.scheduler import cluster as cluster_module
+from astraeus.scheduler.cluster import Cluster
+
+from .builders import GIB, HOUR, NOW
+
+SETTINGS = settings(max_examples=120, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SPACES = ("ws-aaaaaaaaaaaa", "ws-bbbbbbbbbbbb")
+MODELS = ("A100", "H100", "")
+ZONES = ("z1", "z2")
+
+
+@st.composite
+def selections(draw, names: list[str]) -> NodeSelection:
+    mode = draw(st.sampled_from(["Any", "Names", "Labels"]))
+    sel = NodeSelection()
+    if mode == "Names":
+        picked = draw(st.lists(st.sampled_from(names + ["not-a-machine"]), max_size=len(names) + 1))
+        sel = NodeSelection("Names", tuple(picked))
+    elif mode == "Labels":
+        labels = draw(st.lists(st.tuples(st.sampled_from(["zone", "model"]),
+                                         st.sampled_from(ZONES + MODELS[:2])), max_size=2))
+        sel = NodeSelection("Labels", labels=tuple(labels))
+    pools = draw(st.sampled_from([(), ("p1",), ("p2",), ("p1", "p2"), ("nowhere",)]))
+    model = draw(st.sampled_from([None, None, "a100", "h1"]))
+    return replace(sel, pools=pools, gpu_model=model)
+
+
+@st.composite
+def snapshots(draw, max_machines: int = 12, max_waiting: int = 10) -> Snapshot:
+    n = draw(st.integers(1, max_machines))
+    order = draw(st.permutations(range(n)))  # machines given in any order: the cluster sorts them by name
+    machines = []
+    for i in order:
+        model = draw(st.sampled_from(MODELS))
+        gpus = draw(st.sampled_from([0, 1, 2, 4, 8])) if model else 0
+        machines.append(Machine(
+            f"m{i:02d}", gpus, draw(st.sampled_from([8, 32])), draw(st.sampled_from([64, 256])) * GIB,
+            labels=(("model", model), ("zone", draw(st.sampled_from(ZONES)))),
+            stop_grace_seconds=draw(st.sampled_from([0.0, 30.0])), schedulable=draw(st.integers(0, 5)) > 0,
+            gpu_model=model,
+        ))
+    names = sorted(m.name for m in machines)
+    free = {m.name: [list(range(m.gpus)), m.cpu_cores, m.memory_bytes] for m in machines}
+    units = []
+    for k in range(draw(st.integers(0, 2 * n))):
+        m = draw(st.sampled_from(names))
+        gpus = draw(st.integers(0, 4))
+        cpu = draw(st.sampled_from([1, 4, 8]))
+        mem = draw(st.sampled_from([1, 16])) * GIB
+        if len(free[m][0]) < gpus or free[m][1] < cpu or free[m][2] < mem:
+            continue
+        take = tuple(free[m][0][:gpus])
+        del free[m][0][:gpus]
+        free[m][1] -= cpu
+        free[m][2] -= mem
+        units.append(RunningUnit(
+            f"u{k}", draw(st.sampled_from(SPACES)), draw(st.integers(-2, 2)), NOW - draw(st.integers(0, 10)) * 600,
+            draw(st.sampled_from([None, HOUR, 2 * HOUR])), (PlacedWorker(f"u{k}-0", 0, m, take, cpu, mem),),
+        ))
+    pools = (Pool("p1", tuple(draw(st.lists(st.sampled_from(names), max_size=n)))),
+             Pool("p2", tuple(draw(st.lists(st.sampled_from(names), max_size=n)))))
+    shared = draw(selections(names))  # one selection many runs share, as a trace's gpu_spec does
+    runs = []
+    for k in range(draw(st.integers(1, max_waiting))):
+        count = draw(st.integers(1, 2))
+        gpus = draw(st.integers(0, 8))
+        reqs = tuple(WorkerRequest(i, gpus, draw(st.sampled_from([1, 4, 16])), draw(st.sampled_from([1, 32])) * GIB)
+                     for i in range(count))
+        sel = shared if draw(st.booleans()) else draw(selections(names))
+        excluded = tuple((x, "its drive lives elsewhere") for x in draw(st.lists(st.sampled_from(names), max_size=2)))
+        runs.append(WaitingRun(
+            f"w{k}", draw(st.sampled_from(SPACES)), draw(st.integers(-2, 2)), NOW - 1000 + k, reqs,
+            draw(st.sampled_from(["Gang", "Independent"])), draw(st.sampled_from([None, 600.0, HOUR])), sel,
+            excluded if draw(st.integers(0, 4)) == 0 else (),
+        ))
+    spaces = tuple(Workspace(ws, ws, pools=draw(st.sampled_from([None, None, ("p1",)]))) for ws in SPACES)
+    return Snapshot("c", tuple(machines), tuple(units), tuple(runs), spaces, pools=pools,
+                    preemption=draw(st.integers(0, 3)) > 0, backfill=draw(st.integers(0, 3)) > 0)
+
+
+def reference_allowed(c: Cluster, run: WaitingRun, ws_pools) -> list[int]:
+    """Every schedulable machine the run may use, checked one by one with `selected` and the restrictions."""
+    excluded = {n for n, _ in run.excluded_machines}
+    lines = c._restrictions(run.node_selection, ws_pools, {})
+    return [i for i in c.all_schedulable
+            if c.names[i] not in excluded and i not in lines and c.selected(run.node_selection, i)]
+
+
+def reference_best(c: Cluster, shape, allowed_list, avoid, view_b: bool) -> int | None:
+    """Fewest free GPUs (in the view) that still fits, ties by name, over every machine it may use."""
+    g, cpu, mem = shape
+    machines = c.all_schedulable if allowed_list is None else allowed_list
+    fits = []
+    for i in machines:
+        if i in avoid:
+            continue
+        fg, fc, fm = c.room(i, view_b)
+        if fg >= g and fc >= cpu and fm >= mem:
+            fits.append((fg, c.names[i], i))
+    return min(fits)[2] if fits else None
+
+
+@pytest.fixture(params=[0, 32], ids=["always-indexed", "lists-up-to-32"])
+def scan_at_most(request, monkeypatch):
+    monkeypatch.setattr(cluster_module, "SCAN_AT_MOST", request.param)
+    return request.param
+
+
+def _ws_pools(snap: Snapshot, ws: str):
+    return next((w.pools for w in snap.workspaces if w.id == ws), None)
+
+
+@SETTINGS
+@given(snapshots(), st.data())
+def test_best_fit_over_the_index_is_the_reference_best_fit(scan_at_most, snap, data):
+    c = Cluster(snap, NOW)
+    # Some of the room held for a head (view B), as after find_head; `ending` gives some of it back.
+    for i in data.draw(st.lists(st.sampled_from(range(len(c.machines))), max_size=3, unique=True)):
+        c.held[i] = [data.draw(st.integers(0, 8)), data.draw(st.sampled_from([0.0, 4.0])), 0]
+        if data.draw(st.booleans()):
+            c.ending[i] = [data.draw(st.integers(0, 2)), 0.0, 0]
+    for run in snap.waiting * 2:  # twice: the second round finds the restricted buckets made and kept
+        ws_pools = _ws_pools(snap, run.workspace)
+        key, allowed, allowed_list = c.allowed(run, ws_pools)
+        want = reference_allowed(c, run, ws_pools)
+        assert (allowed_list if allowed_list is not None else c.all_schedulable) == want
+        assert allowed is None or allowed == frozenset(want)
+        avoid = frozenset(data.draw(st.lists(st.sampled_from(range(len(c.machines))), max_size=2)))
+        view_b = data.draw(st.booleans())
+        w = run.workers[0]
+        s = (w.gpus, w.cpu_cores, w.memory_bytes)
+        got = c.best_machine(s, allowed, allowed_list, avoid, view_b)
+        assert got == reference_best(c, s, allowed_list, avoid, view_b)
+        if got is not None:
+            c.commit(run.name, run.workspace, run.priority, [(w, got)], data.draw(st.booleans()))
+    # Every restricted bucket still holds exactly its machines, by their free GPUs now, in name order.
+    for allowed_list, sub in c._sub.values():
+        want = [[] for _ in sub]
+        for i in allowed_list:
+            want[len(c.free_g[i])].append(i)
+        assert sub == want
+
+
+def _plan_with(monkeypatch, snap: Snapshot, scan_at_most: int):
+    monkeypatch.setattr(cluster_module, "SCAN_AT_MOST", scan_at_most)
+    return plan(snap, NOW)
+
+
+@SETTINGS
+@given(snapshots())
+def test_plans_over_the_index_equal_plans_of_the_plain_scan(snap):
+    with pytest.MonkeyPatch.context() as mp:
+        reference = _plan_with(mp, snap, 10**9)  # every restricted run scans its whole list of machines
+        for n in (0, 4):
+            assert _plan_with(mp, snap, n) == reference
+
+
+def test_many_runs_sharing_a_selection_keep_best_fit_on_a_large_cluster():
+    """48 machines of two models; 300 one-GPU runs restricted to one model by names, labels or GPU model: each
+    starts on that model's fullest machine that fits, ties by name (the restricted buckets follow each start)."""
+    machines = tuple(
+        Machine(f"n{i:03d}", 8, 64, 512 * GIB, labels=(("model", "H100" if i % 3 else "A100"),),
+                gpu_model="NVIDIA H100" if i % 3 else "NVIDIA A100")
+        for i in range(48)
+    )
+    h100 = tuple(m.name for m in machines if m.gpu_model == "NVIDIA H100")
+    sels = [NodeSelection("Names", h100), NodeSelection("Labels", labels=(("model", "H100"),)),
+            NodeSelection(gpu_model="h100")]
+    runs = tuple(WaitingRun(f"r{k:03d}", SPACES[0], 0, NOW - 1000 + k, (WorkerRequest(0, 1, 1, GIB),), "Gang",
+                            None, sels[k % 3]) for k in range(300))
+    snap = Snapshot("c", machines, (), runs, (Workspace(SPACES[0], "a"),), why_not_limit=0)
+    p = plan(snap, NOW)
+    placed = [s.placements[0].machine for s in p.starts]
+    # Best fit fills one machine before the next, in name order, over the 32 H100 machines' 256 GPUs.
+    assert len(placed) == 256
+    assert placed == [name for name in h100 for _ in range(8)]
+    assert set(p.reasons) == {f"r{k:03d}" for k in range(256, 300)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import statistics
 import time
 from datetime import datetime
@@ -47,14 +48,16 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True) -> dict:
                 if time.time() > deadline:
                     raise TimeoutError(f"{n} runs did not finish in an hour")
             failed = [r for r in items if r["status"]["state"] != "Completed"]
-            stamps = []
+            stamps_by_run: dict[str, float] = {}
             for i in range(n):
                 text = ax.client.get(f"{ax.api}/workers/tput-{tag}-{i}-0/logs").text.strip()
                 try:
-                    stamps.append(float(text.splitlines()[-1]))
+                    stamps_by_run[f"tput-{tag}-{i}"] = float(text.splitlines()[-1])
                 except (ValueError, IndexError):
                     pass
+            stamps = list(stamps_by_run.values())
             phases = worker_phases(items)
+            steps = worker_steps(ax.home / "astraeus.db", tag, stamps_by_run)
     finally:
         if old is None:
             os.environ.pop("ASTRAEUS_SHIM_LAUNCHER", None)
@@ -65,7 +68,7 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True) -> dict:
     done = len(stamps)
     return {"system": "astraeus" if launcher else "astraeus-old", "jobs": n, "seconds": total,
             "jobs_per_second": done / total if total > 0 else None, "submit_seconds": t_submitted - t0,
-            "stamps": done, "failed": len(failed), "phases": phases,
+            "stamps": done, "failed": len(failed), "phases": phases, "steps": steps,
             "failed_reasons": sorted({r["status"].get("reason", "") for r in failed})}
 
 
@@ -76,6 +79,41 @@ def _ts(v: str | None) -> float | None:
     if not v:
         return None
     return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
+
+
+def worker_steps(db: Path, tag: str, stamps: dict[str, float]) -> dict:
+    """Where a worker's time goes, p50 and p90 of each step, from the control plane's database (float seconds):
+    placed (the cycle that placed it) → started (the control plane has the agent's report that it runs) → the
+    command's stamp (it ran and is ending) → finished (the control plane has the agent's report of its exit) →
+    the next worker placed on the same GPU (the cycle that reuses the GPU)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    rows = con.execute("SELECT r.name, r.created_at, w.placed_at, w.started_at, w.finished_at, w.gpu_indices "
+                       "FROM workers w JOIN runs r ON r.id = w.run_id WHERE r.name LIKE ?", (f"tput-{tag}-%",)).fetchall()
+    con.close()
+    out: dict[str, list[float]] = {"placed→started": [], "started→stamp": [], "stamp→finished": [],
+                                   "finished→next placed on its GPU": []}
+    by_gpu: dict[int, list[tuple[float, float]]] = {}
+    for name, _created, placed, started, finished, gpus in rows:
+        stamp = stamps.get(name)
+        if placed and started:
+            out["placed→started"].append(started - placed)
+        if started and stamp:
+            out["started→stamp"].append(stamp - started)
+        if stamp and finished:
+            out["stamp→finished"].append(finished - stamp)
+        g = json.loads(gpus) if isinstance(gpus, str) else gpus
+        if g and placed and finished:
+            by_gpu.setdefault(g[0], []).append((placed, finished))
+    for seq in by_gpu.values():
+        seq.sort()
+        for (_p, f), (p2, _f2) in zip(seq, seq[1:], strict=False):
+            out["finished→next placed on its GPU"].append(p2 - f)
+
+    def q(v: list[float], f: float) -> float:
+        v = sorted(v)
+        return v[min(len(v) - 1, int(f * len(v)))]
+
+    return {k: {"p50": q(v, 0.5), "p90": q(v, 0.9)} for k, v in out.items() if v}
 
 
 def worker_phases(items: list[dict]) -> dict:
@@ -129,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
         if r.get("phases"):
             print(f"{r['system']}: per worker, p50 (the API's timestamps): "
                   + ", ".join(f"{k} {v:.2f} s" for k, v in r["phases"].items()))
+        if r.get("steps"):
+            print(f"{r['system']}: per worker, p50 / p90 (the control plane's times): "
+                  + ", ".join(f"{k} {v['p50'] * 1000:.0f} / {v['p90'] * 1000:.0f} ms" for k, v in r["steps"].items()))
         if r.get("failed"):
             print(f"{r['system']}: {r['failed']} of {r['jobs']} runs FAILED (not counted in jobs/s): "
                   f"{r['failed_reasons']}")

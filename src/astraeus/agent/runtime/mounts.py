@@ -190,9 +190,9 @@ def workspace_uid(ns: str, number: int | None, base: int = 200000, span: int = 6
 def isolation_spec(state_dir: str, worker: str, env: dict, workspace_number: int | None = None) -> dict:
     """What the shim needs to isolate a worker (written into spec.json by the agent): its uid/gid and the host
     paths its view hides. Read from AgentSettings (ASTRAEUS_WORKER_USER or ASTRAEUS_WORKER_UID_BASE/RANGE)."""
-    from astraeus.settings import AgentSettings
+    from astraeus.agent.runtime.process import agent_settings
 
-    s = AgentSettings.load()
+    s = agent_settings()
     if s.worker_user:
         uid, gid = resolve_user(s.worker_user)
     else:

@@ -71,6 +71,22 @@ log = logging.getLogger("astraeus.agent.runtime")
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
+_settings_cache: tuple[tuple, AgentSettings] | None = None
+
+
+def agent_settings() -> AgentSettings:
+    """AgentSettings.load(), read again only when an ASTRAEUS_ variable changed: reading them costs the agent
+    tens of milliseconds of CPU (pydantic-settings), which each worker start paid twice."""
+    global _settings_cache
+    key = tuple(sorted((k, v) for k, v in os.environ.items() if k[:9].upper() == "ASTRAEUS_"))
+    cached = _settings_cache
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    s = AgentSettings.load()
+    _settings_cache = (key, s)
+    return s
+
+
 def _read_json(path: str) -> dict | None:
     try:
         with open(path) as f:
@@ -281,7 +297,7 @@ class ProcessRuntime(Runtime):
                 else None,
                 "limits": self.limits(assignment).to_json(),
                 "stop_grace": self.stop_grace, "created_at": time.time(),
-                "log_file_bytes": AgentSettings.load().worker_log_file_bytes,
+                "log_file_bytes": agent_settings().worker_log_file_bytes,
                 "isolation": isolation,  # the worker's user and view
             }
             spec.update(self.extra_spec(assignment, d))
@@ -294,18 +310,20 @@ class ProcessRuntime(Runtime):
                 "ASTRAEUS_SHIM_DIR": d,
             }
             self._launch_shim(d, shim_env)
-            deadline = time.monotonic() + self.start_timeout
-            while True:
-                st = self.status(worker, attempt)
-                if st is not None and (st.state != STARTING or st.message):
-                    break  # started, failed, or telling what it does (pulling an image: that takes its time)
-                if time.monotonic() > deadline:
-                    self.stop(worker, attempt, grace=0, wait=False)
-                    raise StartFailed(f"the worker did not start within {self.start_timeout:.0f}s")
-                time.sleep(0.01)
-            if st.state == START_FAILED:
-                raise StartFailed(st.message or "start failed")
-            return st
+        # Waited for outside the lock, so that several workers start at once: from here on a second start() of
+        # this attempt finds its folder (Starting) and returns that.
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            st = self.status(worker, attempt)
+            if st is not None and (st.state != STARTING or st.message):
+                break  # started, failed, or telling what it does (pulling an image: that takes its time)
+            if time.monotonic() > deadline:
+                self.stop(worker, attempt, grace=0, wait=False)
+                raise StartFailed(f"the worker did not start within {self.start_timeout:.0f}s")
+            time.sleep(0.01)
+        if st.state == START_FAILED:
+            raise StartFailed(st.message or "start failed")
+        return st
 
     def _launch_shim(self, d: str, shim_env: dict[str, str]) -> None:
         """Start the attempt's shim: forked by the pre-started launcher (astraeus.agent.runtime.launcher), or, when

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response
+from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
 from astraeus import spec as S
@@ -73,8 +74,10 @@ def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None,
     mids = {w.machine_id for r in runs[:limit] for w in r.workers if w.machine_id is not None}
     names = dict(s.execute(select(Machine.id, Machine.name).where(Machine.id.in_(mids))).all()) if mids else {}
     clusters = {cl.id: cl for cl in s.scalars(select(Cluster))}
-    return page(runs, limit, lambda r: (r.created_at, r.id),
-                lambda r: services.run_view(r, c.org, c.workspace, clusters[r.cluster_id], base, None, names, c.role))
+    # plain JSON already: answered as is, without FastAPI's jsonable_encoder walking every value (half the time of
+    # a page of 1000 runs)
+    return JSONResponse(page(runs, limit, lambda r: (r.created_at, r.id), lambda r: services.run_view(
+        r, c.org, c.workspace, clusters[r.cluster_id], base, None, names, c.role)))
 
 
 @router.get("/runs/{name}")

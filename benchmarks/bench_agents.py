@@ -309,6 +309,7 @@ class Bench:
         done.set()
         await probe
         st = self.stats
+        res["not_ready"] = self.sql("SELECT count(*) FROM machines WHERE state <> 'Ready'")[0][0]
         res.update({
             "wall_s": wall, "server_cpu_s": s1 - s0, "pg_cpu_s": pg, "bench_cpu_s": c_me1 - c_me0,
             "server_cpu_ms_per_agent_min": (s1 - s0) * 1000 / self.n / (wall / 60),
@@ -327,7 +328,8 @@ class Bench:
               f"{res['pg_cpu_ms_per_agent_min']:.1f}), reports {res['reports_per_s']:.0f}/s p99 "
               f"{res['report_p99_ms']:.0f} ms, API probe p50 {res['probe_p50_ms']:.0f} / p99 "
               f"{res['probe_p99_ms']:.0f} ms, late long-polls {st.late_polls}, errors {res['errors'] or 'none'}; the "
-              f"agents' own process {res['bench_cpu_s'] / wall:.2f} cores, load {os.getloadavg()[0]:.1f}",
+              f"agents' own process {res['bench_cpu_s'] / wall:.2f} cores, load {os.getloadavg()[0]:.1f}; machines not "
+              f"Ready {res['not_ready']}",
               flush=True)
         return res
 
@@ -335,33 +337,45 @@ class Bench:
         names = [f"p{i:05d}" for i in range(self.n)]
         it = iter(names)
         submit_lat: list[float] = []
+        submitted_names: list[str] = []
+        deadline = time.perf_counter() + settle_timeout  # submitting and seeing together: a phase that never ends
+        # (the control plane too slow to take the runs) still ends, with what was seen by then
 
         async def submitter() -> None:
             for name in it:
+                if time.perf_counter() > deadline:
+                    return
                 body = {"metadata": {"name": name}, "spec": {"task_template": {
                     "image": "python:3.11", "command": "sleep", "args": ["3600"],
                     "requested_resources": {"gpu_requests": {"count": GPUS}}}}}
-                t0 = time.perf_counter()
-                r = await client.post(f"/{self.api}/runs", json=body, headers=self.user, timeout=60)
-                submit_lat.append(time.perf_counter() - t0)
-                if r.status_code != 201:
-                    self.stats.error("submit", str(r.status_code))
+                for _ in range(3):  # a connection error is retried (409: the first try went in)
+                    t0 = time.perf_counter()
+                    try:
+                        r = await client.post(f"/{self.api}/runs", json=body, headers=self.user, timeout=60)
+                    except httpx.HTTPError as e:
+                        self.stats.error("submit", type(e).__name__)
+                        continue
+                    submit_lat.append(time.perf_counter() - t0)
+                    if r.status_code not in (201, 409):
+                        self.stats.error("submit", str(r.status_code))
+                    else:
+                        submitted_names.append(name)
+                    break
 
         t0 = time.perf_counter()
         await asyncio.gather(*(submitter() for _ in range(8)))
         submitted = time.perf_counter() - t0
-        workers = {f"{n}-0" for n in names}
-        deadline = time.perf_counter() + settle_timeout
+        workers = {f"{n}-0" for n in submitted_names}
         while time.perf_counter() < deadline and not workers <= self.stats.seen.keys():
             await asyncio.sleep(0.2)
         all_seen = time.perf_counter() - t0
         placed = dict(self.sql("SELECT name, placed_at FROM workers WHERE placed_at IS NOT NULL"))
         lat = [self.stats.seen[w] - placed[w] for w in workers if w in placed and w in self.stats.seen]
-        res = {"runs": self.n, "submit_s": submitted, "submit_p99_ms": pct(submit_lat, 99) * 1000,
+        res = {"runs": self.n, "submitted": len(submitted_names), "submit_s": submitted, "submit_p99_ms": pct(submit_lat, 99) * 1000,
                "placed": sum(w in placed for w in workers), "seen": len(lat), "all_seen_s": all_seen,
                "seen_p50_ms": pct(lat, 50) * 1000, "seen_p99_ms": pct(lat, 99) * 1000,
                "seen_max_ms": max(lat or [float("nan")]) * 1000}
-        print(f"  placement: {self.n} runs submitted in {submitted:.1f} s; {res['placed']} placed, {res['seen']} seen "
+        print(f"  placement: {len(submitted_names)}/{self.n} runs submitted in {submitted:.1f} s; {res['placed']} placed, {res['seen']} seen "
               f"by their agents {all_seen:.1f} s after the first submit; placement -> agent sees it: p50 "
               f"{res['seen_p50_ms']:.0f} ms, p99 {res['seen_p99_ms']:.0f} ms, max {res['seen_max_ms']:.0f} ms",
               flush=True)
@@ -381,7 +395,8 @@ def main() -> None:
     ap.add_argument("--idle", type=float, default=60.0, help="seconds of the idle window")
     ap.add_argument("--heartbeat", type=float, default=5.0, help="ASTRAEUS_HEARTBEAT for the server (default 5 s)")
     ap.add_argument("--poll-wait", type=float, default=30.0, help="the agents' long-poll wait (the agent's: 30 s)")
-    ap.add_argument("--settle", type=float, default=180.0, help="the longest to wait for every worker to be seen")
+    ap.add_argument("--settle", type=float, default=180.0,
+                    help="the longest the placement phase lasts (submitting, and waiting for every worker to be seen)")
     ap.add_argument("--quick", action="store_true", help="50 agents, a 15 s idle window")
     a = ap.parse_args()
     if a.quick:
@@ -396,7 +411,7 @@ def main() -> None:
     idle, pl = out["idle"], out["placement"]
     print(f"\nagents {a.agents}: idle {idle['server_cpu_ms_per_agent_min']:.1f} ms server CPU per agent per minute "
           f"(+{idle['pg_cpu_ms_per_agent_min']:.1f} PostgreSQL), {idle['server_cores']:.2f} cores; placement -> seen "
-          f"p99 {pl['seen_p99_ms']:.0f} ms ({pl['seen']}/{pl['runs']} seen); API probe p99 idle "
+          f"p99 {pl['seen_p99_ms']:.0f} ms ({pl['seen']}/{pl['runs']} seen, {pl['submitted']} submitted); API probe p99 idle "
           f"{idle['probe_p99_ms']:.0f} ms, placing {pl['probe_p99_ms']:.0f} ms; machines not Ready at the end: "
           f"{out['lost']}")
     broke = [f"{k}: {v}" for ph in ("idle", "placement") for k, v in out[ph]["errors"].items()]
@@ -406,8 +421,11 @@ def main() -> None:
               for ph in ("idle", "placement") if out[ph]["slow_reports"]]
     if out["lost"]:
         broke.append(f"{out['lost']} machines not Ready (lost: heartbeats late)")
-    if pl["seen"] < pl["runs"]:
-        broke.append(f"{pl['runs'] - pl['seen']} workers not seen by their agents within {a.settle:g} s")
+    if pl["submitted"] < pl["runs"]:
+        broke.append(f"only {pl['submitted']} of {pl['runs']} runs submitted within {a.settle:g} s")
+    if pl["seen"] < pl["submitted"]:
+        broke.append(f"{pl['submitted'] - pl['seen']} submitted runs' workers not seen by their agents within "
+                     f"{a.settle:g} s")
     print("what broke: " + ("; ".join(broke) if broke else "nothing"))
 
 

@@ -144,8 +144,9 @@ def _ws_pools(snap: Snapshot, ws: str):
 @given(snapshots(), st.data())
 def test_best_fit_over_the_index_is_the_reference_best_fit(scan_at_most, snap, data):
     c = Cluster(snap, NOW)
-    # Some of the room held for a head (view B), as after find_head; `ending` gives some of it back.
-    for i in data.draw(st.lists(st.sampled_from(range(len(c.machines))), max_size=3, unique=True)):
+    # Some room of schedulable machines held for a head (view B), as after find_head; `ending` gives some back.
+    held = data.draw(st.lists(st.sampled_from(c.all_schedulable), max_size=3, unique=True)) if c.all_schedulable else []
+    for i in held:
         c.held[i] = [data.draw(st.integers(0, 8)), data.draw(st.sampled_from([0.0, 4.0])), 0]
         if data.draw(st.booleans()):
             c.ending[i] = [data.draw(st.integers(0, 2)), 0.0, 0]

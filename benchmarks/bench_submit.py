@@ -1,16 +1,26 @@
-"""The API's submit rate: runs accepted per second and the latency of each POST $API/runs, on SQLite and on
-PostgreSQL, against a real `astraeus server` (its scheduling loop running, one machine registered so that
-the runs queue on a real cluster).
+"""The API's submit rate beside Slurm's `sbatch`, measured the same way in the same run: N submits from C
+concurrent clients, each client sending its next as soon as its last is answered; runs accepted per second and
+the latency of each submit (p50/p99).
 
-    .venv/bin/python benchmarks/bench_submit.py [--runs 2000] [--clients 8]
+- Astraeus: a real `astraeus server` (its scheduling loop running, one 8-GPU machine registered through the agent
+  API, so that the runs queue on a real cluster) takes `POST $API/runs` (one run, 1-8 GPUs, per request) on SQLite
+  and on PostgreSQL; the clients are threads of this process with one keep-alive connection each (httpx).
+- Slurm: the peer of benchmarks/slurm_peer.py (shared/peers/slurm/start.sh: root) takes `sbatch --hold` (held
+  jobs: queued, never started, as the runs here wait behind a full machine) from C concurrent clients, each a
+  thread that runs one sbatch process after another, as a person's script would; the jobs are cancelled after.
+- `--was SRC`: the same Astraeus measurement with the server started from another checkout's `src` (e.g. a git
+  worktree of an earlier commit), in the same run, for a before/after ratio.
 
-Prints the figures for both databases and the ratio. It asserts nothing.
+    .venv/bin/python benchmarks/bench_submit.py [--runs 1000] [--clients 8] [--slurm-jobs 500] [--was SRC]
+
+Prints a table and the ratios to Slurm. It asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -24,6 +34,8 @@ from pathlib import Path
 import httpx
 
 BIN = Path(sys.executable).parent
+HERE = Path(__file__).resolve().parent
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def free_port() -> int:
@@ -37,17 +49,72 @@ def read_env(path: Path) -> dict[str, str]:
             (line.partition("=") for line in path.read_text().splitlines() if line.startswith("export "))}
 
 
-def start_server(home: Path, database_url: str | None) -> tuple[subprocess.Popen, dict]:
+def p99(values: list[float]) -> float:
+    s = sorted(values)
+    return s[max(0, -(-len(s) * 99 // 100) - 1)]  # nearest rank
+
+
+def figures(system: str, latencies: list[float], wall: float) -> dict:
+    return {"system": system, "n": len(latencies), "wall_s": wall, "rate": len(latencies) / wall,
+            "p50_ms": statistics.median(latencies) * 1000, "p99_ms": p99(latencies) * 1000}
+
+
+def hammer(n: int, clients: int, submit_factory) -> tuple[list[float], float]:
+    """n submits from `clients` threads; submit_factory() gives each thread its submit(i) (and a close())."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    counter = iter(range(n))
+    errors: list[str] = []
+    ready = threading.Barrier(clients + 1)
+
+    def client() -> None:
+        submit, close = submit_factory()
+        try:
+            ready.wait()
+            for i in counter:
+                t0 = time.perf_counter()
+                err = submit(i)
+                dt = time.perf_counter() - t0
+                if err:
+                    errors.append(err)
+                    return
+                with lock:
+                    latencies.append(dt)
+        finally:
+            close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise SystemExit(f"submit failed: {errors[0]}")
+    return latencies, wall
+
+
+# ------------------------------------------------------------------------------------------------ Astraeus
+
+
+def start_server(home: Path, database_url: str | None, src: str | None) -> tuple[subprocess.Popen, dict]:
     env = dict(os.environ)
     if database_url:
         env["ASTRAEUS_DATABASE_URL"] = database_url
+    if src:
+        env["PYTHONPATH"] = src  # ahead of the editable install: the server runs that checkout's code
     port = free_port()
     proc = subprocess.Popen([str(BIN / "astraeus"), "server", "--home", str(home), "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=open(os.environ.get("BENCH_SERVER_LOG", os.devnull), "a"))
     deadline = time.time() + 60
     while time.time() < deadline:
         if (home / "env").exists():
             vars_ = read_env(home / "env")
+            if "ASTRAEUS_SERVER" not in vars_:  # the file is being written
+                time.sleep(0.1)
+                continue
             try:
                 if httpx.get(vars_["ASTRAEUS_SERVER"] + "/healthz", timeout=1).status_code == 200:
                     return proc, vars_
@@ -58,72 +125,119 @@ def start_server(home: Path, database_url: str | None) -> tuple[subprocess.Popen
     raise SystemExit("server did not start")
 
 
-def measure(database: str, runs: int, clients: int) -> dict:
+def measure_astraeus(database: str, runs: int, clients: int, src: str | None = None, label: str = "") -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"bench-submit-{database}-"))
     url = None
     if database == "postgresql":
         import psycopg
 
         name = "astraeus_bench_" + uuid.uuid4().hex[:8]
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as c:
             c.execute(f"CREATE DATABASE {name}")
         url = f"postgresql://postgres@127.0.0.1:5432/{name}"
-    proc, v = start_server(home, url)
+    proc, v = start_server(home, url, src)
     try:
         # One machine joins (through the agent API, as an agent would), so runs queue on a real cluster.
         httpx.post(v["ASTRAEUS_SERVER"] + "/api/v1/agent/register", timeout=10,
                    headers={"Authorization": f"Bearer {v['ASTRAEUS_MACHINE_TOKEN']}"},
                    json={"name": "gpu-01", "gpus": 8, "cpu_cores": 64, "memory_bytes": 512 << 30})
-        latencies: list[float] = []
-        lock = threading.Lock()
-        counter = iter(range(runs))
 
-        def client() -> None:
-            with httpx.Client(base_url=v["API"], headers={"Authorization": f"Bearer {v['ASTRAEUS_TOKEN']}"},
-                              timeout=60) as h:
-                for i in counter:
-                    body = {"metadata": {"name": f"r{i}"}, "spec": {"priority": -(i % 3) * 10, "task_template": {
-                        "image": "python:3.11", "command": "true",
-                        "requested_resources": {"gpu_requests": {"count": 1 + i % 8}}}}}
-                    t0 = time.perf_counter()
-                    r = h.post("/runs", json=body)
-                    dt = time.perf_counter() - t0
-                    if r.status_code != 201:
-                        raise SystemExit(f"submit failed: {r.status_code} {r.text}")
-                    with lock:
-                        latencies.append(dt)
+        def factory():
+            h = httpx.Client(base_url=v["API"], headers={"Authorization": f"Bearer {v['ASTRAEUS_TOKEN']}"},
+                             timeout=60)
 
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=client) for _ in range(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
-        lat = sorted(latencies)
-        return {"database": database, "runs": len(lat), "wall_s": wall, "rate": len(lat) / wall,
-                "p50_ms": statistics.median(lat) * 1000, "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1000}
+            def submit(i: int) -> str | None:
+                body = {"metadata": {"name": f"r{i}"}, "spec": {"priority": -(i % 3) * 10, "task_template": {
+                    "image": "python:3.11", "command": "true",
+                    "requested_resources": {"gpu_requests": {"count": 1 + i % 8}}}}}
+                r = h.post("/runs", json=body)
+                return None if r.status_code == 201 else f"{r.status_code} {r.text}"
+
+            return submit, h.close
+
+        hammer(min(50, runs), clients, factory)  # warm-up: connections, the first cycles (not counted)
+        lat, wall = hammer(runs, clients, lambda: _offset(factory, 1_000_000))
+        return figures(f"Astraeus {database}{label}", lat, wall)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)
         if url:
             import psycopg
 
-            with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+            with psycopg.connect(PG_ADMIN, autocommit=True) as c:
                 c.execute(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)")
+
+
+def _offset(factory, k: int):
+    submit, close = factory()
+    return (lambda i: submit(i + k)), close
+
+
+# --------------------------------------------------------------------------------------------------- Slurm
+
+
+def measure_slurm(jobs: int, clients: int) -> dict:
+    sys.path.insert(0, str(HERE))
+    from slurm_peer import clear_slurm, start_slurm
+
+    start_slurm()
+    clear_slurm()
+    d = Path(tempfile.mkdtemp(prefix="slurm-submit-"))
+    cmd = ["sbatch", "--hold", "--parsable", "-p", "high", "--gres=gpu:1", "-o", "/dev/null", "-e", "/dev/null",
+           "-D", str(d), "--wrap", "true"]
+
+    def factory():
+        def submit(i: int) -> str | None:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            return None if r.returncode == 0 else f"sbatch: {r.stderr.strip()}"
+
+        return submit, lambda: None
+
+    try:
+        hammer(min(20, jobs), clients, factory)  # warm-up (not counted)
+        lat, wall = hammer(jobs, clients, factory)
+    finally:
+        clear_slurm()
+        shutil.rmtree(d, ignore_errors=True)
+    return figures("Slurm sbatch --hold", lat, wall)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--slurm-jobs", type=int, default=500, help="0: no Slurm (e.g. not root)")
+    ap.add_argument("--databases", default="sqlite,postgresql")
+    ap.add_argument("--was", help="also measure a server started from this checkout's src (before/after)")
     a = ap.parse_args()
-    print(f"API submit rate: {a.runs} runs from {a.clients} concurrent clients, {os.cpu_count()} cores")
-    results = [measure(db, a.runs, a.clients) for db in ("sqlite", "postgresql")]
-    print(f"{'database':<12}{'runs/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'wall s':>10}")
+    load = os.getloadavg()[0]
+    print(f"Submit rate: {a.runs} runs (Slurm: {a.slurm_jobs} held jobs) from {a.clients} concurrent clients, "
+          f"{os.cpu_count()} cores, load average {load:.1f} at the start", flush=True)
+    dbs = [d for d in a.databases.split(",") if d]
+    results: list[dict] = []
+    slurm = []
+    if a.slurm_jobs:
+        slurm.append(measure_slurm(a.slurm_jobs, a.clients))
+        results.append(slurm[-1])
+    for db in dbs:
+        if a.was:
+            results.append(measure_astraeus(db, a.runs, a.clients, a.was, " (was)"))
+        results.append(measure_astraeus(db, a.runs, a.clients))
+    if a.slurm_jobs:  # again at the end: the load on a shared machine drifts
+        slurm.append(measure_slurm(a.slurm_jobs, a.clients))
+        results.append(slurm[-1])
+    print(f"{'system':<30}{'n':>6}{'per s':>9}{'p50 ms':>9}{'p99 ms':>9}{'wall s':>8}")
     for r in results:
-        print(f"{r['database']:<12}{r['rate']:>10.0f}{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}{r['wall_s']:>10.1f}")
-    print(f"ratio postgresql/sqlite runs/s: {results[1]['rate'] / results[0]['rate']:.2f}")
+        print(f"{r['system']:<30}{r['n']:>6}{r['rate']:>9.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
+              f"{r['wall_s']:>8.1f}")
+    if slurm:
+        ref = statistics.mean(s["rate"] for s in slurm)
+        print(f"ratio to Slurm's sbatch ({ref:.0f}/s, the mean of its two measurements):")
+        for r in results:
+            if not r["system"].startswith("Slurm"):
+                print(f"  {r['system']:<28}{r['rate'] / ref:>6.2f}x")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

@@ -344,6 +344,9 @@ class Bus:
         self.connected.clear()
 
 
+_SUBMITS_LOCK = threading.Lock()
+
+
 @dataclass
 class ControlPlane:
     settings: Settings
@@ -353,6 +356,18 @@ class ControlPlane:
     leader: object = None  # astraeus.server.leader.Leader: this replica's side of the scheduling lease
     bus: Bus | None = None  # PostgreSQL: wake-ups between replicas, while the replica serves
     sqlite_lock: object = None  # the open lock file while this process serves its SQLite database alone
+    _submits: object = None
+
+    @property
+    def submits(self):
+        """The group-commit writer for POST $API/runs (astraeus.server.submits.Batcher)."""
+        if self._submits is None:
+            with _SUBMITS_LOCK:
+                if self._submits is None:
+                    from astraeus.server.submits import Batcher
+
+                    self._submits = Batcher(self.sessions, self.notifier)
+        return self._submits
 
     @classmethod
     def open(cls, settings: Settings, exclusive: bool = False) -> ControlPlane:

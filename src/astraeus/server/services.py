@@ -439,15 +439,15 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float, *
                            f"spec.task_template.datavolume_refs: drive {ref.name} does not exist in workspace "
                            f"{ws.name}: create it first (POST $API/drives)")
     check_node_selection(session, caller, cluster, access, tt.requested_resources, at)
-    gpus, cpu, mem = S.worker_resources(tt)
-    if mem > 2**63 - 1:  # what the database holds (and far beyond any machine)
-        raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
-                                       "ask for at most 2^63-1 bytes per worker")
     name = body.metadata.name
     if session.scalar(select(Run.id).where(Run.workspace_id == ws.id, Run.name == name, Run.live_key == "")):
         raise ApiError(409, "ALREADY_EXISTS",
                        f"a run named {name} already exists in workspace {ws.name}: "
                        f"choose another metadata.name, or delete it first")
+    gpus, cpu, mem = S.worker_resources(tt)
+    if mem > 2**63 - 1:  # what the database holds (and far beyond any machine)
+        raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
+                                       "ask for at most 2^63-1 bytes per worker")
     spec = body.spec.model_dump(mode="json")
     if spec.get("template") is None:
         spec.pop("template", None)  # a run from no template says nothing of one

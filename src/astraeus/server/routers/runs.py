@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from astraeus import spec as S
 from astraeus.server import bodies as B
-from astraeus.server import services, whatif
+from astraeus.server import services, submits, whatif
 from astraeus.server.db import Cluster, Machine
 from astraeus.server.routers.deps import CP, Base, Sess, WsCaller, machine_names, now, tx
 from astraeus.server.routers.events import PAGE_DEFAULT, Cursor, Limit, decode_cursor, page
@@ -54,6 +54,14 @@ def create_run(c: WsCaller, s: Sess, cp: CP, base: Base, body: Annotated[dict, B
         return whatif.what_if(s, c, body, now())
     parsed = services.parse_run_body(body)  # checked before the state lock (None: names a template)
     org, ws = c.org, c.workspace
+    if c.token is not None and submits.batchable(parsed):  # group commit (server/submits.py)
+        services.require(c, "editor")
+        s.commit()  # end this request's read: it waits for the writer's transaction with no transaction open
+        it = cp.submits.submit(submits.Submit(ws.id, ws.name, ws.ns, parsed, now()))
+        if it.error is not None:
+            raise it.error
+        if not it.fallback:
+            return services.run_view(it.run, org, ws, it.cluster, base, [], {}, c.role)
     with tx(s, keep=(org, ws)):
         run = services.submit_run_body(s, c, body, now(), parsed=parsed)
         out = services.run_view(run, org, ws, run.cluster_row, base, [], {}, c.role)

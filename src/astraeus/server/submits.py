@@ -1,0 +1,199 @@
+"""Group commit for POST $API/runs: concurrent submits are written together, in one transaction, by one writer
+thread, and each is answered once that transaction has committed.
+
+Each submit costs, on its own, a transaction: the state lock (and on PostgreSQL the advisory lock, a round trip),
+its checks, four INSERTs and a commit (a WAL flush on PostgreSQL). Submitted at once by several clients, they
+queue on the state lock one behind the other. Here the writer takes every submit waiting (up to MAX_BATCH), takes
+the locks once, reads each workspace's cluster and access once and the names taken once, then checks each submit
+in the order it arrived as submit_run would (the same refusals, each to its own request: a name taken by an
+earlier submit of the same batch is a 409 as it would have been one after the other), writes the accepted runs
+and their workers in one flush (one multi-row INSERT per table), their history lines and events in a second, and
+commits once.
+
+Only plain submits come here: a run that names a template, drives, pools, a reservation, a dependency or a job
+array goes the usual way (services.submit_run_body in its own transaction), as does everything else that submits
+(schedules, replica groups, the console, what-if). Should the batch's writes fail (a database error), nothing of
+it is kept and each of its submits is answered FALLBACK: its request then submits the usual way, on its own.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from astraeus import spec as S
+from astraeus.server import lifecycle
+from astraeus.server.core import STATE_LOCK, lock_state
+from astraeus.server.db import Access, Cluster, Run
+
+MAX_BATCH = 256
+FALLBACK = object()  # the batch could not be written: submit this one on its own
+
+
+def batchable(parsed: S.RunCreate | None) -> bool:
+    """A plain submit: nothing it names needs more than the checks made here for a whole batch."""
+    if parsed is None:  # names a template
+        return False
+    sp = parsed.spec
+    if sp.template or sp.array is not None or (sp.dependency is not None and sp.dependency.runs):
+        return False
+    tt = sp.task_template
+    if tt.datavolume_refs:
+        return False
+    rr = tt.requested_resources
+    sel = rr.node_selection if rr is not None else None
+    return not (sel is not None and (sel.pools or sel.reservation))
+
+
+@dataclass
+class Submit:
+    ws_id: int
+    ws_name: str
+    ws_ns: str
+    parsed: S.RunCreate
+    at: float
+    done: threading.Event = field(default_factory=threading.Event)
+    run: Run | None = None  # accepted: the run written (detached, loaded), and its cluster
+    cluster: Cluster | None = None
+    error: BaseException | None = None  # refused: the ApiError, as submit_run would raise it
+    fallback: bool = False
+
+
+class Batcher:
+    """The writer thread of one control plane (started on first use; a daemon)."""
+
+    def __init__(self, sessions, notifier) -> None:
+        self.sessions, self.notifier = sessions, notifier
+        self._q: queue.Queue[Submit] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+        self.batches = 0  # how many transactions, and how many submits in them (for the benchmark)
+        self.submits = 0
+
+    def submit(self, item: Submit) -> Submit:
+        """Queue `item` and wait until its batch has committed (or refused it, or fell back)."""
+        if self._thread is None:
+            with self._start:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="submit-writer", daemon=True)
+                    self._thread.start()
+        self._q.put(item)
+        item.done.wait()
+        return item
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._q.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._write(batch)
+            except BaseException:  # nothing of the batch was kept: each submits on its own
+                for it in batch:
+                    if it.error is None:
+                        it.run, it.fallback = None, True
+            finally:
+                for it in batch:
+                    it.done.set()
+            if any(it.run is not None for it in batch):
+                self.notifier.wake_scheduler()
+
+    def _write(self, batch: list[Submit]) -> None:
+        from astraeus.server.services import ApiError
+
+        with self.sessions() as s, STATE_LOCK:
+            try:
+                lock_state(s)
+                targets: dict[tuple[int, str | None], tuple | ApiError] = {}
+                for it in batch:
+                    key = (it.ws_id, it.parsed.spec.cluster)
+                    if key not in targets:
+                        targets[key] = _cluster_for(s, it.ws_id, it.ws_name, it.parsed.spec.cluster)
+                taken: dict[int, set[str]] = {}
+                for ws_id in {it.ws_id for it in batch}:
+                    names = [it.parsed.metadata.name for it in batch if it.ws_id == ws_id]
+                    taken[ws_id] = set(s.scalars(select(Run.name).where(
+                        Run.workspace_id == ws_id, Run.live_key == "", Run.name.in_(names))))
+                accepted: list[Submit] = []
+                for it in batch:
+                    try:
+                        it.run, it.cluster = _check_and_build(it, targets[(it.ws_id, it.parsed.spec.cluster)],
+                                                              taken[it.ws_id])
+                    except ApiError as e:
+                        it.error = e
+                        continue
+                    s.add(it.run)
+                    accepted.append(it)
+                if not accepted:
+                    s.rollback()
+                    return
+                s.flush()  # the runs and their workers: one INSERT per table
+                for it in accepted:
+                    name, prio = it.parsed.metadata.name, it.parsed.spec.priority
+                    lifecycle.history(s, it.run, "Pending", "Submitted", it.at)
+                    lifecycle.event(s, it.ws_id, "RunSubmitted", name, f"{name} submitted at priority {prio}", it.at)
+                s.commit()
+                self.batches += 1
+                self.submits += len(accepted)
+            except BaseException:
+                s.rollback()
+                raise
+
+
+def _cluster_for(s, ws_id: int, ws_name: str, name: str | None):
+    """services._cluster_for, by the workspace's id: (cluster, access) or the ApiError it raises."""
+    from astraeus.server.services import ApiError
+
+    q = select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id).where(Access.workspace_id == ws_id)
+    if name:
+        row = s.execute(q.where(Cluster.name == name)).first()
+        if row is None:
+            return ApiError(404, "CLUSTER_NOT_FOUND", f"cluster {name} not found or not granted to workspace {ws_name}")
+        return row[0], row[1]
+    row = s.execute(q.order_by(Cluster.id)).first()
+    if row is None:
+        return ApiError(409, "NO_CLUSTER", f"workspace {ws_name} has access to no cluster: "
+                                           "ask an organisation admin to grant one")
+    return row[0], row[1]
+
+
+def _check_and_build(it: Submit, target, taken: set[str]) -> tuple[Run, Cluster]:
+    """submit_run's checks, in its order (the role was checked by the request), and the new run with its
+    workers; `taken` gains its name."""
+    from astraeus.server.services import ApiError
+
+    if isinstance(target, ApiError):
+        raise target
+    cluster, access = target
+    body = it.parsed
+    if not S.priority_allowed(body.spec.priority, access.max_priority):
+        raise ApiError(403, "PRIORITY_NOT_ALLOWED",
+                       f"priority {body.spec.priority} is above namespace {it.ws_ns}'s maximum of "
+                       f"{access.max_priority}")
+    tt = body.spec.task_template
+    name = body.metadata.name
+    if name in taken:
+        raise ApiError(409, "ALREADY_EXISTS",
+                       f"a run named {name} already exists in workspace {it.ws_name}: "
+                       f"choose another metadata.name, or delete it first")
+    gpus, cpu, mem = S.worker_resources(tt)
+    if mem > 2**63 - 1:
+        raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
+                                       "ask for at most 2^63-1 bytes per worker")
+    taken.add(name)
+    spec = body.spec.model_dump(mode="json")
+    if spec.get("template") is None:
+        spec.pop("template", None)
+    spec["cluster"] = cluster.name
+    run = lifecycle.new_run(uid=uuid.uuid4().hex, workspace_id=it.ws_id, cluster_id=cluster.id, name=name,
+                            labels=body.metadata.labels, spec=spec, priority=body.spec.priority, created_at=it.at)
+    run.workers = [lifecycle.new_worker(name=f"{name}-{i}", index=i, gpus=gpus, cpu_cores=cpu, memory_bytes=mem,
+                                        gpu_indices=[], why_not=[]) for i in range(S.worker_count(tt))]
+    return run, cluster

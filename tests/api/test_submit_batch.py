@@ -1,0 +1,91 @@
+"""Group commit of POST $API/runs (server/submits.py): concurrent submits written in one transaction keep every
+refusal exact, each to its own request, and the runs they store are those of submits made one after the other."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from astraeus import spec as S
+from astraeus.server import submits
+
+
+def body(name: str, priority: int = 0, gpus: int = 1) -> dict:
+    return {"metadata": {"name": name}, "spec": {"priority": priority, "task_template": {
+        "image": "python:3.11", "command": "true", "requested_resources": {"gpu_requests": {"count": gpus}}}}}
+
+
+def item(app, name: str, priority: int = 0) -> submits.Submit:
+    from astraeus.server.db import Workspace
+
+    with app.cp.sessions() as s:
+        ws = s.query(Workspace).filter_by(name=app.boot["workspace"]).one()
+        return submits.Submit(ws.id, ws.name, ws.ns, S.RunCreate.model_validate(body(name, priority)), time.time())
+
+
+def test_concurrent_submits_of_the_same_names_store_each_once_and_refuse_the_others_with_409(app):
+    names = [f"dup-{i}" for i in range(12)]
+    answers: dict[str, list[int]] = {n: [] for n in names}
+    lock = threading.Lock()
+
+    def client() -> None:
+        for n in names:
+            r = app.client.post(f"{app.api}/runs", json=body(n), headers=app.h())
+            with lock:
+                answers[n].append(r.status_code)
+            if r.status_code == 201:
+                assert r.json()["metadata"]["name"] == n
+                assert [w["name"] for w in r.json()["status"]["workers"]] == [f"{n}-0"]
+            else:
+                assert r.json()["code"] == "ALREADY_EXISTS" and n in r.json()["message"]
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(sorted(a) == [201, 409, 409, 409] for a in answers.values()), answers
+    listed = app.client.get(f"{app.api}/runs", params={"limit": 1000}, headers=app.h()).json()["items"]
+    assert sorted(r["metadata"]["name"] for r in listed) == sorted(names)
+    events = app.client.get(f"{app.api}/events", params={"limit": 1000}, headers=app.h()).json()["items"]
+    assert sorted(e["object"] for e in events if e["kind"] == "RunSubmitted") == sorted(names)
+    for n in names:
+        run = app.client.get(f"{app.api}/runs/{n}", headers=app.h()).json()
+        assert [h["reason"] for h in run["status"]["history"]][:1] == ["Submitted"]
+
+
+def test_one_batch_refuses_each_submit_for_its_own_reason_and_writes_the_rest_in_one_transaction(app):
+    app.client.post(f"{app.api}/runs", json=body("before"), headers=app.h())
+    batch = [item(app, "a"), item(app, "before"), item(app, "b", priority=60), item(app, "a"), item(app, "c")]
+    w = app.cp.submits
+    n0 = w.batches
+    w._write(batch)
+    assert w.batches == n0 + 1  # one transaction for the three accepted
+    got = [(it.run.name if it.run is not None else None, getattr(it.error, "code", None)) for it in batch]
+    assert got == [("a", None), (None, "ALREADY_EXISTS"), (None, "PRIORITY_NOT_ALLOWED"), (None, "ALREADY_EXISTS"),
+                   ("c", None)]
+    assert "namespace" in batch[2].error.message and "maximum of 0" in batch[2].error.message
+    for n in ("a", "c"):
+        run = app.client.get(f"{app.api}/runs/{n}", headers=app.h()).json()
+        assert run["status"]["state"] == "Pending" or run["status"]["state"] == "Running"
+        assert run["status"]["history"][0]["reason"] == "Submitted"
+        assert [w["index"] for w in run["status"]["workers"]] == [0]
+    assert app.client.get(f"{app.api}/runs/b", headers=app.h()).status_code == 404
+
+
+def test_a_run_that_names_a_template_or_a_drive_goes_the_usual_way():
+    assert submits.batchable(S.RunCreate.model_validate(body("x")))
+    with_drive = body("y")
+    with_drive["spec"]["task_template"]["datavolume_refs"] = [{"name": "d", "mount_path": "/d"}]
+    assert not submits.batchable(S.RunCreate.model_validate(with_drive))
+    pools = body("z")
+    pools["spec"]["task_template"]["requested_resources"]["node_selection"] = {"pools": ["p"]}
+    assert not submits.batchable(S.RunCreate.model_validate(pools))
+    assert not submits.batchable(None)  # names a template: checked once merged
+
+
+def test_a_bad_body_is_still_a_422_naming_the_field(app):
+    bad = body("ok")
+    bad["spec"]["task_template"]["requested_resources"]["gpu_requests"]["count"] = -1
+    r = app.client.post(f"{app.api}/runs", json=bad, headers=app.h())
+    assert r.status_code == 422 and "count" in str(r.json())

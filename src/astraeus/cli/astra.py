@@ -281,6 +281,19 @@ def submitted_line(created: Any, body: dict[str, Any]) -> str:
 RUNS_SHOWN = 100  # what `astra astraeus runs` shows without --limit: the API's default page
 
 
+def list_client() -> Client:
+    """As client(), but where every API URL is plain http:// without setting up TLS it would never use: httpx's
+    default client loads the CA bundle at each start (about 0.35 s here, more than the request itself)."""
+    from astraeus.cli.client import api_urls, load_config
+
+    config = load_config()
+    if all(u.startswith("http://") for u in api_urls(config.api)):
+        import httpx
+
+        return Client(config, transport=httpx.HTTPTransport(verify=False))  # plain HTTP: nothing to verify
+    return Client(config)
+
+
 @astraeus_app.command()
 @handle_errors()
 def runs(
@@ -296,7 +309,7 @@ def runs(
 ) -> None:
     """List runs, newest first: NAME, CLUSTER, STATE, REASON (the newest 100 unless --limit or --all)."""
     as_json = check_output(output)
-    with client() as c:
+    with list_client() as c:
         if not watch:
             items, more = newest_runs(c, None if every else limit, state, label)
             if as_json:
@@ -466,7 +479,7 @@ def machines(
 ) -> None:
     """Machines with their GPUs used and free."""
     as_json = check_output(output)
-    with client() as c:
+    with list_client() as c:
         data = {"items": every_page(c, "machines")}
     if as_json:
         print_json(data)

@@ -425,6 +425,10 @@ INTERNAL_ENV = {
     "ASTRAEUS_SHIM_DIR": "set by the agent for each shim: the attempt's folder in the state dir",
     "ASTRAEUS_INIT": "set by a container worker's shim for the worker's PID 1 (a reaper that holds its PID "
                      "namespace): its program",
+    "ASTRAEUS_SHIM_LAUNCHER": "`0` in the agent's environment: start each worker's shim with a Python interpreter of "
+                              "its own instead of forking it from the agent's pre-started launcher "
+                              "(astraeus.agent.runtime.launcher); in the launcher, a blank slot its forked shims "
+                              "write their variables over",
 }
 WRITTEN_ENV = {
     "ASTRAEUS_SERVER": "the control plane's URL (read by `astraeus agent`)",

@@ -2,24 +2,38 @@
 
     .venv/bin/python benchmarks/bench_scheduler.py          # full: 1k, 10k and 50k waiting runs
     .venv/bin/python benchmarks/bench_scheduler.py --quick  # smoke: smaller cluster, fewer cycles
+    .venv/bin/python benchmarks/bench_scheduler.py --constrained [--quick]  # a third of the runs constrained,
+                                                             # side by side with the same runs unconstrained
+    .venv/bin/python benchmarks/bench_scheduler.py --scale [--quick]  # 10,000 machines x 8 GPUs, 10k/50k/100k
+                                                             # waiting, a third constrained (quick: 1,000 x 8)
 
 Prints figures; asserts nothing (wall-clock time is not a test). The cluster: 1,000 machines × 8 GPUs, 5,000
 running units (priorities -100/0/10, 70 % with time limits, some 2-machine gangs), waiting runs in 20
 workspaces (half with quotas) with priorities -100..50, 1-8 GPUs, some 2-4 machine gangs, half with time
 limits. Seeded: the same figures' inputs every run.
+
+Constrained runs (--constrained, --scale): machines carry a GPU model (A100 / H100 / L40S, as a label `model`
+and as Machine.gpu_model), a `rack` label (64 machines each) and belong to one of three pools; a third of the
+waiting runs select machines, in equal parts by label (model=H100 or rack=...), by names (a rack's 64 names),
+by pool, and by GPU model ("a100"). The unconstrained figures are for the same snapshot with every
+node_selection cleared (the same runs, shapes and order).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import resource
 import statistics
 import time
 import tracemalloc
+from dataclasses import replace
 
 from astraeus.scheduler import (
     Machine,
+    NodeSelection,
     PlacedWorker,
+    Pool,
     Quota,
     RunningUnit,
     Snapshot,
@@ -33,9 +47,21 @@ GIB = 1 << 30
 NOW = 1_790_856_000.0
 
 
-def make_cluster(machines: int, running: int, waiting: int, seed: int = 7) -> Snapshot:
+MODELS = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA L40S")
+RACK = 64  # machines per rack label (and per names list of a constrained run)
+
+
+def _machine(i: int, constrained: bool) -> Machine:
+    if not constrained:
+        return Machine(f"gpu-{i:05d}", 8, 128, 1024 * GIB)
+    model = MODELS[i % 3]
+    return Machine(f"gpu-{i:05d}", 8, 128, 1024 * GIB,
+                   labels=(("model", model.split()[1].split("-")[0]), ("rack", f"r{i // RACK}")), gpu_model=model)
+
+
+def make_cluster(machines: int, running: int, waiting: int, seed: int = 7, constrained: bool = False) -> Snapshot:
     rnd = random.Random(seed)
-    ms = tuple(Machine(f"gpu-{i:04d}", 8, 128, 1024 * GIB) for i in range(machines))
+    ms = tuple(_machine(i, constrained) for i in range(machines))
     spaces = tuple(
         Workspace(f"ws-{k:012x}", f"team-{k}", Quota(gpus=rnd.choice([64, 256, 1024])) if k % 2 else None,
                   rnd.choice([1.0, 1.0, 2.0]))
@@ -67,17 +93,46 @@ def make_cluster(machines: int, running: int, waiting: int, seed: int = 7) -> Sn
             NOW - rnd.uniform(60, 86400), rnd.choice([None, 3600.0, 86400.0, 172800.0]) if rnd.random() < 0.9 else None,
             tuple(ws),
         ))
+    selections = _selections(ms) if constrained else []
     runs = []
     for k in range(waiting):
         gang = rnd.random() < 0.05
         count = rnd.choice([2, 4]) if gang else 1
         gpus = 8 if gang else rnd.choice([1, 1, 1, 2, 4, 8])
         reqs = tuple(WorkerRequest(i, gpus, 8 * gpus, 64 * GIB * gpus) for i in range(count))
+        sel = NodeSelection()
+        if selections and k % 3 == 0:  # a third of the runs, spread over the queue
+            sel = selections[rnd.randrange(len(selections))]
         runs.append(WaitingRun(
             f"wait{k}", rnd.choice(spaces).id, rnd.choice([-100, 0, 0, 0, 10, 50]), NOW - rnd.uniform(0, 86400),
-            reqs, "Gang", rnd.choice([None, 600.0, 3600.0, 86400.0]),
+            reqs, "Gang", rnd.choice([None, 600.0, 3600.0, 86400.0]), sel,
         ))
-    return Snapshot("bench", ms, tuple(units), tuple(runs), spaces)
+    pools = ()
+    if constrained:
+        pools = tuple(Pool(f"pool-{p}", tuple(m.name for i, m in enumerate(ms) if i % 3 == p)) for p in range(3))
+    return Snapshot("bench", ms, tuple(units), tuple(runs), spaces, pools=pools)
+
+
+def _selections(ms: tuple[Machine, ...]) -> list[NodeSelection]:
+    """The constrained runs' choices: by label (a model, or a rack), by a rack's names, by pool, by GPU model.
+    Runs share these objects as a cluster's users share a handful of selections."""
+    racks = (len(ms) + RACK - 1) // RACK
+    picks = [0, racks // 2, racks - 1]
+    by_label = [NodeSelection("Labels", labels=(("model", "H100"),))]
+    by_label += [NodeSelection("Labels", labels=(("rack", f"r{r}"),)) for r in picks]
+    by_names = [NodeSelection("Names", tuple(m.name for m in ms[r * RACK:(r + 1) * RACK])) for r in picks]
+    by_pool = [NodeSelection(pools=(f"pool-{p}",)) for p in range(3)]
+    by_model = [NodeSelection(gpu_model="a100"), NodeSelection(gpu_model="l40s")]
+    # equal parts by kind: repeat each kind's list to the same length
+    kinds = [by_label, by_names, by_pool, by_model]
+    n = max(len(k) for k in kinds)
+    return [k[i % len(k)] for k in kinds for i in range(n)]
+
+
+def unconstrained(snap: Snapshot) -> Snapshot:
+    """The same snapshot with every run's node_selection cleared (and no pools)."""
+    plain = NodeSelection()
+    return replace(snap, waiting=tuple(replace(r, node_selection=plain) for r in snap.waiting), pools=())
 
 
 def cycle_figures(snap: Snapshot, cycles: int) -> dict:
@@ -123,10 +178,48 @@ def placements_per_second(machines: int, runs: int) -> tuple[float, int]:
     return started / best, started
 
 
+def max_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def constrained_table(machines: int, running: int, sizes: list[int], cycles: int) -> None:
+    """Per size: plan() with a third of the runs constrained, and the same runs unconstrained, side by side."""
+    print(f"cluster: {machines:,} machines x 8 GPUs, {running:,} running units; a third of the waiting runs "
+          "constrained (label, names, pool, GPU model); the same runs unconstrained for the ratio")
+    print(f"{'waiting':>8} {'cycles':>6} {'p50 ms':>8} {'p99 ms':>8} {'cpu p50':>8} {'peak MiB':>9} {'starts':>7} "
+          f"{'| plain p50':>11} {'plain cpu':>10} {'plain MiB':>10} {'cpu ratio':>10}")
+    for n in sizes:
+        snap = make_cluster(machines, running, n, constrained=True)
+        k = cycles if n <= 10_000 else max(3, cycles // 4)
+        f = cycle_figures(snap, k)
+        b = cycle_figures(unconstrained(snap), k)
+        print(f"{n:>8,} {k:>6} {f['p50_ms']:>8.1f} {f['p99_ms']:>8.1f} {f['cpu_p50_ms']:>8.1f} {f['peak_mib']:>9.1f} "
+              f"{f['starts']:>7} {'| ' + format(b['p50_ms'], '.1f'):>11} {b['cpu_p50_ms']:>10.1f} "
+              f"{b['peak_mib']:>10.1f} {f['cpu_p50_ms'] / b['cpu_p50_ms']:>9.2f}x", flush=True)
+        del snap
+    print(f"process max RSS (snapshots, plans and Python included): {max_rss_mib():,.0f} MiB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few cycles: a smoke run")
+    ap.add_argument("--constrained", action="store_true",
+                    help="a third of the waiting runs constrained, beside the same runs unconstrained")
+    ap.add_argument("--scale", action="store_true",
+                    help="10,000 machines x 8 GPUs, 10k/50k/100k waiting runs, a third constrained")
     args = ap.parse_args()
+    if args.scale:
+        if args.quick:
+            constrained_table(1_000, 5_000, [1_000, 5_000, 10_000], 3)
+        else:
+            constrained_table(10_000, 50_000, [10_000, 50_000, 100_000], 5)
+        return
+    if args.constrained:
+        if args.quick:
+            constrained_table(100, 500, [1_000], 3)
+        else:
+            constrained_table(1_000, 5_000, [1_000, 10_000, 50_000], 20)
+        return
     if args.quick:
         machines, running, sizes, cycles, place = 100, 500, [1_000], 3, 800
     else:

@@ -120,9 +120,14 @@ class Reserved:
         return hit
 
 
-class Cluster:
-    def __init__(self, snapshot: Snapshot, now: float = 0.0):
-        machines: list[Machine] = sorted(snapshot.machines, key=lambda m: m.name)
+class Fleet:
+    """What a cycle takes from the machines alone: them sorted by name, their sizes, and the label index. Made
+    once per machines tuple: the last one is kept, so a caller that passes the same tuple every cycle (the
+    simulator) pays for it once. Read-only: a cycle's changing room lives in `Cluster`."""
+
+    def __init__(self, given: tuple[Machine, ...]):
+        self.given = given
+        machines: list[Machine] = sorted(given, key=lambda m: m.name)
         self.machines = machines
         self.names = [m.name for m in machines]
         self.index = {m.name: i for i, m in enumerate(machines)}
@@ -132,14 +137,42 @@ class Cluster:
         self.schedulable = [m.schedulable for m in machines]
         # A run stopped at its time limit holds its room for its machine's stop grace too.
         self.max_grace = max((m.stop_grace_seconds for m in machines), default=0.0)
-        self._labels: list[dict[str, str]] | None = None  # per machine, made when a run selects by labels
         self.all_schedulable = [i for i, m in enumerate(machines) if m.schedulable]
+        self.gpu_lists = [list(range(cap)) for cap in self.cap_g]  # each cycle copies them as its free GPUs
+        self.labels: list[dict[str, str]] | None = None  # per machine, made when a run selects by labels
+        self.by_label: dict[tuple[str, str], set[int]] | None = None
+
+
+_last_fleet: list[Fleet] = []
+
+
+def fleet(machines: tuple[Machine, ...]) -> Fleet:
+    if _last_fleet and _last_fleet[0].given is machines:
+        return _last_fleet[0]
+    f = Fleet(machines)
+    if type(machines) is tuple:  # immutable (of frozen machines): the same object is the same fleet
+        _last_fleet[:] = [f]
+    return f
+
+
+class Cluster:
+    def __init__(self, snapshot: Snapshot, now: float = 0.0):
+        self.fleet = f = fleet(snapshot.machines)
+        self.machines = machines = f.machines
+        self.names = f.names
+        self.index = f.index
+        self.cap_g = f.cap_g
+        self.cap_c = f.cap_c
+        self.cap_m = f.cap_m
+        self.schedulable = f.schedulable
+        self.max_grace = f.max_grace
+        self.all_schedulable = f.all_schedulable
         # Who holds GPUs on each machine, for the "why not" lines: made when first asked (`holders`).
         self._running = snapshot.running
         self._holders: list[dict[str, list]] | None = None
         self._taken: list[tuple] = []  # (machine, run, workspace, priority, gpus) started before `holders` is made
 
-        free_g: list[list[int]] = [list(range(cap)) for cap in self.cap_g]
+        free_g: list[list[int]] = [g[:] for g in f.gpu_lists]
         self.free_g = free_g
         self.free_c = free_c = list(self.cap_c)
         self.free_m = free_m = list(self.cap_m)
@@ -170,11 +203,11 @@ class Cluster:
         self._pools: dict[str, tuple[str, ...]] = {p.name: p.machines for p in snapshot.pools}
         self._pool_sets: dict[tuple[str, ...], frozenset[int]] = {}
         self.reserved = Reserved(snapshot, self.index, machines, now)
-        # Constraint indexes, made on first use: (label, value) -> machines; per allowed list (by id; the entry
+        # Constraint indexes, made on first use (the label index is the fleet's): per allowed list (by id; the entry
         # keeps the list alive) free-GPU buckets restricted to its machines, and per machine the restricted
         # buckets it is in (`commit` keeps them); per names tuple of a selection (by id, likewise) its set.
-        self._by_label: dict[tuple[str, str], set[int]] | None = None
         self._sub: dict[int, tuple[list[int], list[list[int]]]] = {}
+        self._selected_sets: dict[NodeSelection, frozenset[int]] = {}
         self._subs_of: dict[int, list[list[list[int]]]] = {}
         self._name_sets: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
 
@@ -215,9 +248,10 @@ class Cluster:
 
     @property
     def labels(self) -> list[dict[str, str]]:
-        if self._labels is None:
-            self._labels = [dict(m.labels) for m in self.machines]
-        return self._labels
+        f = self.fleet
+        if f.labels is None:
+            f.labels = [dict(m.labels) for m in self.machines]
+        return f.labels
 
     def in_pools(self, pools: tuple[str, ...]) -> frozenset[int]:
         """The machines of any of these pools (a name that is no pool of the cluster holds none)."""
@@ -276,16 +310,24 @@ class Cluster:
             return sorted(i for i in found if schedulable[i])
         return self.all_schedulable
 
+    def selected_set(self, sel: NodeSelection) -> frozenset[int]:
+        """The schedulable machines its mode selects (`selected` for each, from the indexes)."""
+        hit = self._selected_sets.get(sel)
+        if hit is None:
+            hit = self._selected_sets[sel] = frozenset(self._candidates(sel))
+        return hit
+
     @property
     def by_label(self) -> dict[tuple[str, str], set[int]]:
         """(label, value) -> the machines with that label (the last value given wins, as in `labels`)."""
-        if self._by_label is None:
+        f = self.fleet
+        if f.by_label is None:
             out: dict[tuple[str, str], set[int]] = {}
             for i, labels in enumerate(self.labels):
                 for kv in labels.items():
                     out.setdefault(kv, set()).add(i)
-            self._by_label = out
-        return self._by_label
+            f.by_label = out
+        return f.by_label
 
     def _restrictions(self, sel: NodeSelection, ws_pools: tuple[str, ...] | None, res_lines: dict[int, str]):
         """Per machine the first of: not in the reservation the run names, not in its pools, not in its

@@ -575,6 +575,36 @@ class Shim:
         return sorted(self.cg.pids()) if self.cg else []
 
     def descendants(self) -> list[int]:
+        """Our live (not zombie) descendants: walked through /proc/PID/task/TID/children where the kernel has it
+        (a few reads), else by psutil (which reads every process's stat)."""
+        me = os.getpid()
+        if os.path.exists(f"/proc/{me}/task/{me}/children"):
+            out, todo, seen = [], [me], {me}
+            while todo:
+                pid = todo.pop()
+                try:
+                    tids = os.listdir(f"/proc/{pid}/task")
+                except OSError:
+                    continue
+                for tid in tids:
+                    try:
+                        with open(f"/proc/{pid}/task/{tid}/children") as f:
+                            kids = [int(x) for x in f.read().split()]
+                    except (OSError, ValueError):
+                        continue
+                    for k in kids:
+                        if k in seen:
+                            continue
+                        seen.add(k)
+                        todo.append(k)
+                        try:
+                            with open(f"/proc/{k}/stat") as f:
+                                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+                        except (OSError, IndexError):
+                            continue
+                        if not zombie:
+                            out.append(k)
+            return out
         try:
             return [p.pid for p in self.me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
         except psutil.Error:

@@ -168,6 +168,8 @@ class ProcessRuntime(Runtime):
         self._legacy: dict[tuple[str, int], str] = {}  # (identity, attempt) -> an older agent's folder name
         self._lock = threading.RLock()
         self._events_fd: int | None = None
+        self._event = threading.Condition()
+        self._events_seen = 0
         # Shims are forked by a pre-started launcher (no interpreter start per worker); ASTRAEUS_SHIM_LAUNCHER=0
         # starts each with its own interpreter, as before.
         self.launcher: Launcher | None = None
@@ -312,15 +314,22 @@ class ProcessRuntime(Runtime):
             self._launch_shim(d, shim_env)
         # Waited for outside the lock, so that several workers start at once: from here on a second start() of
         # this attempt finds its folder (Starting) and returns that.
+        # Each look reads the attempt's files: woken by the shim's byte on events.fifo where the agent's event
+        # loop reads it (wait_event), else looking again after 5, 10, 20, 40, 50, 50 ... ms.
         deadline = time.monotonic() + self.start_timeout
+        delay = 0.005
         while True:
+            seen = self._events_seen
             st = self.status(worker, attempt)
             if st is not None and (st.state != STARTING or st.message):
                 break  # started, failed, or telling what it does (pulling an image: that takes its time)
             if time.monotonic() > deadline:
                 self.stop(worker, attempt, grace=0, wait=False)
                 raise StartFailed(f"the worker did not start within {self.start_timeout:.0f}s")
-            time.sleep(0.01)
+            with self._event:
+                if self._events_seen == seen:
+                    self._event.wait(delay)
+            delay = min(delay * 2, 0.05)
         if st.state == START_FAILED:
             raise StartFailed(st.message or "start failed")
         return st
@@ -441,6 +450,9 @@ class ProcessRuntime(Runtime):
             os.read(self._events_fd, 4096)
         except BlockingIOError:
             return False
+        with self._event:  # wake start()s waiting for their shims
+            self._events_seen += 1
+            self._event.notify_all()
         return True
 
     def list(self) -> list[WorkerStatus]:

@@ -30,6 +30,8 @@ import argparse
 import asyncio
 import os
 import random
+import signal
+import ssl
 import sys
 import tempfile
 import time
@@ -98,7 +100,15 @@ class Agent:
         self.credential = ans["credential"] or self.credential
         self.heartbeat = ans["heartbeat_seconds"]
 
-    async def poll_loop(self, client: httpx.AsyncClient) -> None:
+    async def poll_loop(self) -> None:
+        async with self.bench.client() as client:
+            await self._poll(client)
+
+    async def report_loop(self) -> None:
+        async with self.bench.client() as client:
+            await self._report(client)
+
+    async def _poll(self, client: httpx.AsyncClient) -> None:
         b, wait = self.bench, self.bench.poll_wait
         while not b.stopping:
             t0 = time.perf_counter()
@@ -136,7 +146,7 @@ class Agent:
             if time.perf_counter() - t0 > wait + 5:
                 b.stats.late_polls += 1
 
-    async def report_loop(self, client: httpx.AsyncClient) -> None:
+    async def _report(self, client: httpx.AsyncClient) -> None:
         b = self.bench
         # Real machines' heartbeats are spread over the period (they started at different times): so here.
         await asyncio.sleep(random.uniform(0, self.heartbeat))
@@ -186,8 +196,14 @@ class Bench:
         self.join_token = self.server.vars["ASTRAEUS_MACHINE_TOKEN"]
         self.api = self.server.vars["API"].split("/", 3)[3]
         self.user = {"Authorization": f"Bearer {self.server.vars['ASTRAEUS_TOKEN']}"}
+        self.ssl = ssl.create_default_context()
         self.names = [f"m{i:05d}" for i in range(self.n)]
         self._index = {n: i for i, n in enumerate(self.names)}
+
+    def client(self) -> httpx.AsyncClient:
+        """An HTTP client of its own for each agent's loop, as `astraeus agent` has (one connection pool shared by
+        thousands of requests costs httpcore time quadratic in them, and the load generator becomes the limit)."""
+        return httpx.AsyncClient(base_url=self.base, timeout=60, verify=self.ssl)  # one TLS context for all
 
     def index(self, name: str) -> int:
         return self._index[name]
@@ -254,7 +270,7 @@ class Bench:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         out: dict = {}
         async with (httpx.AsyncClient(base_url=self.base, limits=limits, timeout=60) as client,
-                    httpx.AsyncClient(base_url=self.base, timeout=60) as probe_client):
+                    self.client() as probe_client):
             agents = [Agent(self, n) for n in self.names]
             sem = asyncio.Semaphore(50)
 
@@ -270,8 +286,8 @@ class Bench:
             print(f"  registered {self.n} machines in {reg:.1f} s ({self.n / reg:.0f}/s, p99 "
                   f"{out['register']['p99_ms']:.0f} ms)", flush=True)
 
-            tasks = [asyncio.create_task(ag.poll_loop(client)) for ag in agents]
-            tasks += [asyncio.create_task(ag.report_loop(client)) for ag in agents]
+            tasks = [asyncio.create_task(ag.poll_loop()) for ag in agents]
+            tasks += [asyncio.create_task(ag.report_loop()) for ag in agents]
             await asyncio.sleep(min(10.0, 2 + self.n / 100))  # every agent's first answer and report
             self.stats.reset()
 
@@ -404,6 +420,8 @@ def main() -> None:
     print(f"{a.agents} agents (one process) against one control plane on PostgreSQL; heartbeat {a.heartbeat:g} s, "
           f"long-poll wait {a.poll_wait:g} s; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)
     bench = Bench(a)
+    # SIGTERM (e.g. `timeout`) ends the run like Ctrl-C: the server stopped and its database dropped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         out = asyncio.run(bench.main(a.idle, a.settle))
     finally:

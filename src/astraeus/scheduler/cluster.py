@@ -141,6 +141,7 @@ class Fleet:
         self.gpu_lists = [list(range(cap)) for cap in self.cap_g]  # each cycle copies them as its free GPUs
         self.labels: list[dict[str, str]] | None = None  # per machine, made when a run selects by labels
         self.by_label: dict[tuple[str, str], set[int]] | None = None
+        self.with_model: dict[str, frozenset[int]] = {}  # asked GPU model -> the machines that have it
 
 
 _last_fleet: list[Fleet] = []
@@ -263,6 +264,19 @@ class Cluster:
             )
         return hit
 
+    def with_model(self, asked: str) -> frozenset[int]:
+        """The machines `model_fits` (GPUs of a model containing `asked`, case-insensitively), per fleet."""
+        f = self.fleet
+        hit = f.with_model.get(asked)
+        if hit is None:
+            by_model: dict[str, list[int]] = {}
+            for i, m in enumerate(self.machines):
+                if m.gpus:
+                    by_model.setdefault(m.gpu_model.lower(), []).append(i)
+            low = asked.lower()
+            hit = f.with_model[asked] = frozenset(i for model, idx in by_model.items() if low in model for i in idx)
+        return hit
+
     def model_fits(self, i: int, asked: str) -> bool:
         m = self.machines[i]
         return bool(m.gpus) and asked.lower() in m.gpu_model.lower()
@@ -354,8 +368,11 @@ class Cluster:
                     lines.setdefault(i, R.NOT_IN_NAMESPACE_POOLS)
         if sel.gpu_model:
             asked = sel.gpu_model
-            for i, m in enumerate(self.machines):
-                if i not in lines and not self.model_fits(i, asked):
+            fitting = self.with_model(asked)
+            machines = self.machines
+            for i in range(n):
+                if i not in fitting and i not in lines:
+                    m = machines[i]
                     lines[i] = R.gpu_model_mismatch(m.gpu_model, m.gpus, asked)
         for i, line in res_lines.items():
             lines.setdefault(i, line)

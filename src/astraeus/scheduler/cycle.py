@@ -126,6 +126,7 @@ class Cycle:
         # own, no reservation of another namespace now or ahead): the fast path of `place`.
         self.plain: dict[str, bool] = {}
         self.all_plain = not snapshot.reservations and all(ws.pools is None for ws in snapshot.workspaces)
+        self.by_selection: dict[int, tuple] = {}  # id(NodeSelection) -> (it, Cluster.allowed's answer) when all_plain
         self.usage: dict[str, Usage] = defaultdict(Usage)
         self.run_machines: dict[str, set[int]] = defaultdict(set)  # machines holding workers of a run now
         index_get = cluster.index.get
@@ -239,6 +240,13 @@ class Cycle:
         if (sel.mode == "Any" and not run.excluded_machines and plain and not sel.pools and not sel.gpu_model
                 and sel.reservation is None):
             allowed_key, allowed, allowed_list = -1, None, None  # every schedulable machine
+        elif self.all_plain and not run.excluded_machines:
+            # Nothing but its own selection restricts it: runs sharing a NodeSelection object share the answer,
+            # found by the object's id (no hashing of its names or labels run by run).
+            hit = self.by_selection.get(id(sel))
+            if hit is None or hit[0] is not sel:
+                hit = self.by_selection[id(sel)] = (sel, self.cluster.allowed(run))
+            allowed_key, allowed, allowed_list = hit[1]
         else:
             allowed_key, allowed, allowed_list = self.cluster.allowed(run, self.ws_pools(run.workspace))
         if len(workers) == 1:

@@ -154,12 +154,14 @@ class WhyNot:
         out: list[str | None] = []
         short: dict[int, str] = {}
         sched = c.schedulable
+        prefixes = [f"not enough free GPUs: {n} free, {g} asked" for n in range(max(g, 0))]  # by free GPUs
+        holders = self.holders
         for i, (fg, fc, fm) in enumerate(zip(self.free_gpus, c.free_c, c.free_m, strict=True)):
             if not sched[i]:
                 out.append(None)  # never asked: its line says it is not schedulable
             elif fg < g:
-                prefix = short[i] = f"not enough free GPUs: {fg} free, {g} asked"
-                out.append(prefix + self.holders(i, ""))
+                prefix = short[i] = prefixes[fg] if fg >= 0 else f"not enough free GPUs: {fg} free, {g} asked"
+                out.append(prefix + holders(i, ""))
             elif fc < cpu:
                 out.append(f"not enough free CPU cores: {number(max(fc, 0))} free, {number(cpu)} asked")
             elif fm < mem:
@@ -247,6 +249,7 @@ class WhyNot:
                     out[i] = (names[i], held_line if i in held_short else fits)
             return tuple(out), named
         named = {}  # machine (= position) -> GPU shortage line without holders
+        chosen = c.selected_set(selection)
         caps = self._cap_lines(s)
         unschedulable = self._unschedulable
         frees = None
@@ -257,7 +260,7 @@ class WhyNot:
                 pass
             elif excluded and name in excluded:
                 line = excluded[name]
-            elif not any_machine and not c.selected(selection, i):
+            elif not any_machine and i not in chosen:
                 line = "not selected by node_selection"
             elif restricted and i in restricted:
                 line = restricted[i]

@@ -89,3 +89,15 @@ def test_a_bad_body_is_still_a_422_naming_the_field(app):
     bad["spec"]["task_template"]["requested_resources"]["gpu_requests"]["count"] = -1
     r = app.client.post(f"{app.api}/runs", json=bad, headers=app.h())
     assert r.status_code == 422 and "count" in str(r.json())
+
+
+def test_the_writer_ends_when_idle_and_the_next_submit_starts_another(app, monkeypatch):
+    monkeypatch.setattr(submits, "IDLE_SECONDS", 0.2)
+    assert app.client.post(f"{app.api}/runs", json=body("first"), headers=app.h()).status_code == 201
+    w = app.cp.submits
+    deadline = time.time() + 20
+    while w._thread is not None and time.time() < deadline:
+        time.sleep(0.05)
+    assert w._thread is None
+    assert app.client.post(f"{app.api}/runs", json=body("second"), headers=app.h()).status_code == 201
+    assert app.client.get(f"{app.api}/runs/second", headers=app.h()).status_code == 200

@@ -31,6 +31,7 @@ from astraeus.server.core import STATE_LOCK, lock_state
 from astraeus.server.db import Access, Cluster, Run
 
 MAX_BATCH = 256
+IDLE_SECONDS = 5.0  # the writer thread ends after this long without a submit
 FALLBACK = object()  # the batch could not be written: submit this one on its own
 
 
@@ -76,18 +77,25 @@ class Batcher:
 
     def submit(self, item: Submit) -> Submit:
         """Queue `item` and wait until its batch has committed (or refused it, or fell back)."""
-        if self._thread is None:
-            with self._start:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="submit-writer", daemon=True)
-                    self._thread.start()
-        self._q.put(item)
+        with self._start:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="submit-writer", daemon=True)
+                self._thread.start()
+            self._q.put(item)
         item.done.wait()
         return item
 
     def _run(self) -> None:
         while True:
-            batch = [self._q.get()]
+            try:
+                first = self._q.get(timeout=IDLE_SECONDS)
+            except queue.Empty:
+                with self._start:  # idle: the thread ends (the next submit starts another)
+                    if self._q.empty():
+                        self._thread = None
+                        return
+                continue
+            batch = [first]
             while len(batch) < MAX_BATCH:
                 try:
                     batch.append(self._q.get_nowait())
@@ -95,10 +103,9 @@ class Batcher:
                     break
             try:
                 self._write(batch)
-            except BaseException:  # nothing of the batch was kept: each submits on its own
-                for it in batch:
-                    if it.error is None:
-                        it.run, it.fallback = None, True
+            except BaseException:  # nothing of the batch was kept: each submits on its own (and is checked again
+                for it in batch:     # there: a refusal may have come from a batch-mate that was not written)
+                    it.run, it.cluster, it.error, it.fallback = None, None, None, True
             finally:
                 for it in batch:
                     it.done.set()

@@ -28,6 +28,7 @@ from astraeus.scheduler import (
     plan,
 )
 from astraeus.scheduler import cluster as cluster_module
+from astraeus.scheduler import whynot as whynot_module
 from astraeus.scheduler.cluster import Cluster
 
 from .builders import GIB, HOUR, NOW
@@ -184,6 +185,18 @@ def test_plans_over_the_index_equal_plans_of_the_plain_scan(snap):
         reference = _plan_with(mp, snap, 10**9)  # every restricted run scans its whole list of machines
         for n in (0, 4):
             assert _plan_with(mp, snap, n) == reference
+
+
+@SETTINGS
+@given(snapshots())
+def test_why_not_lines_of_restricted_runs_equal_the_machine_by_machine_reference(snap):
+    """Lines laid over the per-shape template equal the lines made machine by machine."""
+    snap = replace(snap, why_not_limit=None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(whynot_module, "FROM_TEMPLATE", False)
+        reference = plan(snap, NOW)
+        mp.setattr(whynot_module, "FROM_TEMPLATE", True)
+        assert plan(snap, NOW) == reference
 
 
 def test_many_runs_sharing_a_selection_keep_best_fit_on_a_large_cluster():

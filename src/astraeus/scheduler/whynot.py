@@ -37,6 +37,10 @@ class Unstarted:
     avoid: frozenset[int]  # machines holding another worker of the run
 
 
+# Lines of restricted runs laid over the per-shape template (False in tests: the machine-by-machine reference).
+FROM_TEMPLATE = True
+
+
 class WhyNot:
     """Lines are built in layers, each computed at most once per cycle: per machine (not schedulable), per worker
     shape (capacity short; free room short, with the holders of the GPUs; short of room held for the head),
@@ -53,6 +57,7 @@ class WhyNot:
         self._caps: dict[Shape, list[str | None]] = {}
         self._frees: dict[Shape, tuple[list[str | None], dict[int, str], frozenset[int]]] = {}
         self._templates: dict[tuple, tuple[list, list[int], dict[int, str]]] = {}
+        self._overlays: dict[int, dict[int, tuple[str, str]]] = {}  # allowed key -> lines of machines kept from it
         self.free_gpus = [len(f) for f in cluster.free_g]
         self._unschedulable = [
             None if ok else f"machine is not schedulable ({m.unschedulable_reason})"
@@ -248,8 +253,10 @@ class WhyNot:
                 for i in open_:
                     out[i] = (names[i], held_line if i in held_short else fits)
             return tuple(out), named
-        named = {}  # machine (= position) -> GPU shortage line without holders
         chosen = c.selected_set(selection)
+        if FROM_TEMPLATE and not excluded and quota is None and not avoid:
+            return self._restricted(s, u, head_shown, allowed_key, None if any_machine else chosen, restricted)
+        named = {}  # machine (= position) -> GPU shortage line without holders
         caps = self._cap_lines(s)
         unschedulable = self._unschedulable
         frees = None
@@ -284,6 +291,44 @@ class WhyNot:
                 else:
                     line = fits
             out.append((name, line))
+        return tuple(out), named
+
+    def _restricted(self, s: Shape, u: Unstarted, head_shown: str | None, allowed_key: int,
+                    chosen: frozenset[int] | None, restricted: dict[int, str] | None) -> tuple[tuple, dict]:
+        """`_compute`'s lines for a run whose selection, pools, GPU model or reservations keep it from some
+        machines (and nothing else: no exclusions, quota or other workers): the machines' lines that do not
+        depend on the run (the template), with the lines of the machines kept from it laid over them. The
+        overlay is made once per allowed key."""
+        over = self._overlays.get(allowed_key)
+        if over is None:
+            c = self.cluster
+            names = c.names
+            over = {}
+            if chosen is not None:
+                for i in c.all_schedulable:
+                    if i not in chosen:
+                        over[i] = (names[i], "not selected by node_selection")
+            if restricted:
+                sched = c.schedulable
+                for i, line in restricted.items():
+                    if sched[i] and i not in over:
+                        over[i] = (names[i], line)
+            self._overlays[allowed_key] = over
+        t, open_, named_t = self._template(s, True)
+        out = list(t)
+        names = self.cluster.names
+        fits = self._fits_line(u)
+        if head_shown is None:
+            for i in open_:
+                out[i] = (names[i], fits)
+        else:
+            held_short = self._free_lines(s)[2]
+            held_line = f"held for the head ({head_shown})"
+            for i in open_:
+                out[i] = (names[i], held_line if i in held_short else fits)
+        for i, entry in over.items():
+            out[i] = entry
+        named = {i: p for i, p in named_t.items() if i not in over} if over else named_t
         return tuple(out), named
 
     @staticmethod

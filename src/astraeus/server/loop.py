@@ -249,6 +249,22 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
             s = s.replace(k, v)
         return s
 
+    # Every run the plan will touch, read at once with its workers (one query per 500, not two per run: the apply
+    # holds the state lock, and a long queue's changed reasons would otherwise cost a round trip or two each).
+    seen_reasons, seen_why_not = lookups["queue_reasons"], lookups["why_not"]
+    wanted = {s.run for s in plan.starts} | {s.run for s in plan.stops} | {s.run for s in plan.reservation_stops}
+    wanted |= {q.run for q in plan.quota_reached} | set(plan.fails)
+    wanted |= {n for n, r in plan.reasons.items() if seen_reasons.get(n) != text(r)}
+    wanted |= {w.rpartition("-")[0] for w, lines in plan.why_not.items()
+               if seen_why_not.get(w) != [[m, text(r)] for m, r in lines]}
+    want_ids = sorted({ids[k] for k in wanted if k in ids})
+    for k in range(0, len(want_ids), 500):
+        chunk = want_ids[k:k + 500]
+        for r in session.scalars(select(Run).where(Run.id.in_(chunk)).options(selectinload(Run.workers))):
+            loaded[r.id] = r
+        for rid in chunk:
+            loaded.setdefault(rid, None)  # gone since the snapshot
+
     for start in plan.starts:
         run = run_named(start.run)
         if run is None or run.deleting or run.state in lifecycle.RUN_ENDED:
@@ -293,7 +309,6 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
         touched.update(w.machine_id for w in ws if w.machine_id)
         lifecycle.stop_for_reservation(session, run, ws, stop.preempted_by, stop.reason, at)
         lifecycle.refresh_run(session, run, at)
-    seen_reasons = lookups["queue_reasons"]
     for name, reason in plan.reasons.items():
         reason = text(reason)
         if seen_reasons.get(name) == reason:
@@ -301,7 +316,6 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
         run = run_named(name)
         if run is not None and not run.deleting:
             lifecycle.set_queue_reason(session, run, reason, at)
-    seen_why_not = lookups["why_not"]
     for wname, lines in plan.why_not.items():
         new = [[m, text(r)] for m, r in lines]
         if seen_why_not.get(wname) == new:

@@ -75,9 +75,11 @@ def write_env(home: Path, base: str, boot: dict) -> str:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     home.chmod(0o700)
     envf = home / "env"
-    with os.fdopen(os.open(envf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # 0600 from the start
+    tmp = home / "env.tmp"  # written whole, then renamed: a reader never sees half of it
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # 0600 from the start
         f.write("\n".join(lines) + "\n")
-    os.chmod(envf, 0o600)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, envf)
     return "\n".join(lines)
 
 

@@ -22,11 +22,30 @@ import statistics
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
 from astraeus_local import LocalAstraeus
 from slurm_peer import GPUS, machine_info, measure_xargs_floor, read_stamp, sbatch, stamp_command, start_slurm
+
+
+@contextmanager
+def open_local():
+    """A LocalAstraeus, started again (up to three times) when it could not read its home's env file."""
+    for attempt in range(3):
+        ax = LocalAstraeus(gpus=GPUS)
+        try:
+            ax.start()
+            break
+        except KeyError as e:  # the env file read while `up` was still writing it
+            ax.stop()
+            if attempt == 2:
+                raise RuntimeError(f"astraeus up's env file has no {e}") from None
+    try:
+        yield ax
+    finally:
+        ax.stop()
 
 
 def measure_astraeus_throughput(n: int = 500, launcher: bool = True) -> dict:
@@ -38,7 +57,7 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True) -> dict:
     if not launcher:
         os.environ["ASTRAEUS_SHIM_LAUNCHER"] = "0"
     try:
-        with LocalAstraeus(gpus=GPUS) as ax:
+        with open_local() as ax:
             tag = str(int(time.time()))[-6:]
             t0 = time.time()
             for i in range(n):
@@ -202,18 +221,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", help="also write the figures to this file")
     a = ap.parse_args(argv)
     results = []
+
+    def keep(r: dict) -> None:  # printed at once: a later failure does not lose it
+        results.append(r)
+        print(f"{r['system']}: {r['seconds']:.2f} s for {r['jobs']} runs", flush=True)
     if not a.no_astraeus:
-        results.append(measure_astraeus_throughput(a.jobs))
+        keep(measure_astraeus_throughput(a.jobs))
     if not a.no_slurm:
         for attempt in range(3):
             try:
-                results.append(measure_slurm(a.jobs))
+                keep(measure_slurm(a.jobs))
                 break
             except SlurmDisturbed as e:
                 print(f"Slurm, try {attempt + 1}: {e}")
     if not a.no_astraeus and a.old:  # after Slurm, so that Slurm's figure lies between the two as the load drifts
-        results.append(measure_astraeus_throughput(a.jobs, launcher=False))
-    results.append(measure_xargs_floor(a.jobs))
+        keep(measure_astraeus_throughput(a.jobs, launcher=False))
+    keep(measure_xargs_floor(a.jobs))
     info = machine_info()
     print(f"{a.jobs} one-GPU runs on {GPUS} GPUs, first submit → last exit; machine: {info['nproc']} CPUs, "
           f"{info['cpu_model']}, load average {info['loadavg_1m']}")

@@ -9,7 +9,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sqlalchemy import LargeBinary, cast, delete, func, or_, select
+from sqlalchemy import LargeBinary, cast, delete, event, func, or_, select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
@@ -47,14 +47,39 @@ def tx(s: Session, keep=()):
     """Commit what the block did, or nothing at all; one state change at a time, in this process (core.STATE_LOCK)
     and across replicas on PostgreSQL (core.lock_state: an advisory lock, then the block reads fresh rows; `keep`:
     rows not read again, such as the caller's organisation and workspace, whose ids and names the block uses)."""
-    with STATE_LOCK:
-        try:
-            lock_state(s, keep)
-            yield
-            s.commit()
-        except BaseException:
-            s.rollback()
-            raise
+    if not STATE_LOCK.acquire(blocking=False):
+        hand_back_connection(s)  # another state change runs: wait for it holding no pooled connection
+        STATE_LOCK.acquire()
+    try:
+        lock_state(s, keep)
+        yield
+        s.commit()
+    except BaseException:
+        s.rollback()
+        raise
+    finally:
+        STATE_LOCK.release()
+
+
+@event.listens_for(Session, "after_flush")
+def _wrote(session: Session, _context) -> None:
+    session.info["wrote"] = True
+
+
+@event.listens_for(Session, "after_commit")
+@event.listens_for(Session, "after_rollback")
+def _ended(session: Session) -> None:
+    session.info.pop("wrote", None)
+
+
+def hand_back_connection(s: Session) -> None:
+    """End the session's transaction if it has only read (authentication, a lookup), so that its connection goes
+    back to the pool while the request waits for the state lock. Without this, requests waiting for the lock each
+    held a connection, and with the pool empty the lock's holder could not get the one it needed: every request
+    then waited out the pool's timeout (found with 200 agents' heartbeats, benchmarks/bench_agents.py). What it
+    loaded stays usable (sessions do not expire on commit); a session that wrote keeps its transaction."""
+    if s.in_transaction() and not (s.new or s.dirty or s.deleted or s.info.get("wrote")):
+        s.commit()
 
 
 def digest(secret: str) -> str:

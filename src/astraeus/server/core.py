@@ -3,6 +3,7 @@ PostgreSQL, between replicas)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
@@ -114,6 +115,11 @@ def _stamp(old: int) -> int:
     return max(old + 1, int(time.time() * 1000))
 
 
+def _done(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Notifier:
     """Version counters that threads wait on: per machine (desired workers) and for logs.
 
@@ -127,12 +133,25 @@ class Notifier:
         self._wake = threading.Event()
         self.closing = False
         self.bus: Bus | None = None
+        # Long-polls waiting on the event loop (await_machine): machine -> futures, each with its loop. They hold no
+        # thread while they wait, so a thousand agents' long-polls do not take every request thread.
+        self._awaiting: dict[int, set[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
 
     def close(self) -> None:
         """Let every waiting long-poll and log follower return now: the control plane is stopping."""
         with self._cond:
             self.closing = True
             self._cond.notify_all()
+            for waiters in self._awaiting.values():
+                self._resolve(waiters)
+
+    @staticmethod
+    def _resolve(waiters) -> None:
+        for loop, fut in waiters:
+            try:
+                loop.call_soon_threadsafe(_done, fut)
+            except RuntimeError:
+                pass  # its loop is closed: nobody waits any more
 
     # machines --------------------------------------------------------------------------------------
     def machine_version(self, machine_id: int) -> int:
@@ -144,6 +163,9 @@ class Notifier:
         with self._cond:
             for m in ids:
                 self._machine[m] = _stamp(self._machine.get(m, 0))
+                waiters = self._awaiting.get(m)
+                if waiters:
+                    self._resolve(waiters)
             self._cond.notify_all()
         if ids and self.bus is not None and not remote:
             self.bus.send(machines=ids)
@@ -162,6 +184,28 @@ class Notifier:
         with self._cond:
             self._cond.wait_for(lambda: self.closing or self._machine.setdefault(machine_id, _stamp(0)) > after,
                                 timeout=timeout)
+            return self._machine[machine_id]
+
+    async def await_machine(self, machine_id: int, after: int, timeout: float) -> int:
+        """wait_machine on the event loop: the machine's version once it is past `after` (or after `timeout`
+        seconds, or when the control plane stops), holding no thread meanwhile."""
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            version = self._machine.setdefault(machine_id, _stamp(0))
+            if self.closing or version > after:
+                return version
+            entry = (loop, loop.create_future())
+            self._awaiting.setdefault(machine_id, set()).add(entry)
+        try:
+            await asyncio.wait([entry[1]], timeout=timeout)
+        finally:
+            with self._cond:
+                waiters = self._awaiting.get(machine_id)
+                if waiters is not None:
+                    waiters.discard(entry)
+                    if not waiters:
+                        del self._awaiting[machine_id]
+        with self._cond:
             return self._machine[machine_id]
 
     # logs ------------------------------------------------------------------------------------------

@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
+import anyio.to_thread
 from fastapi import APIRouter, Depends, Header, Query
 
 from astraeus import protocol as P
-from astraeus.server import agents, leader
+from astraeus.server import agents, leader, services
 from astraeus.server import bodies as B
 from astraeus.server.db import Machine, Token
 from astraeus.server.routers.deps import CP, Sess, tx
@@ -22,7 +23,12 @@ LONG_POLL_MAX = 30.0
 
 
 def machine_token(s: Sess, authorization: Annotated[str | None, Header()] = None) -> Token:
-    return agents.authenticate(s, authorization)
+    tok = agents.authenticate(s, authorization)
+    # The route's body runs in another call to the thread pool: do not keep a pooled connection (idle in the read
+    # transaction) while the request waits for a thread. With every thread busy, those requests held the whole pool
+    # and the state lock's holder could not get a connection (benchmarks/bench_agents.py at 400 agents).
+    services.hand_back_connection(s)
+    return tok
 
 
 AgentTok = Annotated[Token, Depends(machine_token)]
@@ -44,18 +50,28 @@ def agent_register(tok: AgentTok, s: Sess, cp: CP, body: P.Register) -> P.Regist
 
 
 @router.get("/assignments")
-def agent_assignments(tok: AgentTok, s: Sess, cp: CP, machine: str, after: int = 0,
-                      wait: Annotated[float, Query(ge=0, le=LONG_POLL_MAX)] = 0) -> P.Assignments:
-    m = agents.machine_for(s, tok, machine)
-    mid = m.id
-    s.rollback()
-    version = cp.notifier.wait_machine(mid, after, wait) if wait else cp.notifier.machine_version(mid)
-    with cp.sessions() as s2:
+async def agent_assignments(cp: CP, machine: str, after: int = 0,
+                            wait: Annotated[float, Query(ge=0, le=LONG_POLL_MAX)] = 0,
+                            authorization: Annotated[str | None, Header()] = None) -> P.Assignments:
+    """The long-poll waits on the event loop (core.Notifier.await_machine), not in a request thread: each agent
+    keeps one open, and a fleet's would otherwise take every thread. Its reads run in the thread pool."""
+    mid = await anyio.to_thread.run_sync(machine_id, cp, authorization, machine)
+    version = await cp.notifier.await_machine(mid, after, wait) if wait else cp.notifier.machine_version(mid)
+    return await anyio.to_thread.run_sync(answer_assignments, cp, mid, version)
+
+
+def machine_id(cp, authorization: str | None, machine: str) -> int:
+    with cp.sessions() as s:
+        return agents.machine_for(s, agents.authenticate(s, authorization), machine).id
+
+
+def answer_assignments(cp, mid: int, version: int) -> P.Assignments:
+    with cp.sessions() as s:
         # the scheduling lease's epoch, read before the assignments (they are at least as new as it): an agent
         # ignores answers older than the newest epoch it saw
-        epoch, _, _ = leader.current(s2)
-        m2 = s2.get(Machine, mid)
-        return P.Assignments(version=version, assignments=agents.assignments(s2, m2), exports=agents.exports(s2, m2),
+        epoch, _, _ = leader.current(s)
+        m = s.get(Machine, mid)
+        return P.Assignments(version=version, assignments=agents.assignments(s, m), exports=agents.exports(s, m),
                              epoch=epoch)
 
 

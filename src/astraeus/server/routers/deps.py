@@ -57,11 +57,15 @@ Tok = Annotated[Token, Depends(token)]
 def ws_caller(org: str, ws: str, s: Sess, tok: Tok) -> Caller:
     if tok.kind == "machine":
         raise ApiError(403, "FORBIDDEN", "a machine token cannot call user endpoints")
-    return services.workspace_caller(s, tok, org, ws)
+    caller = services.workspace_caller(s, tok, org, ws)
+    services.hand_back_connection(s)  # see machine_token in routers/agent.py
+    return caller
 
 
 def admin_caller(org: str, s: Sess, tok: Tok) -> Caller:
-    return services.org_admin_caller(s, tok, org)
+    caller = services.org_admin_caller(s, tok, org)
+    services.hand_back_connection(s)
+    return caller
 
 
 def agent_token(tok: Tok) -> Token:

@@ -303,17 +303,20 @@ def drive_view(d: Drive, ws: Workspace, cluster: Cluster) -> dict:
 
 
 def _cluster_for(session: Session, caller: Caller, name: str | None) -> tuple[Cluster, Access]:
-    q = select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id).where(
-        Access.workspace_id == caller.workspace.id)
+    return cluster_for(session, caller.workspace.id, caller.workspace.name, name)
+
+
+def cluster_for(session: Session, ws_id: int, ws_name: str, name: str | None) -> tuple[Cluster, Access]:
+    """The cluster a run goes to (the one named, else the workspace's first) and the workspace's access to it."""
+    q = select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id).where(Access.workspace_id == ws_id)
     if name:
         row = session.execute(q.where(Cluster.name == name)).first()
         if row is None:
-            raise ApiError(404, "CLUSTER_NOT_FOUND",
-                           f"cluster {name} not found or not granted to workspace {caller.workspace.name}")
+            raise ApiError(404, "CLUSTER_NOT_FOUND", f"cluster {name} not found or not granted to workspace {ws_name}")
         return row[0], row[1]
     row = session.execute(q.order_by(Cluster.id)).first()
     if row is None:
-        raise ApiError(409, "NO_CLUSTER", f"workspace {caller.workspace.name} has access to no cluster: "
+        raise ApiError(409, "NO_CLUSTER", f"workspace {ws_name} has access to no cluster: "
                                           "ask an organisation admin to grant one")
     return row[0], row[1]
 

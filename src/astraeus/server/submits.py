@@ -28,7 +28,7 @@ from sqlalchemy import select
 from astraeus import spec as S
 from astraeus.server import lifecycle
 from astraeus.server.core import STATE_LOCK, lock_state
-from astraeus.server.db import Access, Cluster, Run
+from astraeus.server.db import Cluster, Run
 
 MAX_BATCH = 256
 IDLE_SECONDS = 5.0  # the writer thread ends after this long without a submit
@@ -155,20 +155,13 @@ class Batcher:
 
 
 def _cluster_for(s, ws_id: int, ws_name: str, name: str | None):
-    """services._cluster_for, by the workspace's id: (cluster, access) or the ApiError it raises."""
-    from astraeus.server.services import ApiError
+    """services.cluster_for: (cluster, access), or the ApiError it raises (answered to that submit alone)."""
+    from astraeus.server.services import ApiError, cluster_for
 
-    q = select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id).where(Access.workspace_id == ws_id)
-    if name:
-        row = s.execute(q.where(Cluster.name == name)).first()
-        if row is None:
-            return ApiError(404, "CLUSTER_NOT_FOUND", f"cluster {name} not found or not granted to workspace {ws_name}")
-        return row[0], row[1]
-    row = s.execute(q.order_by(Cluster.id)).first()
-    if row is None:
-        return ApiError(409, "NO_CLUSTER", f"workspace {ws_name} has access to no cluster: "
-                                           "ask an organisation admin to grant one")
-    return row[0], row[1]
+    try:
+        return cluster_for(s, ws_id, ws_name, name)
+    except ApiError as e:
+        return e
 
 
 def _check_and_build(it: Submit, target, taken: set[str]) -> tuple[Run, Cluster]:

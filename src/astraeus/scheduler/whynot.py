@@ -106,6 +106,23 @@ class WhyNot:
             self._by_viewer = by
         return self._by_viewer.get(viewer, [])
 
+    def _open_lines(self, s, u: Unstarted, head_shown: str | None) -> tuple[list, object]:
+        """The shape's lines in view B, with the machines where it would fit saying why it still waits: the
+        run's own reason, or that the room there is held for the head."""
+        t, open_, named = self._template(s, True)
+        out = list(t)
+        names = self.cluster.names
+        fits = self._fits_line(u)
+        if head_shown is None:
+            for i in open_:
+                out[i] = (names[i], fits)
+        else:
+            held_short = self._free_lines(s)[2]
+            held_line = f"held for the head ({head_shown})"
+            for i in open_:
+                out[i] = (names[i], held_line if i in held_short else fits)
+        return out, named
+
     def lines(self, u: Unstarted, allowed_key: int) -> dict[str, tuple[tuple[str, str], ...]]:
         out = {}
         run = u.run
@@ -241,17 +258,7 @@ class WhyNot:
                 for i in open_:
                     out[i] = (names[i], quota)
                 return tuple(out), named
-            t, open_, named = self._template(s, True)
-            out = list(t)
-            fits = self._fits_line(u)
-            if head_shown is None:
-                for i in open_:
-                    out[i] = (names[i], fits)
-            else:
-                held_short = self._free_lines(s)[2]
-                held_line = f"held for the head ({head_shown})"
-                for i in open_:
-                    out[i] = (names[i], held_line if i in held_short else fits)
+            out, named = self._open_lines(s, u, head_shown)
             return tuple(out), named
         chosen = c.selected_set(selection)
         if FROM_TEMPLATE and not excluded and quota is None and not avoid:
@@ -314,18 +321,7 @@ class WhyNot:
                     if sched[i] and i not in over:
                         over[i] = (names[i], line)
             self._overlays[allowed_key] = over
-        t, open_, named_t = self._template(s, True)
-        out = list(t)
-        names = self.cluster.names
-        fits = self._fits_line(u)
-        if head_shown is None:
-            for i in open_:
-                out[i] = (names[i], fits)
-        else:
-            held_short = self._free_lines(s)[2]
-            held_line = f"held for the head ({head_shown})"
-            for i in open_:
-                out[i] = (names[i], held_line if i in held_short else fits)
+        out, named_t = self._open_lines(s, u, head_shown)
         for i, entry in over.items():
             out[i] = entry
         named = {i: p for i, p in named_t.items() if i not in over} if over else named_t

@@ -377,6 +377,24 @@ def stops_asked_since(session: Session, since: float) -> dict[tuple[int, float],
     return {(wid, t): mid for wid, t, mid in rows if mid is not None}
 
 
+def duty(cp: ControlPlane, term: Term, at: float, due, act, what: str) -> set[int]:
+    """One of the leader's duties: `act(session, at)` in a fenced transaction when `due(session)` says so.
+    NotLeader goes up (the pass ends); any other error is logged and nothing of it is applied."""
+    try:
+        with cp.sessions() as session:
+            found = due(session)
+        if not found:
+            return set()
+        with STATE_LOCK, cp.sessions() as session, session.begin():
+            fence(session, term, cp.settings.lease_seconds)
+            return act(session, at)
+    except NotLeader:
+        raise
+    except Exception:
+        log.exception("%s: nothing applied this cycle", what)
+        return set()
+
+
 def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -> set[int]:
     """One pass: timers, then a plan per cluster. Returns the machines to notify.
 
@@ -397,34 +415,19 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -
             fence(session, term, lease)
             touched = detect_lost_machines(session, at)
             touched |= enforce_time_limits(session, at)
-        try:  # replica groups keep their count (server/replica_groups.py); a bad group never stops scheduling
-            with cp.sessions() as session:
-                groups = replica_group_duty.any_group(session)
-            if groups:
-                with STATE_LOCK, cp.sessions() as session, session.begin():
-                    fence(session, term, lease)
-                    touched |= replica_group_duty.keep_replicas(session, at)
-        except NotLeader:
-            raise
-        except Exception:
-            log.exception("replica groups: nothing applied this cycle")
+        # Replica groups keep their count (server/replica_groups.py); reservations' windows open and close, their
+        # events once each (server/reservations.py): each a fenced transaction, only when one is due. A bad group or
+        # reservation never stops scheduling.
+        touched |= duty(cp, term, at, replica_group_duty.any_group, replica_group_duty.keep_replicas,
+                        "replica groups")
         try:  # schedules' ticks (server/schedules.py), each its own fenced transaction
             touched |= schedule_ticks.make_ticks(cp, term, lease, at)
         except NotLeader:
             raise
         except Exception:
             log.exception("schedules: a tick failed this cycle")
-        try:  # reservations' windows open and close (server/reservations.py): their events, once each
-            with cp.sessions() as session:
-                due = reservation_duty.any_due(session, at)
-            if due:
-                with STATE_LOCK, cp.sessions() as session, session.begin():
-                    fence(session, term, lease)
-                    touched |= reservation_duty.open_and_close(session, at)
-        except NotLeader:
-            raise
-        except Exception:
-            log.exception("reservations: nothing applied this cycle")
+        touched |= duty(cp, term, at, lambda s: reservation_duty.any_due(s, at), reservation_duty.open_and_close,
+                        "reservations")
         replan = False
         with cp.sessions() as session:
             clusters = list(session.scalars(select(Cluster)))

@@ -520,6 +520,25 @@ def test_each_workspace_number_is_its_own_uid(rt, assignment):
     assert not os.path.exists(rt.dir("ws-00000000000c.who-0", 1))
 
 
+def test_the_workers_pid_1_holds_nothing_of_its_shim(rt, assignment):
+    """PID 1 of the worker's namespace (its reaper, a fork of the shim) shows no environment (the shim's names the
+    agent's state dir and owner, which adoption looks for), is named astraeus-reaper and holds no file of the
+    shim's open: only its standard streams and its two pipes to the shim. The worker still ends and reports."""
+    a = assignment(command="sleep", args=["30"])
+    st = started(rt, a)
+    with open(f"/proc/{st.pid}/stat") as f:
+        init = int(f.read().rsplit(")", 1)[1].split()[1])  # the command's parent: PID 1 of its namespace
+    with open(f"/proc/{init}/cmdline", "rb") as f:
+        assert f.read().rstrip(b"\0") == b"astraeus-reaper"
+    with open(f"/proc/{init}/environ", "rb") as f:
+        assert f.read().strip(b"\0") == b""
+    fds = {int(n): os.readlink(f"/proc/{init}/fd/{n}") for n in os.listdir(f"/proc/{init}/fd")}
+    assert sorted(n for n in fds if n > 2) == sorted(n for n in fds if n > 2 and fds[n].startswith("pipe:"))
+    assert len([n for n in fds if n > 2]) == 2, fds
+    end = rt.stop(a["worker"], 1, grace=2)
+    assert end.signal == 15 and not pid_alive(init)
+
+
 def test_a_flooding_worker_keeps_at_most_its_log_bytes_on_the_machine(rt, assignment, monkeypatch):
     """The shim keeps an attempt's output in two files of half ASTRAEUS_WORKER_LOG_FILE_BYTES in turn: a flood
     cannot fill the machine's disk, and a reader that keeps up (the agent) gets every line once, in order."""

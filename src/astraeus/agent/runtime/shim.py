@@ -48,13 +48,13 @@ PARTIAL_FLUSH_SECONDS = 1.0
 MAX_LINE = 64 * 1024
 
 
-# The worker's PID 1 (python -I -S -c REAPER <ack fd> <status fd> <command pid>, or exec'd in-process): it
-# waits until the shim has found the command, reaps every process of the namespace and writes the command's
-# wait status and how many processes are left when it ends; when PID 1 exits, the kernel kills the rest.
+# The worker's PID 1, run in the shim's fork (reaper(): no interpreter start of its own, which cost ~15 ms of CPU
+# per worker and delayed reaping a quick command): it waits until the shim has found the command, reaps every
+# process of the namespace and writes the command's wait status and how many processes are left when it ends;
+# when PID 1 exits, the kernel kills the rest.
 REAPER = """
-import os, sys
-args = ARGS if "ARGS" in globals() else sys.argv[1:]
-ack, status, cmd = (int(a) for a in args)
+import os
+ack, status, cmd = (int(a) for a in ARGS)
 os.read(ack, 1)
 while True:
     try:
@@ -73,18 +73,27 @@ while True:
 
 
 NOTIFY = ("started.json", "exit.json", "failed.json")  # a worker started, ended or failed to start
+# Written to disk (fsync) before the shim goes on: a worker's outcome. The others (shim.json, started.json: pids,
+# which mean nothing after the machine restarts; spec.json rewritten) need no more than the page cache, which an
+# agent's or shim's crash keeps: each fsync cost ~6 ms on a worker's path.
+DURABLE = ("exit.json", "failed.json")
 
 
 def write_json(path: str, obj: dict) -> None:
+    """Write `obj` whole (a temporary file renamed into place), then wake the agent for NOTIFY's files. An outcome
+    (DURABLE) is synced to disk after the agent is woken, so that the agent's read and report do not wait for the
+    disk: a machine that crashes before the sync finds no outcome (the same as a crash before it was written)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
+    name = os.path.basename(path)
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # env values: 0600
         json.dump(obj, f)
         f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if os.path.basename(path) in NOTIFY:
-        notify_agent(os.path.dirname(os.path.dirname(os.path.dirname(path))))
+        os.replace(tmp, path)
+        if name in NOTIFY:
+            notify_agent(os.path.dirname(os.path.dirname(os.path.dirname(path))))
+        if name in DURABLE:
+            os.fsync(f.fileno())
 
 
 def notify_agent(state_dir: str) -> None:
@@ -129,6 +138,38 @@ def log(msg: str) -> None:
         sys.stderr.flush()
     except Exception:
         pass
+
+
+def clear_identity(title: str) -> None:
+    """Show /proc/self/cmdline as `title` and /proc/self/environ empty: write over this process's argument and
+    environment blocks in place (as setproctitle does; their addresses are fields 48-51 of /proc/self/stat)."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        arg_start, arg_end, env_start, env_end = (int(x) for x in stat[stat.rindex(")") + 2:].split()[45:49])
+    except (OSError, ValueError, IndexError):
+        return
+    if env_end > env_start:
+        ctypes.memset(env_start, 0, env_end - env_start)
+    if arg_end > arg_start:
+        data = title.encode()[: arg_end - arg_start - 1]
+        ctypes.memmove(arg_start, data + b"\0" * (arg_end - arg_start - len(data)), arg_end - arg_start)
+
+
+def reaper(ack: int, status: int, cmd: int) -> None:
+    """Become the worker's PID 1 (REAPER), in this fork of the shim: a clean one, as an interpreter of its own was,
+    holding nothing of the shim's open but its two pipes (not the shim's log, its pipes to the command, nor its
+    files), showing no environment (the shim's names its worker folder and owner, which adoption looks for) and
+    named astraeus-reaper. Never returns."""
+    try:
+        keep = sorted((ack, status))
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[1])
+        os.closerange(keep[1] + 1, 65536)
+        clear_identity("astraeus-reaper")
+        exec(REAPER, {"__name__": "reaper", "ARGS": [ack, status, cmd]})
+    finally:
+        os._exit(0)
 
 
 class Shim:
@@ -443,18 +484,8 @@ class Shim:
                         libc.prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0)
                     os.chdir(cwd)
                     os.execvpe(argv[0], argv, env)
-                # PID 1: a small, clean process (not a copy of the shim, nor its environment) that reports the
-                # command's wait status and how many processes it left, and reaps the rest
-                for fd in (res_w, out_w, err_w):
-                    os.close(fd)
-                os.set_inheritable(ack_r, True)
-                os.set_inheritable(status_w, True)
-                args = [str(ack_r), str(status_w), str(cmd)]
-                try:
-                    os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", REAPER, *args], {})
-                except OSError:
-                    exec(REAPER, {"__name__": "reaper", "ARGS": args})
-                os._exit(0)
+                # PID 1: reports the command's wait status and how many processes it left, and reaps the rest
+                reaper(ack_r, status_w, cmd)
             except BaseException as e:  # noqa: BLE001
                 msg = f"{argv[0]}: {e.strerror}" if isinstance(e, OSError) and e.strerror else f"{argv[0]}: {e!r}"
                 try:

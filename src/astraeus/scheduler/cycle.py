@@ -463,7 +463,7 @@ class Cycle:
     def explain(self) -> dict[str, tuple[tuple[str, str], ...]]:
         why_not: dict[str, tuple[tuple[str, str], ...]] = {}
         if self.unstarted:
-            lines = WhyNot(self.cluster, self.head).lines
+            lines = WhyNot(self.cluster, self.head, self.snapshot.why_not_machines).lines
             for u, allowed_key in self.unstarted:
                 why_not.update(lines(u, allowed_key))
         return why_not

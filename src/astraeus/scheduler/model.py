@@ -181,6 +181,10 @@ class Snapshot:
     # costs one entry per machine, so 10k waiting runs on 1,000 machines would be 10M lines; the console shows
     # the first page of the queue (50). The simulator sets 0; None means every waiting run.
     why_not_limit: int | None = 50
+    # On a cluster with more machines than this, a worker's why-not lines are grouped: the machines it may use
+    # with the most free GPUs (`whynot.EACH`) get a line each, every other machine is counted in one line per
+    # reason ("gpu-00012, gpu-00013 and 9,978 more machines"). None: one line per machine whatever the size.
+    why_not_machines: int | None = 100
 
 
 # ---------------------------------------------------------------------------------------------- the plan

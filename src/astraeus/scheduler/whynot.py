@@ -3,11 +3,19 @@
 One line per machine for every waiting worker is the costliest output of a cycle (10k runs × 1,000 machines
 would be 10M lines), so `Snapshot.why_not_limit` caps how many runs, in queue order, get them, and lines are
 shared between workers that ask for the same thing under the same conditions.
+
+On a cluster with more machines than `Snapshot.why_not_machines`, 10,000 lines per worker are useless to read and
+costly to store, so they are grouped: the `EACH` machines the worker may use with the most free GPUs (the closest
+to fitting; ties by name) keep their own line, holders named as on a small cluster; every other machine is counted
+in one line per reason (its line less the holders), `("gpu-00012, gpu-00013 and 9,978 more machines", reason)`,
+the reasons of the machines it may use first, each group where its first machine comes in that order.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from operator import itemgetter
 
 from .cluster import Cluster, Shape, shape
 from .model import WaitingRun
@@ -40,15 +48,35 @@ class Unstarted:
 # Lines of restricted runs laid over the per-shape template (False in tests: the machine-by-machine reference).
 FROM_TEMPLATE = True
 
+EACH = 20  # on a cluster past `Snapshot.why_not_machines`: the machines that keep a line each, per worker
+
+
+_second = itemgetter(1)
+
+
+def group_name(shown: list[str], count: int) -> str:
+    """How a line of `count` grouped machines names them, from the first two: `gpu-1`, `gpu-1, gpu-2`,
+    `gpu-1, gpu-2 and 9,978 more machines`."""
+    if count <= 2:
+        return ", ".join(shown)
+    return f"{shown[0]}, {shown[1]} and {count - 2:,} more machines"
+
 
 class WhyNot:
     """Lines are built in layers, each computed at most once per cycle: per machine (not schedulable), per worker
     shape (capacity short; free room short, with the holders of the GPUs; short of room held for the head),
     then per run what its selection, quota and other workers add. The cluster does not change any more."""
 
-    def __init__(self, cluster: Cluster, head: WaitingRun | None):
+    def __init__(self, cluster: Cluster, head: WaitingRun | None, group_above: int | None = None):
         self.cluster = cluster
         self.head = head
+        # Grouped lines (a cluster past `Snapshot.why_not_machines`): the free-room lines leave the holders out
+        # (only the machines that keep a line of their own name them).
+        self.grouped = group_above is not None and len(cluster.names) > group_above
+        self._groups: dict[tuple, tuple[list[int], tuple]] = {}
+        self._walk: list[int] | None = None
+        self._orders: dict[tuple, tuple[list[int], tuple[int, ...]]] = {}
+        self._allowed_sets: dict[int, frozenset[int] | None] | None = None
         self._base: dict[tuple, tuple[tuple, list]] = {}
         self._lines: dict[tuple, tuple[tuple[str, str], ...]] = {}
         self._holders: dict[int, tuple[list, frozenset[str], str]] = {}
@@ -139,7 +167,9 @@ class WhyNot:
             lines, named = base
             kv = (k, run.workspace)
             mine = self._lines.get(kv)
-            if mine is None:
+            if mine is None and self.grouped:
+                mine = self._lines[kv] = self._grouped_lines(k, lines, named, allowed_key, u.avoid, run.workspace)
+            elif mine is None:
                 # Lines are computed once with every holder unnamed; only machines where the viewer's own
                 # workspace holds GPUs (among the first three holders) are redone with names.
                 viewer = run.workspace
@@ -156,6 +186,57 @@ class WhyNot:
                 self._lines[kv] = mine
             out[f"{run.name}-{w.index}"] = mine
         return out
+
+    def _grouped_lines(self, k: tuple, lines: tuple, named: dict, allowed_key: int, avoid: frozenset[int],
+                       viewer: str) -> tuple[tuple[str, str], ...]:
+        """The worker's lines on a big cluster: the machines closest to fitting each with its line (holders named
+        as `viewer` may see them), then one line per reason for all other machines."""
+        hit = self._groups.get(k)
+        if hit is None:
+            hit = self._groups[k] = self._group(lines, allowed_key, avoid)
+        each, rest = hit
+        names = self.cluster.names
+        holders = self.holders
+        return tuple([(names[i], named[i] + holders(i, viewer)) if i in named else lines[i] for i in each]) + rest
+
+    def _order(self, allowed_key: int, avoid: frozenset[int]) -> tuple[list[int], tuple[int, ...]]:
+        """(the `EACH` machines that keep a line, every other machine in the order its group is placed): the
+        schedulable machines the worker may use by free GPUs (most first, ties by name), then the others."""
+        k = (allowed_key, avoid)
+        hit = self._orders.get(k)
+        if hit is None:
+            c = self.cluster
+            if self._walk is None:
+                walk = [i for b in reversed(c.buckets) for i in b]  # buckets hold the schedulable machines
+                sched = c.schedulable
+                walk.extend(i for i in range(len(c.names)) if not sched[i])
+                self._walk = walk
+                self._allowed_sets = {v[0]: v[1] for v in c._allowed_cache.values()}
+            allowed = None if allowed_key < 0 else self._allowed_sets.get(allowed_key)
+            sched = c.schedulable
+            usable = [i for i in self._walk if sched[i] and i not in avoid and (allowed is None or i in allowed)]
+            seen = set(usable)
+            rest = usable[EACH:] + [i for i in self._walk if i not in seen]
+            hit = self._orders[k] = (usable[:EACH], tuple(rest))
+        return hit
+
+    def _group(self, lines: tuple, allowed_key: int, avoid: frozenset[int]) -> tuple[list[int], tuple]:
+        """(the `EACH` machines that keep a line, the grouped lines of all the others)."""
+        each, rest = self._order(allowed_key, avoid)
+        if not rest:
+            return each, ()
+        pairs = itemgetter(*rest)(lines) if len(rest) > 1 else (lines[rest[0]],)
+        texts = list(map(_second, pairs))
+        n = len(texts)
+        first = dict(zip(reversed(texts), range(n - 1, -1, -1), strict=True))  # reason -> its first position
+        counts = Counter(texts)
+        out = []
+        for reason, at in sorted(first.items(), key=_second):
+            shown = [pairs[at][0]]
+            if counts[reason] > 1:
+                shown.append(pairs[texts.index(reason, at + 1)][0])
+            out.append((group_name(shown, counts[reason]), reason))
+        return each, tuple(out)
 
     def _cap_lines(self, s: Shape) -> list[str | None]:
         """Per machine: what its size lacks for one worker of shape s, or None."""
@@ -178,12 +259,13 @@ class WhyNot:
         sched = c.schedulable
         prefixes = [f"not enough free GPUs: {n} free, {g} asked" for n in range(max(g, 0))]  # by free GPUs
         holders = self.holders
+        grouped = self.grouped
         for i, (fg, fc, fm) in enumerate(zip(self.free_gpus, c.free_c, c.free_m, strict=True)):
             if not sched[i]:
                 out.append(None)  # never asked: its line says it is not schedulable
             elif fg < g:
                 prefix = short[i] = prefixes[fg] if fg >= 0 else f"not enough free GPUs: {fg} free, {g} asked"
-                out.append(prefix + holders(i, ""))
+                out.append(prefix if grouped else prefix + holders(i, ""))
             elif fc < cpu:
                 out.append(f"not enough free CPU cores: {number(max(fc, 0))} free, {number(cpu)} asked")
             elif fm < mem:

@@ -20,19 +20,21 @@ from .model import Quota, Snapshot, WaitingRun, Workspace
 class Usage:
     """What a workspace holds on the cluster: running + stopping + started this cycle."""
 
-    __slots__ = ("gpus", "cpu_cores", "memory_bytes", "workers")
+    __slots__ = ("gpus", "cpu_cores", "memory_bytes", "workers", "changes")
 
     def __init__(self) -> None:
         self.gpus = 0
         self.cpu_cores = 0.0
         self.memory_bytes = 0
         self.workers = 0
+        self.changes = 0  # how many times it was added to: an unchanged count means an unchanged share
 
     def add(self, gpus: int, cpu_cores: float, memory_bytes: int, workers: int) -> None:
         self.gpus += gpus
         self.cpu_cores += cpu_cores
         self.memory_bytes += memory_bytes
         self.workers += workers
+        self.changes += 1
 
 
 ShareSpec = tuple  # (gpus, cpu_cores, memory_bytes, workers limits (None: no limit), weight)
@@ -83,7 +85,7 @@ def queue_order(
     for r in runs:
         levels[r.priority][r.workspace].append(r)
     specs: dict[str, ShareSpec | None] = {}
-    heappop, heappush = heapq.heappop, heapq.heappush
+    heappop, heapreplace = heapq.heappop, heapq.heapreplace
     for priority in sorted(levels, reverse=True):
         per_ws = levels[priority]
         heap = []
@@ -118,9 +120,17 @@ def queue_order(
                     continue
             elif not heap:
                 break
-            ws_id = heappop(heap)[3]
+            top = heap[0]
+            ws_id = top[3]
             lst = per_ws[ws_id]
+            use = usage[ws_id]
+            changes = use.changes
             yield lst.pop()  # the caller handles it (may start it, changing usage[ws_id]) before we continue
             if lst:
+                # The workspace's next run takes its place in the heap, at its share now (the same share when
+                # nothing of the workspace started: only its own runs change its usage).
                 nxt = lst[-1]
-                heappush(heap, (_share(usage[ws_id], specs[ws_id]), nxt.submitted_at, nxt.name, ws_id))
+                share = top[0] if use.changes == changes else _share(use, specs[ws_id])
+                heapreplace(heap, (share, nxt.submitted_at, nxt.name, ws_id))
+            else:
+                heappop(heap)

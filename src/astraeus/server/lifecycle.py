@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sqlalchemy import and_, bindparam, case, select, update
 from sqlalchemy.orm import Session
 
 from astraeus.server.db import Cluster, Event, History, Machine, Run, Worker
@@ -315,6 +316,33 @@ def set_why_not(worker: Worker, lines: list) -> None:
     """The scheduler's per-machine reasons why a waiting worker is not placed."""
     if worker.state == W.PENDING:
         worker.why_not = lines
+
+
+def set_queue_reasons(session: Session, reasons: dict[int, str], why_not: dict[int, list], at: float) -> None:
+    """The queue's word on waiting runs that the plan does not otherwise act on, written without reading them: one
+    UPDATE by primary key per table, sent as one batch (executemany). `reasons`: run id -> "Queued behind …";
+    `why_not`: worker id -> its per-machine lines. What set_queue_reason and set_why_not would do, said
+    in SQL on the rows as they are now (the snapshot may be old): a run being deleted is left alone; its status
+    reason follows the queue's only while it is plainly waiting (Pending, not preempted, not backing off after a
+    failure: refresh_run's rule; no History line either way); only a worker still waiting gets its lines."""
+    if reasons:
+        runs, workers = Run.__table__, Worker.__table__
+        backing_off = select(workers.c.id).where(
+            workers.c.run_id == runs.c.id, workers.c.state == W.PENDING.value,
+            workers.c.restart_at > bindparam("at")).exists()
+        plainly_waiting = and_(runs.c.state == R.PENDING.value, runs.c.preempted_by.is_(None),
+                               ~backing_off)
+        session.execute(
+            update(runs).where(runs.c.id == bindparam("rid"), runs.c.deleting.is_(False))
+            .values(queue_reason=bindparam("q"), reason=case((plainly_waiting, bindparam("q")), else_=runs.c.reason)),
+            [{"rid": rid, "q": q, "at": at} for rid, q in sorted(reasons.items())])
+    if why_not:
+        workers = Worker.__table__
+        session.execute(
+            update(workers).where(workers.c.id == bindparam("wid"),
+                                  workers.c.state == W.PENDING.value)
+            .values(why_not=bindparam("lines", type_=workers.c.why_not.type)),
+            [{"wid": wid, "lines": lines} for wid, lines in sorted(why_not.items())])
 
 
 def note_quota(session: Session, run: Run, message: str, at: float) -> None:
@@ -628,6 +656,18 @@ def machine_heartbeat(session: Session, machine: Machine, at: float) -> bool:
         _move(machine, "machine_heartbeats")
     machine.last_heartbeat = at
     return returned
+
+
+def machine_heartbeat_seen(session: Session, machine_id: int, at: float) -> bool:
+    """A heartbeat that changes nothing but the time of the machine's last one (server/heartbeats.py), written
+    without the state lock: one UPDATE, only while the machine is Ready. Returns False when it is not (it was
+    lost: its return is a state change, made by machine_heartbeat under the lock). The loop's lost-machine check
+    reads a machine it would lose again, locking its row (loop.detect_lost_machines), so a heartbeat is either
+    seen there or waits for it and then finds the machine Lost."""
+    done = session.execute(update(Machine.__table__).where(Machine.__table__.c.id == machine_id,
+                                                           Machine.__table__.c.state == MachineState.READY.value)
+                           .values(last_heartbeat=at))
+    return done.rowcount == 1
 
 
 def machine_lost(session: Session, machine: Machine, workers: list[Worker], at: float) -> None:

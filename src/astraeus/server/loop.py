@@ -154,7 +154,11 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
     lookups = {"runs": {key(r): r.id for r in runs}, "machines": {m.name: m.id for m in machines},
                "renames": {key(r): r.name for r in runs if key(r) != r.name},
                "queue_reasons": {key(r): r.queue_reason for r in runs},
-               "why_not": {w.name: w.why_not for r in runs for w in r.workers if w.state == lifecycle.WorkerState.PENDING}}
+               # waiting workers by the scheduler's name for them ("<run key>-<index>"): their lines and ids
+               "why_not": {f"{key(r)}-{w.index}": w.why_not for r in runs for w in r.workers
+                           if w.state == lifecycle.WorkerState.PENDING},
+               "workers": {f"{key(r)}-{w.index}": w.id for r in runs for w in r.workers
+                           if w.state == lifecycle.WorkerState.PENDING}}
     return snap, lookups
 
 
@@ -249,14 +253,20 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
             s = s.replace(k, v)
         return s
 
-    # Every run the plan will touch, read at once with its workers (one query per 500, not two per run: the apply
-    # holds the state lock, and a long queue's changed reasons would otherwise cost a round trip or two each).
+    # Every run the plan acts on (starts, stops, quota notes, fails), read at once with its workers (one query per
+    # 500, not two per run: the apply holds the state lock). The queue's reasons and why-not lines that changed
+    # since the snapshot are written apart, in bulk (lifecycle.set_queue_reasons): reading a long queue's runs for them took most
+    # of the apply's time while every submit waited for the lock.
     seen_reasons, seen_why_not = lookups["queue_reasons"], lookups["why_not"]
     wanted = {s.run for s in plan.starts} | {s.run for s in plan.stops} | {s.run for s in plan.reservation_stops}
     wanted |= {q.run for q in plan.quota_reached} | set(plan.fails)
-    wanted |= {n for n, r in plan.reasons.items() if seen_reasons.get(n) != text(r)}
-    wanted |= {w.rpartition("-")[0] for w, lines in plan.why_not.items()
-               if seen_why_not.get(w) != [[m, text(r)] for m, r in lines]}
+    reasons = {n: text(r) for n, r in plan.reasons.items()}
+    reasons = {n: r for n, r in reasons.items() if seen_reasons.get(n) != r}
+    why_not = {w: [[m, text(r)] for m, r in lines] for w, lines in plan.why_not.items()}
+    why_not = {w: lines for w, lines in why_not.items() if seen_why_not.get(w) != lines}
+    lifecycle.set_queue_reasons(session, {ids[n]: r for n, r in reasons.items() if n not in wanted and n in ids},
+                  {lookups["workers"][w]: lines for w, lines in why_not.items()
+                   if w.rpartition("-")[0] not in wanted and w in lookups["workers"]}, at)
     want_ids = sorted({ids[k] for k in wanted if k in ids})
     for k in range(0, len(want_ids), 500):
         chunk = want_ids[k:k + 500]
@@ -309,23 +319,17 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
         touched.update(w.machine_id for w in ws if w.machine_id)
         lifecycle.stop_for_reservation(session, run, ws, stop.preempted_by, stop.reason, at)
         lifecycle.refresh_run(session, run, at)
-    for name, reason in plan.reasons.items():
-        reason = text(reason)
-        if seen_reasons.get(name) == reason:
-            continue  # unchanged: no need to read or write the run
-        run = run_named(name)
+    for name, reason in reasons.items():  # of the runs acted on (the others' were written in bulk above)
+        run = run_named(name) if name in wanted else None
         if run is not None and not run.deleting:
             lifecycle.set_queue_reason(session, run, reason, at)
-    for wname, lines in plan.why_not.items():
-        new = [[m, text(r)] for m, r in lines]
-        if seen_why_not.get(wname) == new:
-            continue
-        rname = wname.rpartition("-")[0]
-        run = run_named(rname)
+    for wname, new in why_not.items():
+        rname, _, index = wname.rpartition("-")
+        run = run_named(rname) if rname in wanted else None
         if run is None:
             continue
         for w in run.workers:
-            if w.name == wname:
+            if str(w.index) == index:
                 lifecycle.set_why_not(w, new)
     for q in plan.quota_reached:
         run = run_named(q.run)
@@ -353,10 +357,17 @@ def enforce_time_limits(session: Session, at: float) -> set[int]:
 
 
 def detect_lost_machines(session: Session, at: float) -> set[int]:
+    """Lose each Ready machine whose last heartbeat is older than its cluster's lost_after_seconds. Only those are
+    read (not the fleet, four times a second). Bare heartbeats are written without the state lock
+    (server/heartbeats.py), so each machine found is read again with its row locked (PostgreSQL: FOR UPDATE) and
+    lost only if still silent: a heartbeat that committed meanwhile is seen, and one arriving now waits for this
+    transaction and then finds the machine Lost (it returns the usual way)."""
     touched = set()
     ready = lifecycle.MachineState.READY.value
-    for m, c in session.execute(select(Machine, Cluster).join(Cluster).where(Machine.state == ready)):
-        if at - m.last_heartbeat > c.lost_after_seconds:
+    for m, c in session.execute(select(Machine, Cluster).join(Cluster).where(
+            Machine.state == ready, Machine.last_heartbeat + Cluster.lost_after_seconds < at)).all():
+        session.refresh(m, with_for_update=True)
+        if m.state == ready and at - m.last_heartbeat > c.lost_after_seconds:
             touched.add(m.id)
             workers = list(session.scalars(select(Worker).where(Worker.machine_id == m.id,
                                                                 Worker.state.in_(lifecycle.ACTIVE))))

@@ -14,7 +14,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Depends, Header, Query
 
 from astraeus import protocol as P
-from astraeus.server import agents, leader, services
+from astraeus.server import agents, heartbeats, leader, services
 from astraeus.server import bodies as B
 from astraeus.server.db import Machine, Token
 from astraeus.server.routers.deps import CP, Sess, tx
@@ -77,6 +77,8 @@ def answer_assignments(cp, mid: int, version: int) -> P.Assignments:
 
 @router.post("/report")
 def agent_report(tok: AgentTok, s: Sess, cp: CP, body: P.Report) -> P.Ack:
+    if heartbeats.heartbeat_only(s, agents.machine_for(s, tok, body.machine), body, time.time()):
+        return P.Ack()  # a bare heartbeat: written without the state lock (server/heartbeats.py)
     with tx(s):
         m = agents.machine_for(s, tok, body.machine)
         keepers: set[int] = set()

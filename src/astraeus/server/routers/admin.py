@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path
 from astraeus.server import admin, services
 from astraeus.server import bodies as B
 from astraeus.server.routers.deps import CP, AdminCaller, Sess, tx
+from astraeus.server.routers.events import PAGE_DEFAULT, Cursor, Limit, decode_cursor, page
 
 router = APIRouter(prefix="/api/v1/o/{org}", tags=["organisation"], responses=B.ERRORS)
 
@@ -62,8 +63,14 @@ def patch_cluster(name: str, c: AdminCaller, s: Sess, cp: CP, body: B.ClusterPat
 
 
 @router.get("/clusters/{name}/machines")
-def cluster_machines(name: str, c: AdminCaller, s: Sess):
-    return {"items": services.machines_view(s, [admin.cluster_named(s, c, name).id])}
+def cluster_machines(name: str, c: AdminCaller, s: Sess, limit: Limit = PAGE_DEFAULT, cursor: Cursor = None):
+    """The cluster's machines by name, a page at a time (as the workspace's machines: routers/machines.py)."""
+    after = decode_cursor(cursor, (str, int))
+    cluster_ids = [admin.cluster_named(s, c, name).id]
+    rows = services.list_machines(s, cluster_ids, after, limit + 1)
+    views = {id(m): v for m, v in zip(rows[:limit], services.machines_view(s, cluster_ids, rows[:limit]),
+                                       strict=True)}
+    return page(rows, limit, lambda m: (m.name, m.id), lambda m: views[id(m)])
 
 
 @router.post("/tokens", status_code=201)

@@ -129,9 +129,10 @@ class Cycle:
         self.failed: set[tuple] = set()  # placements known not to fit: free room only shrinks within a cycle
         self.never: dict[tuple, str | None] = {}  # (shapes, machines) -> "Cannot run on this cluster: …" or None
         self.queued_behind: dict[str, str] = {}  # the reason behind the head, per workspace of the waiting run
-        # Behind the head, per workspace: (shape, allowed key, view B) -> the quota check that stopped a one-worker
-        # run (None: no room for it), until the workspace's usage changes (`place`).
-        self.settled: dict[str, dict[tuple, tuple | None]] = {}
+        # Behind the head, per workspace: (shape, allowed key, view B) -> why a one-worker run did not start (it
+        # cannot run here, waits for quota, or waits behind the head: `_waits`), until the workspace's usage
+        # changes (`place`).
+        self.settled: dict[str, dict[tuple, tuple]] = {}
         self.fails: dict[str, str] = {}  # runs whose dependency can no longer be met, or whose reservation ended
         self.room()
         self.reservation_stops: list[StopUnit] = []
@@ -280,14 +281,6 @@ class Cycle:
             shapes = tuple(sorted(ordered))
         rm = self.run_machines.get(run.name)
         avoid = frozenset(rm) if rm else _EMPTY
-        nk = (shapes, allowed_key)
-        never = self.never.get(nk, _UNSET)
-        if never is _UNSET:
-            never = self.never[nk] = self._never(run, workers, allowed_key, allowed_list)
-        if never is not None:
-            self.reasons[run.name] = never
-            self._left_waiting(run, workers, False, None, avoid, allowed_key)
-            return None
         # Behind the head a run may use the head's room only if its time limit, and the stop grace after it,
         # end it by the shadow time.
         settled = None
@@ -306,9 +299,19 @@ class Cycle:
                 if settled is None:
                     settled = self.settled[run.workspace] = {}
                 sk = (shapes, allowed_key, view_b)
-                quota = settled.get(sk, _UNSET)
-                if quota is not _UNSET:
-                    return self._waits(run, workers, view_b, quota, allowed_key)
+                outcome = settled.get(sk)
+                if outcome is not None:
+                    return self._waits(run, workers, outcome, allowed_key)
+        nk = (shapes, allowed_key)
+        never = self.never.get(nk, _UNSET)
+        if never is _UNSET:
+            never = self.never[nk] = self._never(run, workers, allowed_key, allowed_list)
+        if never is not None:
+            if settled is not None:
+                settled[sk] = (never, None, None, False)
+            self.reasons[run.name] = never
+            self._left_waiting(run, workers, False, None, avoid, allowed_key)
+            return None
         where = (allowed_key, allowed, allowed_list)
         if len(workers) == 1 or run.start == "Gang":
             waiting, quota = self._place_together(run, ordered, shapes, where, avoid, view_b, ends_before)
@@ -317,8 +320,9 @@ class Cycle:
         if not waiting:
             return None
         if settled is not None:
-            settled[sk] = quota
-            return self._waits(run, workers, view_b, quota, allowed_key)
+            outcome = settled[sk] = (self._behind(run.workspace), None, None, view_b) if quota is None else (
+                quota[2], quota[3], quota[0], view_b)
+            return self._waits(run, workers, outcome, allowed_key)
         if quota is not None:
             self.reasons[run.name] = quota[2]
             if not run.quota_noted:
@@ -328,17 +332,25 @@ class Cycle:
         self._left_waiting(run, waiting, view_b, None, avoid, allowed_key)
         return waiting, allowed_list, avoid
 
-    def _waits(self, run: WaitingRun, workers, view_b: bool, quota, allowed_key: int) -> None:
-        """A one-worker run behind the head that does not start: it waits for quota, or behind the head."""
-        if quota is not None:
-            self.reasons[run.name] = quota[2]
-            if not run.quota_noted:
-                self.quota_notes.append(QuotaReached(run.name, run.workspace, quota[3]))
-        else:
-            self.queue_behind_head(run)
+    def _waits(self, run: WaitingRun, workers, outcome: tuple, allowed_key: int) -> None:
+        """A one-worker run behind the head that does not start, as `outcome` says: (its reason, the quota note or
+        None, the quota detail its why-not lines show or None, judged in view B)."""
+        reason, note, detail, view_b = outcome
+        self.reasons[run.name] = reason
+        if note is not None and not run.quota_noted:
+            self.quota_notes.append(QuotaReached(run.name, run.workspace, note))
         if len(self.unstarted) < self.keep:
-            self.unstarted.append((Unstarted(run, workers, view_b, None if quota is None else quota[0], _EMPTY),
-                                   allowed_key))
+            self.unstarted.append((Unstarted(run, workers, view_b, detail, _EMPTY), allowed_key))
+
+    def _behind(self, ws_id: str) -> str:
+        """The reason of a run of this workspace queued behind the head (the head as the workspace may see it)."""
+        behind = self.queued_behind.get(ws_id)
+        if behind is None:
+            head = self.head
+            assert head is not None
+            behind = R.queued_behind(R.shown(head.name, head.workspace, ws_id), self.shadow_time)
+            self.queued_behind[ws_id] = behind
+        return behind
 
     def _never(self, run: WaitingRun, workers, allowed_key: int, allowed_list: list[int] | None) -> str | None:
         """The reason of a run that can never run on the machines it may use, or None. When it could on machines
@@ -502,14 +514,7 @@ class Cycle:
     # ---------------------------------------------------------------------------------- queue_behind_head
 
     def queue_behind_head(self, run: WaitingRun) -> None:
-        ws_id = run.workspace
-        behind = self.queued_behind.get(ws_id)
-        if behind is None:
-            head = self.head
-            assert head is not None
-            behind = R.queued_behind(R.shown(head.name, head.workspace, ws_id), self.shadow_time)
-            self.queued_behind[ws_id] = behind
-        self.reasons[run.name] = behind
+        self.reasons[run.name] = self._behind(run.workspace)
 
     # -------------------------------------------------------------------------------------------- explain
 

@@ -68,7 +68,16 @@ def _share(usage: Usage, spec: ShareSpec) -> float:
 
 
 _by_submission = attrgetter("submitted_at", "name")
-_by_submission_workspace = attrgetter("submitted_at", "name", "workspace")
+_by_submitted_at, _by_name, _by_workspace = attrgetter("submitted_at"), attrgetter("name"), attrgetter("workspace")
+
+
+def _sort_by_submission(runs: list[WaitingRun], workspace: bool = False) -> None:
+    """Sort in place by (submitted_at, name[, workspace]): sorts by one key at a time, last key first (stable
+    sorts; no key tuple made per run)."""
+    if workspace:
+        runs.sort(key=_by_workspace)
+    runs.sort(key=_by_name)
+    runs.sort(key=_by_submitted_at)
 
 
 def queue_order(
@@ -99,11 +108,11 @@ def queue_order(
             if spec is None:
                 flat.extend(lst)
                 continue
-            lst.sort(key=_by_submission)
+            _sort_by_submission(lst)
             lst.reverse()  # next run last: pop() walks the list in order
             first = lst[-1]
             heap.append((_share(usage[ws_id], spec), first.submitted_at, first.name, ws_id))
-        flat.sort(key=_by_submission_workspace)  # stable: a workspace's ties stay in snapshot order
+        _sort_by_submission(flat, workspace=True)  # stable: a workspace's ties stay in snapshot order
         flat.reverse()
         heapq.heapify(heap)
         while True:

@@ -230,6 +230,9 @@ class Report(Body):
 
     machine: str
     workers: list[WorkerReport] = Field(default_factory=list)
+    lines: list[WorkerLogLine] | None = Field(
+        default=None, description="The last log lines of attempts this report says ended, when they fit one request: "
+        "stored (as POST /logs stores them) before the states, in the same transaction")
 
 
 class Ack(Answer):

@@ -42,6 +42,7 @@ def test_unknown_field_is_a_422_naming_it(app, path, body, field):
     ("/report", {"workers": []}, "machine"),
     ("/report", {"machine": "gpu-02", "workers": [{"worker": "w-0", "attempt": 1}]}, "workers[0].state"),
     ("/logs", {"machine": "gpu-02", "lines": [{"worker": "w-0", "text": "hi"}]}, "lines[0].seq"),
+    ("/report", {"machine": "gpu-02", "workers": [], "lines": [{"worker": "w-0", "text": "hi"}]}, "lines[0].seq"),
 ])
 def test_missing_required_field_is_a_422_naming_it(app, path, body, field):
     r = app.client.post("/api/v1/agent" + path, json=body, headers=_mt(app))
@@ -117,3 +118,57 @@ def test_assignment_round_trip_through_the_agent(server, tmp_path):
         assert logs == "hello\n"
     finally:
         agent.shutdown()
+
+
+def test_an_ended_workers_last_lines_come_with_its_end(server, tmp_path):
+    """An attempt's end and its last lines reach the control plane in one request (its report), not a POST /logs
+    and then the report: as soon as the worker shows Succeeded, every line it printed is there. (Lines it printed
+    while it ran may go ahead in a POST /logs; none goes once it has ended.)"""
+    h = {"Authorization": f"Bearer {server['token']}"}
+    run = {"metadata": {"name": "last"}, "spec": {"task_template": {
+        "image": "python:3.11", "command": "sh", "args": ["-c", "echo one; echo two; echo three"],
+        "restart_policy": "Never", "requested_resources": {"cpu_cores": 1, "gpu_requests": {"count": 1}}}}}
+    r = httpx.post(server["api"] + "/runs", json=run, headers=h)
+    assert r.status_code == 201, r.text
+    posted: list[tuple[str, int, bool]] = []  # path, lines sent, whether the worker had ended then
+
+    class Seen(Agent):
+        def _post(self, client, path, body, **kw):
+            ended = any(st.final for st in self.runtime.list())
+            posted.append((path, len(getattr(body, "lines", None) or []), ended))
+            return super()._post(client, path, body, **kw)
+
+    agent = Seen(server["url"], server["machine_token"], "gpu-01", gpus=1, cpu_cores=8, memory_bytes=64 << 30,
+                 state_dir=str(tmp_path / "agent"), stop_grace=0, poll_wait=2, stop_workers_on_exit=True)
+    agent.start()
+    try:
+        w = wait_for(lambda: (x := httpx.get(server["api"] + "/workers/last-0", headers=h).json())["state"]
+                     in ("Succeeded", "Failed") and x, timeout=20, what="the worker's end")
+        logs = httpx.get(server["api"] + "/workers/last-0/logs", headers=h).text
+        assert w["state"] == "Succeeded" and logs == "one\ntwo\nthree\n"
+    finally:
+        agent.shutdown()
+    shipped = sum(n for path, n, _ in posted if path == "/logs")  # read while it ran (rarely: it prints at its end)
+    assert ("/report", 3 - shipped, True) in posted, posted
+
+
+def test_the_log_loop_leaves_an_ended_attempts_last_lines_to_its_report(tmp_path):
+    """What the agent ships on its own (POST /logs) leaves out an attempt that ended and is not reported yet: its
+    lines go with the report of its end. Once reported, nothing is held back."""
+    from astraeus.agent.runtime.process import ProcessRuntime
+
+    rt = ProcessRuntime(str(tmp_path / "state"), stop_grace=1)
+    agent = Agent("http://127.0.0.1:9", "token", "gpu-01", runtime=rt, gpus=1, cpu_cores=1, memory_bytes=1 << 30,
+                  state_dir=str(tmp_path / "state"), stop_grace=1)
+    try:
+        a = Assignment(worker="ws-0123456789ab.done-0", name="done-0", attempt=1, run="done",
+                       workspace="ws-0123456789ab", workspace_number=5, image="python:3.11", command="sh",
+                       args=["-c", "echo one; echo two"], env={"ASTRAEUS_JOB_NAME": "ws-0123456789ab.done"})
+        rt.start(a)
+        wait_for(lambda: rt.status(a.worker, 1).final, what="the worker's end")
+        assert agent._collect_logs(None)[0] == []
+        assert [ln.text for ln in agent._collect_logs({a.key})[0]] == ["one", "two"]
+        agent.reported_final.add(a.key)
+        assert [ln.text for ln in agent._collect_logs(None)[0]] == ["one", "two"]
+    finally:
+        rt.close()

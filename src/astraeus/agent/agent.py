@@ -253,6 +253,7 @@ class Agent:
         self.stop_grace = env.stop_grace if stop_grace is None else float(stop_grace)
         self.log_rate = (env or AgentSettings.load()).log_lines_per_second  # per worker: the rest are dropped
         self.log_limits: dict[str, list] = {}  # attempt's log key -> [second, shipped in it, dropped, seq, time]
+        self.lines_in_report = True  # an ended attempt's last lines go in its report (False: an older control plane)
         why = "given"
         if runtime is None:
             runtime, why = build_runtime(runtime_kind or env.runtime, self.state_dir, self.stop_grace, env, image_map)
@@ -381,8 +382,14 @@ class Agent:
             os.replace(tmp, self.credential_path)
         self.credential = secret
 
-    def _post(self, client: httpx.Client, path: str, body: P.Body) -> dict:
-        r = client.post(self.base + path, json=body.model_dump(mode="json"))
+    def _post(self, client: httpx.Client, path: str, body: P.Body, omit_none: tuple[str, ...] = ()) -> dict:
+        """POST `body`; the fields in `omit_none` are left out when None (a control plane older than them takes the
+        body without them)."""
+        payload = body.model_dump(mode="json")
+        for k in omit_none:
+            if payload.get(k) is None:
+                payload.pop(k, None)
+        r = client.post(self.base + path, json=payload)
         if r.status_code in (401, 403, 404, 409):
             if path != "/register":
                 self.registered.clear()
@@ -684,13 +691,40 @@ class Agent:
                     self._sleep(backoff.next())
 
     def send_report(self, client: httpx.Client) -> None:
+        """Every attempt's state. An attempt that ended since the last report has its last lines stored first (its
+        end may release it from this machine): sent in the report itself when they fit one request (one round trip
+        per exit, not two), else shipped before it; a control plane that takes no lines in a report (older than
+        the field: 422) gets them shipped before it too."""
         statuses = self.statuses()
         ended = {k for k, st in statuses.items() if st.final and k not in self.reported_final}
-        for _ in range(10):  # an ended attempt's last lines first: its end may release it from this machine
-            if not ended or not self.ship_logs(client, only=ended):
-                break
         workers = [st.report() for st in sorted(statuses.values(), key=lambda s: s.key)]
-        self._post(client, "/report", P.Report(machine=self.name, workers=workers))
+        with self.ship_lock:
+            tail = None  # the ended attempts' last lines, and the offsets they move to once stored
+            for _ in range(10):
+                if not ended:
+                    break
+                tail = self._collect_logs(ended)
+                lines, _, _, more = tail
+                if not more and (not lines or self.lines_in_report and
+                                 sum(len(ln.text) + 100 for ln in lines) < LOG_POST_BYTES):
+                    break
+                self._post_logs(client, tail)  # too many for one request: ahead of the report, as they come
+                tail = None
+                if not more:
+                    break
+            body = P.Report(machine=self.name, workers=workers, lines=tail[0] if tail is not None and tail[0] else None)
+            try:
+                self._post(client, "/report", body, omit_none=("lines",))
+            except httpx.HTTPStatusError as e:
+                if body.lines is None or e.response.status_code != 422 or "lines" not in e.response.text:
+                    raise
+                self.lines_in_report = False  # an older control plane: ship them first, from now on
+                log.info("the control plane takes no log lines in a report; shipping them before it")
+                self._post_logs(client, tail)
+                self._post(client, "/report", P.Report(machine=self.name, workers=workers))
+            else:
+                if tail is not None:
+                    self._logs_stored(tail)
         self.reported_final.update(k for k, st in statuses.items() if st.final)
 
     def log_loop(self) -> None:
@@ -736,6 +770,14 @@ class Agent:
             return self._ship_logs(client, only)
 
     def _ship_logs(self, client: httpx.Client, only: set[tuple[str, int]] | None) -> bool:
+        batch = self._collect_logs(only)
+        self._post_logs(client, batch)
+        return batch[3]
+
+    def _collect_logs(self, only: set[tuple[str, int]] | None) -> tuple[list[P.WorkerLogLine], dict, dict, bool]:
+        """One batch of new lines from every attempt (or those in `only`): (lines, the log offsets and rate limits
+        once they are stored, whether more are waiting). Without `only`, an attempt that ended and is not reported
+        yet is left to the report, which carries its last lines (send_report)."""
         lines: list[P.WorkerLogLine] = []
         new_offsets: dict[str, int] = {}
         new_limits: dict[str, list] = {}
@@ -743,6 +785,9 @@ class Agent:
         read = 0
         for st in self.runtime.list():
             if only is not None and st.key not in only:
+                continue
+            if only is None and st.final and st.key not in self.reported_final and self.lines_in_report:
+                self.wake_report.set()
                 continue
             lk = self._log_key(st.key)
             want = LOG_BATCH - read
@@ -756,9 +801,13 @@ class Agent:
             if read >= LOG_BATCH:
                 more = True
                 break
+        return lines, new_offsets, new_limits, more
+
+    def _post_logs(self, client: httpx.Client, batch: tuple[list[P.WorkerLogLine], dict, dict, bool]) -> None:
+        """POST /logs a batch of _collect_logs, then note its offsets."""
         part: list[P.WorkerLogLine] = []
         size = 0
-        for ln in lines:  # bounded posts: a flood of long lines is several, each about LOG_POST_BYTES
+        for ln in batch[0]:  # bounded posts: a flood of long lines is several, each about LOG_POST_BYTES
             part.append(ln)
             size += len(ln.text) + 100
             if size >= LOG_POST_BYTES:
@@ -766,11 +815,14 @@ class Agent:
                 part, size = [], 0
         if part:
             self._post(client, "/logs", P.Logs(machine=self.name, lines=part))
+        self._logs_stored(batch)
+
+    def _logs_stored(self, batch: tuple[list[P.WorkerLogLine], dict, dict, bool]) -> None:
+        _, new_offsets, new_limits, _ = batch
         if new_offsets:
             self.log_offsets.update(new_offsets)
             self.log_limits.update(new_limits)
             self._save_offsets()
-        return more
 
     def _rate_limited(self, worker: str, attempt: int, batch, state: list, at_end: bool) -> list[P.WorkerLogLine]:
         """The lines of one attempt's batch to ship: at most log_rate per second of the lines' own times. The

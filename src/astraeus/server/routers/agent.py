@@ -77,17 +77,21 @@ def answer_assignments(cp, mid: int, version: int) -> P.Assignments:
 
 @router.post("/report")
 def agent_report(tok: AgentTok, s: Sess, cp: CP, body: P.Report) -> P.Ack:
-    if heartbeats.heartbeat_only(s, agents.machine_for(s, tok, body.machine), body, time.time()):
+    if not body.lines and heartbeats.heartbeat_only(s, agents.machine_for(s, tok, body.machine), body, time.time()):
         return P.Ack()  # a bare heartbeat: written without the state lock (server/heartbeats.py)
     with tx(s):
         m = agents.machine_for(s, tok, body.machine)
+        # the last lines of the attempts it says ended, first: their end may release them from this machine
+        stored = agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines) \
+            if body.lines else 0
         keepers: set[int] = set()
         changed = agents.report(s, m, body, time.time(), keepers)
         mid = m.id
     if changed:
         cp.notifier.bump_machines([mid, *keepers])
-        cp.notifier.bump_logs()
         cp.notifier.wake_scheduler()
+    if changed or stored:
+        cp.notifier.bump_logs()
     return P.Ack()
 
 

@@ -471,6 +471,7 @@ class SchedulingLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_cycle_seconds = 0.0
+        self.last_cycle_end = 0.0  # time.perf_counter() when the last cycle ended
         self.next_restart: float | None = None  # when the earliest crash-loop backoff ends: a full cycle then
         self._stops_told: set[tuple[int, float]] = set()
 
@@ -503,9 +504,12 @@ class SchedulingLoop:
             if self._stop.is_set():
                 return
             if woke:
-                # Batch a burst of changes into one cycle: wait the debounce, and at least as long as the last
-                # cycle took, so that scheduling never takes more than about half of the control plane's time.
-                time.sleep(max(s.schedule_debounce, self.last_cycle_seconds))
+                # Batch a burst of changes into one cycle: wait the debounce, and until as long as the last cycle
+                # took has passed since it ended, so that scheduling never takes more than about half of the
+                # control plane's time (a change long after the last cycle, such as an exit freeing GPUs, waits
+                # only the debounce, not the whole last cycle's time again).
+                idle = time.perf_counter() - self.last_cycle_end
+                time.sleep(max(s.schedule_debounce, self.last_cycle_seconds - idle))
             term = self.cp.leader.term() if self.cp.leader is not None else None
             if term is None:
                 continue  # a follower: the leader plans; the lease thread wakes this loop when it leads
@@ -515,7 +519,8 @@ class SchedulingLoop:
                 full = (woke or now - last_full >= s.schedule_interval
                         or (self.next_restart is not None and now >= self.next_restart))
                 touched = self.cycle_once(full=full, term=term)
-                self.last_cycle_seconds = min(time.perf_counter() - c0, 1.0)
+                self.last_cycle_end = time.perf_counter()
+                self.last_cycle_seconds = min(self.last_cycle_end - c0, 1.0)
                 if full:
                     last_full = time.time()
                 if touched:

@@ -8,6 +8,7 @@ plane's database): placed → started (the agent saw the assignment, started the
 command's stamp → finished (the agent reported the exit) → the next worker placed on the same GPU.
 
     python benchmarks/bench_throughput.py --jobs 200 --old   # also Astraeus without the shim launcher
+    python benchmarks/bench_throughput.py --jobs 200 --was /tmp/was   # also the code of another checkout (before)
     python benchmarks/bench_throughput.py --jobs 500 --no-slurm
 """
 
@@ -48,14 +49,19 @@ def open_local():
         ax.stop()
 
 
-def measure_astraeus_throughput(n: int = 500, launcher: bool = True) -> dict:
+def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | None = None) -> dict:
     """Workers see the host read-only with a private /tmp (astraeus.agent.runtime.mounts), so each run prints its
     timestamp (`date +%s.%N`, the same command as Slurm's jobs less the file) and the stamps are read from the
     runs' logs once they have all ended. launcher=False: the agent starts each worker's shim with an interpreter
-    of its own (ASTRAEUS_SHIM_LAUNCHER=0), as before the pre-started launcher."""
+    of its own (ASTRAEUS_SHIM_LAUNCHER=0), as before the pre-started launcher. src: the `src` folder of another
+    checkout whose code the control plane, agent and shims run (PYTHONPATH; e.g. a worktree of the code before a
+    change), measured in the same run."""
     old = os.environ.get("ASTRAEUS_SHIM_LAUNCHER")
+    old_path = os.environ.get("PYTHONPATH")
     if not launcher:
         os.environ["ASTRAEUS_SHIM_LAUNCHER"] = "0"
+    if src:
+        os.environ["PYTHONPATH"] = str(Path(src).resolve()) + (os.pathsep + old_path if old_path else "")
     try:
         with open_local() as ax:
             tag = str(int(time.time()))[-6:]
@@ -89,10 +95,14 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True) -> dict:
             os.environ.pop("ASTRAEUS_SHIM_LAUNCHER", None)
         else:
             os.environ["ASTRAEUS_SHIM_LAUNCHER"] = old
+        if old_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_path
     last = max(stamps, default=t0)
     total = last - t0
     done = len(stamps)
-    return {"system": "astraeus" if launcher else "astraeus-old", "jobs": n, "seconds": total,
+    return {"system": "astraeus-was" if src else "astraeus" if launcher else "astraeus-old", "jobs": n, "seconds": total,
             "jobs_per_second": done / total if total > 0 else None, "submit_seconds": t_submitted - t0,
             "stamps": done, "failed": len(failed), "phases": phases, "steps": steps,
             "failed_reasons": sorted({r["status"].get("reason", "") for r in failed})}
@@ -218,13 +228,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--old", action="store_true",
                     help="also measure Astraeus without the shim launcher (ASTRAEUS_SHIM_LAUNCHER=0: one Python "
                          "interpreter start per worker, as before), in the same run")
+    ap.add_argument("--was", metavar="CHECKOUT",
+                    help="also measure Astraeus as the code in CHECKOUT/src is (e.g. `git worktree add --detach "
+                         "/tmp/was HEAD` before a change), after Slurm, in the same run")
     ap.add_argument("--json", help="also write the figures to this file")
     a = ap.parse_args(argv)
     results = []
 
     def keep(r: dict) -> None:  # printed at once: a later failure does not lose it
+        r["loadavg_1m"] = os.getloadavg()[0]  # the machine's load as it ended: figures under load are inflated
         results.append(r)
-        print(f"{r['system']}: {r['seconds']:.2f} s for {r['jobs']} runs", flush=True)
+        print(f"{r['system']}: {r['seconds']:.2f} s for {r['jobs']} runs (load average {r['loadavg_1m']:.1f})",
+              flush=True)
     if not a.no_astraeus:
         keep(measure_astraeus_throughput(a.jobs))
     if not a.no_slurm:
@@ -236,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"Slurm, try {attempt + 1}: {e}")
     if not a.no_astraeus and a.old:  # after Slurm, so that Slurm's figure lies between the two as the load drifts
         keep(measure_astraeus_throughput(a.jobs, launcher=False))
+    if not a.no_astraeus and a.was:
+        keep(measure_astraeus_throughput(a.jobs, src=str(Path(a.was) / "src")))
     keep(measure_xargs_floor(a.jobs))
     info = machine_info()
     print(f"{a.jobs} one-GPU runs on {GPUS} GPUs, first submit → last exit; machine: {info['nproc']} CPUs, "

@@ -10,7 +10,8 @@ starts it with subprocess.Popen(env=ENV, stdin/stdout=/dev/null, stderr=shim.log
 start_new_session=True, close_fds=True): it gets the same environment (os.environ, and what /proc/PID/environ
 shows: the agent finds its shims by ASTRAEUS_SHIM_OWNER/ASTRAEUS_SHIM_ID there, see ProcessRuntime.adopt), the
 same descriptors, its own session, and runs shim.main(), which double-forks away and detaches as before. The
-launcher waits for that first child as the agent waited for the Popen, and answers its exit status.
+launcher answers as soon as it has forked that first child (what the shim did is read from its files, as after a
+Popen), and reaps its first children before each next request: a start waits for neither.
 
 /proc/PID/environ of a forked process shows its parent's environment block, not os.environ: the launcher is
 started with a blank slot variable (ASTRAEUS_SHIM_LAUNCHER=<spaces>) and the child writes its own variables over that
@@ -18,8 +19,8 @@ block in place (as setproctitle does for the command line). When a child's envir
 the child execs the shim instead (the old way, an interpreter start), so nothing depends on the slot's size.
 
 Protocol (the agent's side is `Launcher`): one JSON line per request on the launcher's stdin,
-{"argv": [...], "env": {...}, "stderr": PATH}; one line back on its stdout, "<status>" of the first child
-(0: the shim detached). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
+{"argv": [...], "env": {...}, "stderr": PATH}; one line back on its stdout, the first child's pid once it is
+forked (-1: the request was not JSON). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
 it. Any failure on the agent's side (the launcher not started, dead, a broken pipe, a garbled answer) makes
 ProcessRuntime fall back to starting the shim with Popen.
 """
@@ -108,6 +109,7 @@ def serve() -> None:
     inp = sys.stdin.buffer
     out = sys.stdout.buffer
     while True:
+        _reap()
         line = inp.readline()
         if not line:
             return  # the agent is gone
@@ -121,9 +123,18 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             _child(req, block)
-        _, st = os.waitpid(pid, 0)
-        out.write(f"{os.waitstatus_to_exitcode(st)}\n".encode())
+        out.write(f"{pid}\n".encode())
         out.flush()
+
+
+def _reap() -> None:
+    """Reap the first children that have exited (each exits once its shim has forked away)."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
 
 
 # ------------------------------------------------------------------ the agent's side
@@ -154,7 +165,8 @@ class Launcher:
         return self.proc
 
     def launch(self, argv: list[str], env: dict[str, str], stderr_path: str) -> int:
-        """Start the shim; its first child's exit status (0: detached). Raises OSError when the launcher fails."""
+        """Start the shim: the pid of the launcher's child that becomes it (the shim forks away from that child at
+        once). Raises OSError when the launcher fails."""
         with self.lock:
             if self.failures >= 3:
                 raise OSError("the shim launcher failed three times; not using it")

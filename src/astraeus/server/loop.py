@@ -535,6 +535,8 @@ class SchedulingLoop:
             return set()
         if full:
             touched = cycle(self.cp, term=term)
+            if touched:  # the machines that got or lost workers hear it now, not after the reads below
+                self.cp.notifier.bump_machines(touched)
             now = time.time()
             with self.cp.sessions() as session:
                 self.next_restart = next_restart_at(session, now)
@@ -550,9 +552,9 @@ class SchedulingLoop:
                 # A stop asked by an agent's report (a gang mate of a worker that failed, or that reached its time
                 # limit) is on another machine than the report's: tell that machine now, not at its next poll.
                 stops = stops_asked_since(session, now - 30)
-            touched |= {m for k, m in stops.items() if k not in self._stops_told}
+            told = {m for k, m in stops.items() if k not in self._stops_told} - touched
             self._stops_told = set(stops)
-            return touched
+            return told  # the machines still to notify (the cycle's were above)
         at = time.time()
         try:
             with STATE_LOCK, self.cp.sessions() as session, session.begin():

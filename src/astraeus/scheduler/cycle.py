@@ -96,7 +96,7 @@ def _plan(snapshot: Snapshot, now: float) -> Plan:
                 and held(run):
             continue  # its dependency is not met, or its job array runs as many as it may: it has its reason
         if run.array is None:
-            left = place(run)
+            left = place(run) if cycle.head is None else cycle.behind(run)
         else:
             started = len(starts)
             left = place(run)
@@ -152,18 +152,25 @@ class Cycle:
         self.all_plain = not snapshot.reservations and all(ws.pools is None for ws in snapshot.workspaces)
         self.by_selection: dict[int, tuple] = {}  # id(NodeSelection) -> (it, Cluster.allowed's answer) when all_plain
         self.usage: dict[str, Usage] = defaultdict(Usage)
-        self.run_machines: dict[str, set[int]] = defaultdict(set)  # machines holding workers of a run now
-        index_get = cluster.index.get
-        for u in snapshot.running:
-            use = self.usage[u.workspace]
-            for w in u.workers:
-                use.add(len(w.gpu_indices), w.cpu_cores, w.memory_bytes, 1)
-                i = index_get(w.machine)
-                if i is not None:
-                    self.run_machines[u.run].add(i)
+        # Machines holding workers of a run now, for the runs that also wait (an Independent run's other workers).
+        self.run_machines: dict[str, set[int]] = defaultdict(set)
         # Job arrays: (workspace, array) -> the runs of it that hold room now (counted once however many units).
         self.array_runs: dict[tuple[str, str], set[str]] = defaultdict(set)
+        waiting = {r.name for r in snapshot.waiting}
+        index_get = cluster.index.get
+        usage = self.usage
         for u in snapshot.running:
+            use = usage[u.workspace]
+            for w in u.workers:
+                use.gpus += len(w.gpu_indices)
+                use.cpu_cores += w.cpu_cores
+                use.memory_bytes += w.memory_bytes
+                use.workers += 1
+            if u.run in waiting:
+                for w in u.workers:
+                    i = index_get(w.machine)
+                    if i is not None:
+                        self.run_machines[u.run].add(i)
             if u.array is not None:
                 self.array_runs[u.workspace, u.array].add(u.run)
         self.quota_specs = {ws_id: _quota_spec(ws) for ws_id, ws in self.workspaces.items()}
@@ -331,6 +338,33 @@ class Cycle:
             return None
         self._left_waiting(run, waiting, view_b, None, avoid, allowed_key)
         return waiting, allowed_list, avoid
+
+    def behind(self, run: WaitingRun) -> tuple[tuple, list[int] | None, frozenset[int]] | None:
+        """`place` for a run behind the head, with the shortest way for the most common run there: one worker,
+        machines found without a lookup (any machine, or a selection object seen before), a run of its workspace
+        with the same shape, machines and view settled already (`place` keeps the outcomes)."""
+        workers = run.workers
+        if len(workers) != 1 or not self.all_plain or run.excluded_machines:
+            return self.place(run)
+        sel = run.node_selection
+        if sel.mode == "Any" and not sel.pools and not sel.gpu_model and sel.reservation is None:
+            allowed_key = -1
+        else:
+            hit = self.by_selection.get(id(sel))
+            if hit is None or hit[0] is not sel:
+                return self.place(run)
+            allowed_key = hit[1][0]
+        settled = self.settled.get(run.workspace)
+        if settled is None or run.name in self.run_machines:
+            return self.place(run)
+        tl = run.time_limit_seconds
+        st = self.shadow_time
+        view_b = not (st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st)
+        w0 = workers[0]
+        outcome = settled.get(((w0.gpus, w0.cpu_cores, w0.memory_bytes), allowed_key, view_b))
+        if outcome is None:
+            return self.place(run)
+        return self._waits(run, workers, outcome, allowed_key)
 
     def _waits(self, run: WaitingRun, workers, outcome: tuple, allowed_key: int) -> None:
         """A one-worker run behind the head that does not start, as `outcome` says: (its reason, the quota note or

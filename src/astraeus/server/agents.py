@@ -328,24 +328,34 @@ def report(session: Session, m: Machine, body: P.Report, at: float, also: set[in
 def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine], max_bytes: int = 8 << 20,
                max_lines: int = 100_000) -> int:
     """Store the lines of workers placed on machine `m` (by identity); lines naming any other worker, or a
-    deleted run's, are dropped, as are lines past services.LOG_LINES_PER_REQUEST; each worker then keeps
-    within its log limits (services.trim_logs). The agent ships an ended attempt's lines before it reports
-    the end (which may release the worker from the machine)."""
+    deleted run's, are dropped, as are lines past services.LOG_LINES_PER_REQUEST; a worker whose running count
+    (services.add_log_usage) is then past its log limits is trimmed (services.trim_logs). The agent ships an
+    ended attempt's lines before it reports the end (which may release the worker from the machine)."""
     if not lines:
         return 0
     names = {ln.worker.partition(".")[2] for ln in lines}
+    # PostgreSQL stores lines without the state lock: FOR SHARE of the runs, so that deleting one
+    # (services.delete_run) waits for this store, or this store sees it deleted (SQLite: under the state lock)
     ids = {P.worker_identity(ns, n): i for ns, n, i in session.execute(
         select(Workspace.ns, Worker.name, Worker.id).join(Run, Worker.run_id == Run.id)
         .join(Workspace, Run.workspace_id == Workspace.id)
-        .where(Worker.machine_id == m.id, Run.live_key == "", Run.deleting.is_(False), Worker.name.in_(names)))}
+        .where(Worker.machine_id == m.id, Run.live_key == "", Run.deleting.is_(False), Worker.name.in_(names))
+        .with_for_update(read=True, of=Run))}
     rows = [{"worker_id": ids[ln.worker], "attempt": ln.attempt, "seq": ln.seq, "time": ln.time,
              "stream": ln.stream, "text": ln.text.replace("\x00", "\ufffd")}  # PostgreSQL text holds no NUL
             for ln in lines if ln.worker in ids][:services.LOG_LINES_PER_REQUEST]
     if not rows:
         return 0
-    dialect = session.get_bind().dialect.name
-    ins = pg_insert(LogLine) if dialect == "postgresql" else sqlite_insert(LogLine)
-    session.execute(ins.values(rows).on_conflict_do_nothing(index_elements=["worker_id", "attempt", "seq"]))
-    for wid in sorted({r["worker_id"] for r in rows}):
+    t = LogLine.__table__
+    ins = (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)(t)
+    # one statement run for many rows (the driver's executemany): compiling a VALUES list of 10,000 rows cost
+    # more than storing them
+    session.execute(ins.on_conflict_do_nothing(index_elements=["worker_id", "attempt", "seq"]), rows)
+    added: dict[int, tuple[int, int]] = {}
+    for r in rows:  # a line sent again (a retry) counts again here: the count only ever runs ahead of the rows
+        n, b = added.get(r["worker_id"], (0, 0))
+        added[r["worker_id"]] = (n + 1, b + services.line_bytes(r["text"]))
+    usage = services.add_log_usage(session, added)
+    for wid in services.over_log_limits(usage, max_bytes, max_lines):
         services.trim_logs(session, wid, max_bytes, max_lines)
     return len(rows)

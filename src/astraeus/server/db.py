@@ -278,7 +278,19 @@ class LogLine(Base):
     time: Mapped[float] = mapped_column(Float)
     stream: Mapped[str] = mapped_column(String(8), default="stdout")
     text: Mapped[str] = mapped_column(Text)
-    __table_args__ = (UniqueConstraint("worker_id", "attempt", "seq"),)
+    # revision 0011: a worker's lines in the order they came (read_logs, a follower's `after`, trimming)
+    __table_args__ = (UniqueConstraint("worker_id", "attempt", "seq"), Index("ix_log_lines_worker", "worker_id", "id"))
+
+
+class LogUsage(Base):
+    """Revision 0011: how many log lines and bytes a worker keeps (a running count kept by agents.store_logs, so
+    that a flood of lines is checked against the worker's log limits without counting its rows)."""
+
+    __tablename__ = "log_usage"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    worker_id: Mapped[int] = mapped_column(ForeignKey("workers.id"), unique=True)
+    lines: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class Drive(Base):

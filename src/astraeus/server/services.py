@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sqlalchemy import LargeBinary, cast, delete, event, func, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
@@ -23,6 +25,7 @@ from astraeus.server.db import (
     Event,
     History,
     LogLine,
+    LogUsage,
     Machine,
     Org,
     Pool,
@@ -604,10 +607,19 @@ def list_workers(session: Session, caller: Caller, run: str | None = None) -> li
 # server's ASTRAEUS_LOG_MAX_BYTES_PER_WORKER / _LINES_): past either, its oldest lines are deleted, down to 7/8
 # of the limits so that a flood trims once in a while rather than on every batch. How many were dropped is
 # kept in one row of its own (attempt -1, seq = the count), which goes with the worker's lines.
+#
+# Whether a worker is past a limit is told by its running count (table log_usage: the lines and bytes stored
+# for it, added to by each batch), not by counting its rows: a flood of batches costs one small upsert each.
+# The count is a hint: a trim counts the rows exactly (once per 1/8 of the limit) and sets it right.
 
 LOG_LINES_PER_REQUEST = 10_000  # the most lines one POST /agent/logs stores (the agent sends ≤ 1 MiB batches)
 DROPPED = -1  # the attempt of a worker's dropped-lines row
 INT32 = 2**31 - 1
+
+
+def line_bytes(text: str) -> int:
+    """A line's size as the limits count it: its UTF-8 bytes and its newline (as _log_bytes in SQL)."""
+    return len(text.encode("utf-8", "surrogatepass")) + 1
 
 
 def _log_bytes(session: Session):
@@ -617,29 +629,51 @@ def _log_bytes(session: Session):
     return func.length(cast(LogLine.text, LargeBinary)) + 1
 
 
+def over_log_limits(usage: dict[int, tuple[int, int]], max_bytes: int, max_lines: int) -> list[int]:
+    """The workers whose running count (lines, bytes) is past a limit, by id."""
+    return sorted(w for w, (n, b) in usage.items() if n > max_lines or b > max_bytes)
+
+
+def add_log_usage(session: Session, added: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """Add (lines, bytes) to workers' running counts; returns their counts now."""
+    if not added:
+        return {}
+    t = LogUsage.__table__
+    ins = (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)(t)
+    session.execute(ins.on_conflict_do_update(index_elements=[t.c.worker_id], set_={
+        "lines": t.c.lines + ins.excluded.lines, "bytes": t.c.bytes + ins.excluded.bytes}),
+        [{"worker_id": w, "lines": n, "bytes": b} for w, (n, b) in sorted(added.items())])
+    return {w: (n, b) for w, n, b in session.execute(
+        select(t.c.worker_id, t.c.lines, t.c.bytes).where(t.c.worker_id.in_(list(added))))}
+
+
 def trim_logs(session: Session, worker_id: int, max_bytes: int, max_lines: int) -> int:
-    """Drop a worker's oldest lines while it is over a limit; returns how many were dropped."""
+    """Drop a worker's oldest lines while it is over a limit (counted exactly, and its running count set to
+    what it keeps); returns how many were dropped."""
     size = _log_bytes(session)
     mine = (LogLine.worker_id == worker_id, LogLine.attempt != DROPPED)
     n, total = session.execute(select(func.count(), func.coalesce(func.sum(size), 0)).where(*mine)).one()
-    if n <= max_lines and total <= max_bytes:
-        return 0
-    keep_lines, keep_bytes = max_lines * 7 // 8, max_bytes * 7 // 8
     cut, dropped = None, 0
-    for lid, b in session.execute(select(LogLine.id, size).where(*mine).order_by(LogLine.id)
-                                  .execution_options(yield_per=5000)):
-        if n <= keep_lines and total <= keep_bytes:
-            break
-        cut, dropped, n, total = lid, dropped + 1, n - 1, total - b
-    if cut is None:
-        return 0
-    session.execute(delete(LogLine).where(*mine, LogLine.id <= cut))
-    marker = session.scalar(select(LogLine).where(LogLine.worker_id == worker_id, LogLine.attempt == DROPPED))
-    if marker is None:
-        session.add(LogLine(worker_id=worker_id, attempt=DROPPED, seq=min(dropped, INT32), time=time.time(),
-                            stream="stdout", text=""))
+    if n > max_lines or total > max_bytes:
+        keep_lines, keep_bytes = max_lines * 7 // 8, max_bytes * 7 // 8
+        for lid, b in session.execute(select(LogLine.id, size).where(*mine).order_by(LogLine.id)
+                                      .execution_options(yield_per=5000)):
+            if n <= keep_lines and total <= keep_bytes:
+                break
+            cut, dropped, n, total = lid, dropped + 1, n - 1, total - b
+    if cut is not None:
+        session.execute(delete(LogLine).where(*mine, LogLine.id <= cut))
+        marker = session.scalar(select(LogLine).where(LogLine.worker_id == worker_id, LogLine.attempt == DROPPED))
+        if marker is None:
+            session.add(LogLine(worker_id=worker_id, attempt=DROPPED, seq=min(dropped, INT32), time=time.time(),
+                                stream="stdout", text=""))
+        else:
+            marker.seq = min(marker.seq + dropped, INT32)
+    usage = session.scalar(select(LogUsage).where(LogUsage.worker_id == worker_id))
+    if usage is None:
+        session.add(LogUsage(worker_id=worker_id, lines=n, bytes=total))
     else:
-        marker.seq = min(marker.seq + dropped, INT32)
+        usage.lines, usage.bytes = n, total
     session.flush()
     return dropped
 
@@ -672,6 +706,7 @@ def delete_logs(session: Session, run: Run) -> int:
     ids = [w.id for w in run.workers]
     if not ids:
         return 0
+    session.execute(delete(LogUsage).where(LogUsage.worker_id.in_(ids)))
     return session.execute(delete(LogLine).where(LogLine.worker_id.in_(ids))).rowcount or 0
 
 

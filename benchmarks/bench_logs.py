@@ -1,0 +1,474 @@
+"""Logs at scale: a flood of worker log lines against one `astraeus server` (SQLite, then PostgreSQL), and what it
+does to the API, to scheduling, to the control plane's memory and to `logs -f`.
+
+    .venv/bin/python benchmarks/bench_logs.py                       # 100 workers x 1,000 lines/s, 60 s, both dbs
+    .venv/bin/python benchmarks/bench_logs.py --quick               # 24 workers, 20 s: about 2 minutes
+    .venv/bin/python benchmarks/bench_logs.py --db sqlite --src /tmp/was/src   # another checkout's server
+
+The machines are played in this process (asyncio + httpx) over the real agent protocol: each registers with the
+join token, long-polls its assignments, reports its workers Running (a probe run's worker Exited 0.2 s later),
+and ships its workers' lines the way `astraeus agent` does (astraeus.agent.agent): every 0.5 s, or at once while
+it is behind, one round of at most LOG_BATCH lines (the workers in turn, each from where it stopped), posted to
+POST /api/v1/agent/logs in parts of about LOG_POST_BYTES. A flood worker "prints" --rate lines a second (a line's
+time is when it was printed; what the agent has not shipped yet waits: the backlog is printed); nothing is dropped
+on the agent (its log_rate is 1,000 lines/s: the flood is at most that).
+
+Two phases, each with the same probes: a quiet one (--quiet-seconds, the flood workers Running but silent) and the
+flood (--seconds). Probes:
+- submit: --clients clients each POST $API/runs (one one-GPU run) about 3 times a second: latency p50/p99;
+- scheduling: for each of those runs, submit -> its machine's agent holding the assignment (the long-poll answer),
+  p50/p99 (the agent reports it Running at once);
+- memory: the server process's RSS (psutil, every 0.5 s): at the start, peak and end of each phase;
+- `logs -f`: a follower streams GET $API/workers/<marker>/logs?follow=true of a quiet worker that prints
+  "MARK <time>" twice a second on a flooded machine; from print to the follower reading it, p50/p99;
+- retention: the server runs with ASTRAEUS_LOG_MAX_LINES_PER_WORKER = --max-lines (default 20,000, so a minute's
+  flood passes it): rows kept per worker at the end (max), and the "… N earlier lines dropped" line.
+It prints figures and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_failover import PG_ADMIN, Replica  # noqa: E402
+
+from astraeus.agent.agent import LOG_BATCH, LOG_POST_BYTES  # noqa: E402
+
+GPUS = 8
+ASTRA = Path(sys.executable).parent / "astra"
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs)) - 1))]
+
+
+class Worker:
+    """One worker's printed lines: `rate` a second from `since` (a flood), or markers twice a second."""
+
+    def __init__(self, identity: str, name: str, rate: float, line_bytes: int):
+        self.identity, self.name, self.rate = identity, name, rate
+        self.since: float | None = None  # when it started printing
+        self.shipped = 0  # lines shipped (the next seq)
+        self.pad = "x" * max(0, line_bytes - 30)
+
+    def printed(self, now: float) -> int:
+        return 0 if self.since is None else int((now - self.since) * self.rate)
+
+    def lines(self, now: float, limit: int) -> list[dict]:
+        n = min(self.printed(now) - self.shipped, limit)
+        out = []
+        for seq in range(self.shipped, self.shipped + n):
+            t = self.since + seq / self.rate
+            text = f"MARK {t:.6f}" if self.name.startswith("marker") else f"{seq} {t:.3f} {self.pad}"
+            out.append({"worker": self.identity, "attempt": 0, "seq": seq, "time": t, "stream": "stdout",
+                        "text": text})
+        self.shipped += n
+        return out
+
+
+class Machine:
+    def __init__(self, bench: Bench, name: str, gpus: int = GPUS):
+        self.bench, self.name, self.gpus = bench, name, gpus
+        self.done: set[tuple[str, int]] = set()  # attempts reported Exited
+        self.credential: str | None = None
+        self.version = 0
+        self.states: dict[tuple[str, int], str] = {}
+        self.workers: dict[str, Worker] = {}
+        self.changed = asyncio.Event()
+        self.turn = 0
+
+    def h(self) -> dict:
+        return {"Authorization": f"Bearer {self.credential or self.bench.join_token}"}
+
+    async def register(self, client: httpx.AsyncClient) -> None:
+        r = await client.post("/api/v1/agent/register", headers=self.h(), timeout=60,
+                              json={"name": self.name, "gpus": self.gpus, "cpu_cores": 64, "memory_bytes": 512 << 30})
+        r.raise_for_status()
+        self.credential = r.json().get("credential") or self.credential
+
+    async def poll(self) -> None:
+        b = self.bench
+        async with b.client() as client:
+            while not b.stopping:
+                try:
+                    r = await client.get("/api/v1/agent/assignments", headers=self.h(), timeout=40,
+                                         params={"machine": self.name, "after": self.version, "wait": 30})
+                except httpx.HTTPError:
+                    await asyncio.sleep(0.5)
+                    continue
+                seen = time.time()
+                if r.status_code != 200:
+                    await asyncio.sleep(0.5)
+                    continue
+                data = r.json()
+                self.version = data["version"]
+                for a in data["assignments"]:
+                    key = (a["worker"], a["attempt"])
+                    if a["desired"] == "Running" and key not in self.states and key not in self.done:
+                        self.states[key] = "Running"
+                        b.seen.setdefault(a["name"].rsplit("-", 1)[0], seen)
+                        b.placed[a["name"]] = (self, a["worker"])
+                        if a["name"].startswith("probe"):
+                            asyncio.get_running_loop().call_later(0.2, self.exit, key)
+                        self.changed.set()
+                    elif a["desired"] == "Stopped" and self.states.get(key) != "Exited":
+                        self.exit(key)
+
+    def exit(self, key) -> None:
+        self.states[key] = "Exited"
+        self.done.add(key)
+        self.changed.set()
+
+    async def report(self) -> None:
+        b = self.bench
+        async with b.client() as client:
+            while not b.stopping:
+                try:
+                    await asyncio.wait_for(self.changed.wait(), 5)
+                except TimeoutError:
+                    pass
+                self.changed.clear()
+                workers = [{"worker": w, "attempt": att, "state": st, "pid": 1000,
+                            **({"exit_code": 0} if st == "Exited" else {})} for (w, att), st in self.states.items()]
+                try:
+                    await client.post("/api/v1/agent/report", headers=self.h(), timeout=60,
+                                      json={"machine": self.name, "workers": workers})
+                except httpx.HTTPError:
+                    self.changed.set()
+                    await asyncio.sleep(0.5)
+                for k in [k for k, st in self.states.items() if st == "Exited"]:
+                    del self.states[k]
+
+    async def ship(self) -> None:
+        """As Agent.log_loop/_ship_logs: a round of at most LOG_BATCH lines, every 0.5 s or at once if behind."""
+        b = self.bench
+        async with b.client() as client:
+            while not b.stopping:
+                ws = list(self.workers.values())
+                if ws:
+                    self.turn = (self.turn + 1) % len(ws)
+                    ws = ws[self.turn:] + ws[:self.turn]
+                lines: list[dict] = []
+                now = time.time()
+                for w in ws:
+                    lines += w.lines(now, LOG_BATCH - len(lines))
+                    if len(lines) >= LOG_BATCH:
+                        break
+                part: list[dict] = []
+                size = 0
+                for ln in lines:
+                    part.append(ln)
+                    size += len(ln["text"]) + 100
+                    if size >= LOG_POST_BYTES:
+                        await self._post(client, part)
+                        part, size = [], 0
+                if part:
+                    await self._post(client, part)
+                if len(lines) < LOG_BATCH:
+                    await asyncio.sleep(0.5)
+
+    async def _post(self, client: httpx.AsyncClient, part: list[dict]) -> None:
+        body = json.dumps({"machine": self.name, "lines": part})
+        t0 = time.perf_counter()
+        while not self.bench.stopping:
+            try:
+                r = await client.post("/api/v1/agent/logs", headers={**self.h(), "content-type": "application/json"},
+                                      content=body, timeout=60)
+                if r.status_code == 200:
+                    done = time.time()
+                    for ln in part:
+                        if ln["text"].startswith("MARK "):
+                            self.bench.mark_stored[ln["text"]] = done
+                    self.bench.stored += r.json()["stored"]
+                    self.bench.log_posts.append(time.perf_counter() - t0)
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+
+
+class Bench:
+    def __init__(self, db: str, a: argparse.Namespace):
+        self.a, self.dbkind = a, db
+        self.db = None
+        env = dict(os.environ, ASTRAEUS_LOG_MAX_LINES_PER_WORKER=str(a.max_lines))
+        if a.src:
+            env["PYTHONPATH"] = a.src
+        if db == "postgresql":
+            import psycopg
+
+            self.db = "astraeus_bench_" + uuid.uuid4().hex[:8]
+            with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+                c.execute(f"CREATE DATABASE {self.db}")
+            env["ASTRAEUS_DATABASE_URL"] = f"postgresql+psycopg://postgres@127.0.0.1:5432/{self.db}"
+        self.home = Path(tempfile.mkdtemp(prefix="bench-logs-"))
+        self.server = Replica(self.home, env).start()
+        self.base = self.server.url
+        self.join_token = self.server.vars["ASTRAEUS_MACHINE_TOKEN"]
+        self.api = self.server.vars["API"].split("/", 3)[3]
+        self.user = {"Authorization": f"Bearer {self.server.vars['ASTRAEUS_TOKEN']}"}
+        self.stopping = False
+        self.seen: dict[str, float] = {}
+        self.placed: dict[str, tuple[Machine, str]] = {}
+        self.stored = 0
+        self.mark_stored: dict[str, float] = {}  # a marker line -> when the POST that carried it was answered
+        self.log_posts: list[float] = []
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base, limits=httpx.Limits(max_connections=50))
+
+    def cpu(self) -> float:
+        """CPU seconds the server process has used (load-independent, unlike the latencies)."""
+        t = psutil.Process(self.server.proc.pid).cpu_times()
+        return t.user + t.system
+
+    def rss(self) -> int:
+        p = psutil.Process(self.server.proc.pid)
+        return p.memory_info().rss
+
+    async def submit(self, client: httpx.AsyncClient, name: str) -> float:
+        body = {"metadata": {"name": name}, "spec": {"task_template": {
+            "image": "python:3.11", "command": "true", "requested_resources": {"gpu_requests": {"count": 1}}}}}
+        t0 = time.perf_counter()
+        r = await client.post(f"/{self.api}/runs", json=body, headers=self.user, timeout=60)
+        if r.status_code != 201:
+            raise SystemExit(f"submit {name}: {r.status_code} {r.text}")
+        return time.perf_counter() - t0
+
+    async def wait_placed(self, names: list[str], timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while not all(any(k.startswith(n + "-") for k in self.placed) for n in names):
+            if time.time() > deadline:
+                raise SystemExit(f"not placed within {timeout:.0f} s: "
+                                 f"{[n for n in names if not any(k.startswith(n + '-') for k in self.placed)][:5]}")
+            await asyncio.sleep(0.2)
+
+    async def phase(self, label: str, seconds: float, flood: list[Worker], marker: Worker) -> dict:
+        sub_lat: list[float] = []
+        sched: list[float] = []
+        mark_lat: list[float] = []
+        mark_srv: list[float] = []  # from its POST answered to the follower reading it
+        timeouts: list[str] = []
+        waiting: list[asyncio.Task] = []  # each submitted run, until its machine's agent holds it (or 30 s after)
+        rss: list[int] = [self.rss()]
+        end = time.time() + seconds
+        stored0, posts0 = self.stored, len(self.log_posts)
+        cpu0 = self.cpu()
+        now = time.time()
+        for w in flood:
+            w.since = now if label == "flood" else None
+        printed0 = sum(w.printed(now) for w in flood)
+
+        async def submitter(k: int) -> None:
+            async with self.client() as c:
+                i = 0
+                while time.time() < end:
+                    name = f"probe-{label}-{k}-{i}"
+                    t0 = time.time()
+                    try:
+                        sub_lat.append(await self.submit(c, name))
+                    except httpx.TimeoutException:
+                        sub_lat.append(60.0)  # no answer within 60 s: counted as 60 s
+                        timeouts.append(name)
+                        continue
+                    i += 1
+                    async def placed(name=name, t0=t0):
+                        while name not in self.seen and time.time() < end + 30:
+                            await asyncio.sleep(0.01)
+                        if name not in self.seen:
+                            return False
+                        sched.append(self.seen[name] - t0)
+                        return True
+                    waiting.append(asyncio.get_running_loop().create_task(placed()))
+                    await asyncio.sleep(max(0.0, 0.33 - (time.time() - t0)))
+
+        async def follower() -> None:
+            # the real `astra logs -f`, in a process of its own; a thread here reads its lines as they come
+            env = dict(os.environ, ASTRAEUS_API=self.server.vars["API"], ASTRAEUS_TOKEN=self.server.vars["ASTRAEUS_TOKEN"],
+                       PYTHONUNBUFFERED="1")
+            proc = subprocess.Popen([str(ASTRA), "astraeus", "logs", "-f", "--tail", "0", marker.name], env=env,
+                                    stdout=subprocess.PIPE, stderr=open(self.home / "follow.err", "a"), text=True)
+
+            def read() -> None:
+                for line in proc.stdout:
+                    if line.startswith("MARK "):
+                        now = time.time()
+                        line = line.rstrip("\n")
+                        mark_lat.append(now - float(line.split()[1]))
+                        if line in self.mark_stored:
+                            mark_srv.append(now - self.mark_stored[line])
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            while time.time() < end:
+                await asyncio.sleep(0.2)
+            proc.terminate()
+            proc.wait(10)
+            if not mark_lat:
+                print("  astra logs -f saw no marker:", (self.home / "follow.err").read_text()[-500:])
+
+        async def sampler() -> None:
+            while time.time() < end:
+                rss.append(self.rss())
+                await asyncio.sleep(0.5)
+
+        await asyncio.wait_for(asyncio.gather(sampler(), follower(), *(submitter(k) for k in range(self.a.clients))),
+                               seconds + 60)
+        await asyncio.gather(*waiting)
+        unplaced = sum(1 for t in waiting if t.result() is False)
+        now = time.time()
+        printed = sum(w.printed(now) for w in flood) - printed0
+        cpu = self.cpu() - cpu0
+        shipped = self.stored - stored0
+        res = {"submit_p50_ms": pct(sub_lat, 50) * 1e3, "submit_p99_ms": pct(sub_lat, 99) * 1e3, "submits": len(sub_lat),
+               "submit_timeouts": len(timeouts),
+               "sched_p50_ms": pct(sched, 50) * 1e3, "unplaced": unplaced, "sched_p99_ms": pct(sched, 99) * 1e3,
+               "follow_p50_ms": pct(mark_lat, 50) * 1e3, "follow_p99_ms": pct(mark_lat, 99) * 1e3,
+               "marks": len(mark_lat), "follow_srv_p50_ms": pct(mark_srv, 50) * 1e3,
+               "follow_srv_p99_ms": pct(mark_srv, 99) * 1e3, "rss_start_mib": rss[0] / 2**20, "rss_peak_mib": max(rss) / 2**20,
+               "rss_end_mib": rss[-1] / 2**20, "printed": printed, "stored": shipped,
+               "stored_per_s": shipped / seconds, "server_cpu_s": cpu,
+               "cpu_us_per_line": cpu / shipped * 1e6 if shipped > 100 else float("nan"), "log_post_p99_ms": pct(self.log_posts[posts0:], 99) * 1e3}
+        for w in flood:
+            if label == "flood":
+                w.since = None  # stops printing; what it printed and has not shipped is dropped from the count
+        return res
+
+    async def main(self) -> dict:
+        a = self.a
+        n_flood_machines = -(-a.workers // GPUS)
+        machines = [Machine(self, f"flood-{i:03d}") for i in range(n_flood_machines)]
+        async with self.client() as c:
+            for m in machines:
+                await m.register(c)
+        tasks = [asyncio.create_task(f()) for m in machines for f in (m.poll, m.report, m.ship)]
+        async with self.client() as c:
+            for i in range(a.workers):
+                await self.submit(c, f"flood-{i:03d}")
+            await self.wait_placed([f"flood-{i:03d}" for i in range(a.workers)])
+            # the marker: a quiet worker on the last flood machine (one GPU left there, or a new machine's)
+            if a.workers % GPUS == 0:
+                extra = Machine(self, "quiet-001")
+                await extra.register(c)
+                machines.append(extra)
+                tasks += [asyncio.create_task(f()) for f in (extra.poll, extra.report, extra.ship)]
+            await self.submit(c, "marker")
+            await self.wait_placed(["marker"])
+            quiet = Machine(self, "quiet-002", gpus=64)  # the probes' machine: room for ~9 submits a second
+            await quiet.register(c)
+            tasks += [asyncio.create_task(f()) for f in (quiet.poll, quiet.report, quiet.ship)]
+        flood = []
+        for name, (m, ident) in self.placed.items():
+            if name.startswith("flood-"):
+                w = m.workers[ident] = Worker(ident, name, a.rate, a.line_bytes)
+                flood.append(w)
+        mm, ident = self.placed[next(k for k in self.placed if k.startswith("marker"))]
+        marker = mm.workers[ident] = Worker(ident, "marker-0", 2, 0)
+        marker.since = time.time()
+        print(f"  {len(flood)} flood workers on {n_flood_machines} machines; marker {marker.name} on {mm.name}")
+        out = {"quiet": await self.phase("quiet", a.quiet_seconds, flood, marker)}
+        self._show("quiet", out["quiet"])
+        out["flood"] = await self.phase("flood", a.seconds, flood, marker)
+        self._show("flood", out["flood"])
+        out["retention"] = await self.retention(flood)
+        self.stopping = True
+        for t in tasks:
+            t.cancel()
+        return out
+
+    async def retention(self, flood: list[Worker]) -> dict:
+        async with self.client() as c:
+            w = flood[0]
+            r = await c.get(f"/{self.api}/workers/{w.name}/logs", headers=self.user, timeout=120)
+            lines = r.text.splitlines()
+        kept = self.kept()
+        res = {"kept_max": max(kept) if kept else 0, "kept_workers": len(kept), "shown": len(lines),
+               "first_line": lines[0][:100] if lines else ""}
+        print(f"  retention (limit {self.a.max_lines} lines): at most {res['kept_max']} rows kept per worker "
+              f"({res['kept_workers']} workers); {w.name}'s log shows {res['shown']} lines, first: "
+              f"{res['first_line']!r}")
+        return res
+
+    def kept(self) -> list[int]:
+        q = "SELECT count(*) FROM log_lines WHERE attempt >= 0 GROUP BY worker_id"
+        if self.db:
+            import psycopg
+
+            with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{self.db}") as c:
+                return [r[0] for r in c.execute(q)]
+        import sqlite3
+
+        with sqlite3.connect(self.home / "astraeus.db", timeout=60) as c:
+            return [r[0] for r in c.execute(q)]
+
+    @staticmethod
+    def _show(label: str, r: dict) -> None:
+        print(f"  {label:5}: submit p50/p99 {r['submit_p50_ms']:.0f}/{r['submit_p99_ms']:.0f} ms ({r['submits']}, {r['submit_timeouts']} over 60 s), "
+              f"scheduling p50/p99 {r['sched_p50_ms']:.0f}/{r['sched_p99_ms']:.0f} ms ({r['unplaced']} not held by "
+              f"an agent 30 s after the phase), logs -f p50/p99 "
+              f"{r['follow_p50_ms']:.0f}/{r['follow_p99_ms']:.0f} ms ({r['marks']} marks; from stored "
+              f"{r['follow_srv_p50_ms']:.0f}/{r['follow_srv_p99_ms']:.0f} ms), RSS "
+              f"{r['rss_start_mib']:.0f} -> peak {r['rss_peak_mib']:.0f} -> {r['rss_end_mib']:.0f} MiB; lines "
+              f"printed {r['printed']:,}, stored {r['stored']:,} ({r['stored_per_s']:,.0f}/s), server CPU "
+              f"{r['server_cpu_s']:.1f} s ({r['cpu_us_per_line']:.0f} µs per line stored), log POST p99 "
+              f"{r['log_post_p99_ms']:.0f} ms")
+
+    def close(self) -> None:
+        self.server.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+        if self.db:
+            import psycopg
+
+            with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+                c.execute(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument("--workers", type=int, default=100, help="flood workers (default 100)")
+    ap.add_argument("--rate", type=float, default=1000, help="lines a second each flood worker prints (1,000)")
+    ap.add_argument("--seconds", type=float, default=60, help="the flood's length (60 s)")
+    ap.add_argument("--quiet-seconds", type=float, default=15, help="the quiet phase's length (15 s)")
+    ap.add_argument("--line-bytes", type=int, default=80, help="a flood line's length (80 bytes)")
+    ap.add_argument("--clients", type=int, default=3, help="submitting clients (3)")
+    ap.add_argument("--max-lines", type=int, default=20_000, help="ASTRAEUS_LOG_MAX_LINES_PER_WORKER (20,000)")
+    ap.add_argument("--src", help="run the server from this checkout's src/ (PYTHONPATH), e.g. the code before")
+    ap.add_argument("--quick", action="store_true", help="24 workers, 20 s flood, 10 s quiet")
+    a = ap.parse_args()
+    if a.quick:
+        a.workers, a.seconds, a.quiet_seconds = 24, 20, 10
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    for db in (["sqlite", "postgresql"] if a.db == "both" else [a.db]):
+        print(f"{db}: {a.workers} workers x {a.rate:g} lines/s for {a.seconds:g} s (quiet {a.quiet_seconds:g} s), "
+              f"{a.clients} submitting clients; load {os.getloadavg()[0]:.1f}" + (f"; server from {a.src}" if a.src
+                                                                                 else ""))
+        b = Bench(db, a)
+        try:
+            asyncio.run(b.main())
+        finally:
+            b.close()
+        print(f"  load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

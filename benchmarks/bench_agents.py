@@ -4,6 +4,7 @@ measures what they cost the control plane and how fast they hear of their work.
 
     .venv/bin/python benchmarks/bench_agents.py --agents 100 [--idle 60] [--heartbeat 5] [--poll-wait 30]
     .venv/bin/python benchmarks/bench_agents.py --quick          # 50 agents, short phases: well under 2 minutes
+    .venv/bin/python benchmarks/bench_agents.py --agents 400 --src /tmp/was/src   # the server of another checkout
 
 Each agent is what `astraeus agent` does on the wire, minus running anything: it registers with the join token
 (and keeps the machine credential the answer gives), long-polls GET /api/v1/agent/assignments with `after` = the
@@ -191,6 +192,8 @@ class Bench:
         self.db_url = f"postgresql://postgres@127.0.0.1:5432/{self.db}"
         env = dict(os.environ, ASTRAEUS_DATABASE_URL=f"postgresql+psycopg://postgres@127.0.0.1:5432/{self.db}",
                    ASTRAEUS_HEARTBEAT=str(a.heartbeat))
+        if a.src:
+            env["PYTHONPATH"] = a.src  # ahead of the editable install: the server runs that checkout's code
         self.server = Replica(Path(tempfile.mkdtemp(prefix="bench-agents-")), env).start()
         self.base = self.server.url
         self.join_token = self.server.vars["ASTRAEUS_MACHINE_TOKEN"]
@@ -276,11 +279,20 @@ class Bench:
 
             async def join(ag: Agent) -> None:
                 async with sem:
-                    await ag.register(client)
+                    for _ in range(5):  # a refused or reset connection is counted, and tried again
+                        try:
+                            await ag.register(client)
+                            return
+                        except httpx.HTTPError as e:
+                            self.stats.error("register", type(e).__name__)
+                            await asyncio.sleep(1)
 
             t0 = time.perf_counter()
             await asyncio.gather(*(join(ag) for ag in agents))
             reg = time.perf_counter() - t0
+            out["register_errors"] = {k: dict(v) for k, v in self.stats.errors.items()}
+            if out["register_errors"]:
+                print(f"  register: errors {out['register_errors']}", flush=True)
             out["register"] = {"wall_s": reg, "rate": self.n / reg, "p99_ms": pct(self.stats.latency["register"], 99)
                                * 1000}
             print(f"  registered {self.n} machines in {reg:.1f} s ({self.n / reg:.0f}/s, p99 "
@@ -414,11 +426,14 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=180.0,
                     help="the longest the placement phase lasts (submitting, and waiting for every worker to be seen)")
     ap.add_argument("--quick", action="store_true", help="50 agents, a 15 s idle window")
+    ap.add_argument("--src", help="start the server from this checkout's src (e.g. a git worktree of an earlier "
+                                  "commit), for a before/after")
     a = ap.parse_args()
     if a.quick:
         a.agents, a.idle, a.settle = 50, 15.0, 60.0
-    print(f"{a.agents} agents (one process) against one control plane on PostgreSQL; heartbeat {a.heartbeat:g} s, "
-          f"long-poll wait {a.poll_wait:g} s; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"{a.agents} agents (one process) against one control plane on PostgreSQL{' from ' + a.src if a.src else ''}; "
+          f"heartbeat {a.heartbeat:g} s, long-poll wait {a.poll_wait:g} s; {os.cpu_count()} cores, load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
     bench = Bench(a)
     # SIGTERM (e.g. `timeout`) ends the run like Ctrl-C: the server stopped and its database dropped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -432,7 +447,8 @@ def main() -> None:
           f"p99 {pl['seen_p99_ms']:.0f} ms ({pl['seen']}/{pl['runs']} seen, {pl['submitted']} submitted); API probe p99 idle "
           f"{idle['probe_p99_ms']:.0f} ms, placing {pl['probe_p99_ms']:.0f} ms; machines not Ready at the end: "
           f"{out['lost']}")
-    broke = [f"{k}: {v}" for ph in ("idle", "placement") for k, v in out[ph]["errors"].items()]
+    broke = [f"{k} (registering): {v}" for k, v in out["register_errors"].items()]
+    broke += [f"{k}: {v}" for ph in ("idle", "placement") for k, v in out[ph]["errors"].items()]
     broke += [f"{ph}: {out[ph]['late_polls']} long-polls answered later than wait + 5 s"
               for ph in ("idle", "placement") if out[ph]["late_polls"]]
     broke += [f"{ph}: {out[ph]['slow_reports']} reports slower than a heartbeat"

@@ -9,7 +9,10 @@ the latency of each submit (p50/p99).
   jobs: queued, never started, as the runs here wait behind a full machine) from C concurrent clients, each a
   thread that runs one sbatch process after another, as a person's script would; the jobs are cancelled after.
 - `--was SRC`: the same Astraeus measurement with the server started from another checkout's `src` (e.g. a git
-  worktree of an earlier commit), in the same run, for a before/after ratio.
+  worktree of an earlier commit), in the same run, for a before/after ratio: was, now, now, was on each database
+  (the machine's load drifts; each pair's mean sees the same drift), each line printed, the pairs' means tabled.
+- The server's CPU time per submit (psutil: user + system of the server process over the measured submits) is
+  printed beside the rate: what a submit costs, whatever else shares the cores.
 
     .venv/bin/python benchmarks/bench_submit.py [--runs 1000] [--clients 8] [--slurm-jobs 500] [--was SRC]
 
@@ -54,9 +57,18 @@ def p99(values: list[float]) -> float:
     return s[max(0, -(-len(s) * 99 // 100) - 1)]  # nearest rank
 
 
-def figures(system: str, latencies: list[float], wall: float) -> dict:
+def figures(system: str, latencies: list[float], wall: float, cpu_s: float | None = None) -> dict:
     return {"system": system, "n": len(latencies), "wall_s": wall, "rate": len(latencies) / wall,
-            "p50_ms": statistics.median(latencies) * 1000, "p99_ms": p99(latencies) * 1000}
+            "p50_ms": statistics.median(latencies) * 1000, "p99_ms": p99(latencies) * 1000,
+            "cpu_ms": None if cpu_s is None else cpu_s * 1000 / max(1, len(latencies))}
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process so far (user + system): what it costs, whatever else shares the machine's cores."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def hammer(n: int, clients: int, submit_factory) -> tuple[list[float], float]:
@@ -156,8 +168,9 @@ def measure_astraeus(database: str, runs: int, clients: int, src: str | None = N
             return submit, h.close
 
         hammer(min(50, runs), clients, factory)  # warm-up: connections, the first cycles (not counted)
+        c0 = cpu_seconds(proc.pid)
         lat, wall = hammer(runs, clients, lambda: _offset(factory, 1_000_000))
-        return figures(f"Astraeus {database}{label}", lat, wall)
+        return figures(f"Astraeus {database}{label}", lat, wall, cpu_seconds(proc.pid) - c0)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -167,6 +180,12 @@ def measure_astraeus(database: str, runs: int, clients: int, src: str | None = N
 
             with psycopg.connect(PG_ADMIN, autocommit=True) as c:
                 c.execute(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)")
+
+
+def mean_of(a: dict, b: dict) -> dict:
+    """Two measurements of one system as one row (the mean of each figure; n and wall summed)."""
+    return {"system": a["system"] + " (2)", "n": a["n"] + b["n"], "wall_s": a["wall_s"] + b["wall_s"],
+            **{k: (a[k] + b[k]) / 2 for k in ("rate", "p50_ms", "p99_ms", "cpu_ms")}}
 
 
 def _offset(factory, k: int):
@@ -221,16 +240,23 @@ def main() -> None:
         slurm.append(measure_slurm(a.slurm_jobs, a.clients))
         results.append(slurm[-1])
     for db in dbs:
-        if a.was:
-            results.append(measure_astraeus(db, a.runs, a.clients, a.was, " (was)"))
-        results.append(measure_astraeus(db, a.runs, a.clients))
+        if a.was:  # was, now, now, was: the machine's load drifts, and each pair's mean sees the same drift
+            pair = [measure_astraeus(db, a.runs, a.clients, a.was, " (was)"), measure_astraeus(db, a.runs, a.clients),
+                    measure_astraeus(db, a.runs, a.clients), measure_astraeus(db, a.runs, a.clients, a.was, " (was)")]
+            for r in pair:
+                print(f"  {r['system']}: {r['rate']:.0f}/s, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
+                      f"server CPU {r['cpu_ms']:.1f} ms per submit, load {os.getloadavg()[0]:.1f}", flush=True)
+            results += [mean_of(pair[0], pair[3]), mean_of(pair[1], pair[2])]
+        else:
+            results.append(measure_astraeus(db, a.runs, a.clients))
     if a.slurm_jobs:  # again at the end: the load on a shared machine drifts
         slurm.append(measure_slurm(a.slurm_jobs, a.clients))
         results.append(slurm[-1])
-    print(f"{'system':<30}{'n':>6}{'per s':>9}{'p50 ms':>9}{'p99 ms':>9}{'wall s':>8}")
+    print(f"{'system':<30}{'n':>6}{'per s':>9}{'p50 ms':>9}{'p99 ms':>9}{'wall s':>8}{'CPU ms/submit':>15}")
     for r in results:
+        cpu = "" if r.get("cpu_ms") is None else f"{r['cpu_ms']:.1f}"
         print(f"{r['system']:<30}{r['n']:>6}{r['rate']:>9.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
-              f"{r['wall_s']:>8.1f}")
+              f"{r['wall_s']:>8.1f}{cpu:>15}")
     if slurm:
         ref = statistics.mean(s["rate"] for s in slurm)
         print(f"ratio to Slurm's sbatch ({ref:.0f}/s, the mean of its two measurements):")

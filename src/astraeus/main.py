@@ -108,8 +108,12 @@ def _serve(settings, cp, on_ready=None, on_signal=None) -> None:
     from astraeus.server.app import create_app
 
     fastapi_app = create_app(settings, cp)
+    # timeout_keep_alive: longer than a client keeps an idle connection (httpx: 5 s), so that the client, not the
+    # server, closes it. With uvicorn's 5 s both sides closed at about the same moment, and an agent's heartbeat
+    # every 5 s now and then went out on a connection the server was closing (RemoteProtocolError / ReadError:
+    # hundreds a minute with 200 agents, benchmarks/bench_agents.py).
     config = uvicorn.Config(fastapi_app, host=settings.host, port=settings.port, log_level="warning",
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, timeout_keep_alive=75)
     server = uvicorn.Server(config)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -406,7 +406,9 @@ class WhyNot:
         out, named_t = self._open_lines(s, u, head_shown)
         for i, entry in over.items():
             out[i] = entry
-        named = {i: p for i, p in named_t.items() if i not in over} if over else named_t
+        if not over or self.grouped:
+            return tuple(out), named_t  # grouped: only machines the run may use (none laid over) are named
+        named = {i: p for i, p in named_t.items() if i not in over}
         return tuple(out), named
 
     @staticmethod

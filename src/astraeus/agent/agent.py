@@ -777,30 +777,44 @@ class Agent:
     def _collect_logs(self, only: set[tuple[str, int]] | None) -> tuple[list[P.WorkerLogLine], dict, dict, bool]:
         """One batch of new lines from every attempt (or those in `only`): (lines, the log offsets and rate limits
         once they are stored, whether more are waiting). Without `only`, an attempt that ended and is not reported
-        yet is left to the report, which carries its last lines (send_report)."""
+        yet is left to the report, which carries its last lines (send_report). Each attempt first gets its share
+        of the batch (LOG_BATCH / attempts), then those with more take what is left, in turn: a quiet worker's
+        lines never wait behind a flooding neighbour's backlog."""
         lines: list[P.WorkerLogLine] = []
         new_offsets: dict[str, int] = {}
         new_limits: dict[str, list] = {}
-        more = False
         read = 0
+        attempts = []
         for st in self.runtime.list():
             if only is not None and st.key not in only:
                 continue
             if only is None and st.final and st.key not in self.reported_final and self.lines_in_report:
                 self.wake_report.set()
                 continue
+            attempts.append(st)
+
+        def take(st, want: int) -> bool:
+            """Up to `want` lines of one attempt; True when it has more."""
+            nonlocal lines, read
             lk = self._log_key(st.key)
-            want = LOG_BATCH - read
-            batch, end = self.runtime.read_logs(st.worker, st.attempt, self.log_offsets.get(lk, 0), limit=want)
-            limit = self.log_limits.get(lk, [0, 0, 0, 0, 0.0])
-            if batch or end != self.log_offsets.get(lk, 0) or limit[2]:
+            start = new_offsets.get(lk, self.log_offsets.get(lk, 0))
+            batch, end = self.runtime.read_logs(st.worker, st.attempt, start, limit=want)
+            limit = new_limits.get(lk) or self.log_limits.get(lk, [0, 0, 0, 0, 0.0])
+            if batch or end != start or limit[2]:
                 read += len(batch)
                 new_limits[lk] = list(limit)
                 lines += self._rate_limited(st.worker, st.attempt, batch, new_limits[lk], at_end=len(batch) < want)
                 new_offsets[lk] = end
+            return len(batch) >= want
+
+        share = max(1, LOG_BATCH // max(1, len(attempts)))
+        behind = [st for st in attempts if take(st, share)]
+        more = False
+        for st in behind:
             if read >= LOG_BATCH:
                 more = True
                 break
+            more = take(st, LOG_BATCH - read) or more
         return lines, new_offsets, new_limits, more
 
     def _post_logs(self, client: httpx.Client, batch: tuple[list[P.WorkerLogLine], dict, dict, bool]) -> None:

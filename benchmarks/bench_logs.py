@@ -8,7 +8,7 @@ does to the API, to scheduling, to the control plane's memory and to `logs -f`.
 The machines are played in this process (asyncio + httpx) over the real agent protocol: each registers with the
 join token, long-polls its assignments, reports its workers Running (a probe run's worker Exited 0.2 s later),
 and ships its workers' lines the way `astraeus agent` does (astraeus.agent.agent): every 0.5 s, or at once while
-it is behind, one round of at most LOG_BATCH lines (the workers in turn, each from where it stopped), posted to
+it is behind, one round of at most LOG_BATCH lines (each worker its share, then those with more the rest), posted to
 POST /api/v1/agent/logs in parts of about LOG_POST_BYTES. A flood worker "prints" --rate lines a second (a line's
 time is when it was printed; what the agent has not shipped yet waits: the backlog is printed); nothing is dropped
 on the agent (its log_rate is 1,000 lines/s: the flood is at most that).
@@ -94,7 +94,6 @@ class Machine:
         self.states: dict[tuple[str, int], str] = {}
         self.workers: dict[str, Worker] = {}
         self.changed = asyncio.Event()
-        self.turn = 0
 
     def h(self) -> dict:
         return {"Authorization": f"Bearer {self.credential or self.bench.join_token}"}
@@ -164,15 +163,15 @@ class Machine:
         async with b.client() as client:
             while not b.stopping:
                 ws = list(self.workers.values())
-                if ws:
-                    self.turn = (self.turn + 1) % len(ws)
-                    ws = ws[self.turn:] + ws[:self.turn]
                 lines: list[dict] = []
                 now = time.time()
+                share = max(1, LOG_BATCH // max(1, len(ws)))  # as Agent._collect_logs: each its share, then the rest
                 for w in ws:
-                    lines += w.lines(now, LOG_BATCH - len(lines))
+                    lines += w.lines(now, share)
+                for w in ws:
                     if len(lines) >= LOG_BATCH:
                         break
+                    lines += w.lines(now, LOG_BATCH - len(lines))
                 part: list[dict] = []
                 size = 0
                 for ln in lines:

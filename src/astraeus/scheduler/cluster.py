@@ -14,6 +14,7 @@ Two views of the room:
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from itertools import islice
 
 from . import reasons as R
 from .model import Machine, NodeSelection, Placement, Snapshot, WaitingRun, WorkerRequest
@@ -524,9 +525,13 @@ class Cluster:
             return self._nothing_allowed(run.node_selection, ws_pools)
         largest = "the largest machine it may use has" if restricted else "the largest machine has"
         fitting: set[int] = set()
+        cap_g, cap_c, cap_m = self.cap_g, self.cap_c, self.cap_m
+        # Up to len(workers) machines per shape tell both checks below apart (a shape with that many fits all its
+        # workers, and the union then holds enough): no scan of every machine once enough are found.
+        enough = len(workers)
         for s in sorted({shape(w) for w in workers}):
             g, c, m = s
-            ok = [i for i in machines if self.cap_g[i] >= g and self.cap_c[i] >= c and self.cap_m[i] >= m]
+            ok = list(islice((i for i in machines if cap_g[i] >= g and cap_c[i] >= c and cap_m[i] >= m), enough))
             if not ok:
                 top_g = max(self.cap_g[i] for i in machines)
                 top_c = max(self.cap_c[i] for i in machines)

@@ -1,10 +1,15 @@
-"""A fleet's agents against one control plane: N lightweight agents (asyncio + httpx, all in this process) speak the
+"""A fleet's agents against one control plane: N lightweight agents (asyncio + httpx, many per process) speak the
 real agent protocol to one `astraeus server` on the local PostgreSQL (a fresh database), and the benchmark
 measures what they cost the control plane and how fast they hear of their work.
 
     .venv/bin/python benchmarks/bench_agents.py --agents 100 [--idle 60] [--heartbeat 5] [--poll-wait 30]
     .venv/bin/python benchmarks/bench_agents.py --quick          # 50 agents, short phases: well under 2 minutes
     .venv/bin/python benchmarks/bench_agents.py --agents 400 --src /tmp/was/src   # the server of another checkout
+    .venv/bin/python benchmarks/bench_agents.py --agents 1000 --procs 4           # the agents in 4 processes
+
+The agents run in --procs child processes (default: at most 250 agents in each), each on its own asyncio loop,
+driven over a pipe by this process, which starts the server, runs the phases, submits, probes the API and reads
+the database; with --procs 1 they run on this process's own loop (one process alone cannot drive 1,000 agents).
 
 Each agent is what `astraeus agent` does on the wire, minus running anything: it registers with the join token
 (and keeps the machine credential the answer gives), long-polls GET /api/v1/agent/assignments with `after` = the
@@ -29,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import multiprocessing
 import os
 import random
 import signal
@@ -74,59 +81,75 @@ class Stats:
         self.errors.clear()
         self.late_polls = self.slow_reports = 0
 
+    def snapshot(self) -> dict:
+        """Plain data, to send over a pipe."""
+        return {"latency": dict(self.latency), "errors": {k: dict(v) for k, v in self.errors.items()},
+                "late_polls": self.late_polls, "slow_reports": self.slow_reports, "seen": dict(self.seen)}
+
+    def add(self, snap: dict) -> None:
+        """Add what another process's agents saw."""
+        for what, xs in snap["latency"].items():
+            self.latency[what] += xs
+        for what, whys in snap["errors"].items():
+            for why, n in whys.items():
+                self.errors[what][why] += n
+        self.late_polls += snap["late_polls"]
+        self.slow_reports += snap["slow_reports"]
+        self.seen.update(snap["seen"])
+
 
 class Agent:
     """One machine's agent on the wire: long-poll, report on change and every heartbeat."""
 
-    def __init__(self, bench: Bench, name: str):
-        self.bench, self.name = bench, name
+    def __init__(self, group: Agents, name: str, index: int):
+        self.group, self.name, self.index = group, name, index
         self.credential: str | None = None
         self.version = 0
-        self.heartbeat = bench.heartbeat
+        self.heartbeat = group.heartbeat
         self.states: dict[tuple[str, int], str] = {}
         self.changed = asyncio.Event()
 
     def h(self) -> dict:
-        return {"Authorization": f"Bearer {self.credential or self.bench.join_token}"}
+        return {"Authorization": f"Bearer {self.credential or self.group.join_token}"}
 
     async def register(self, client: httpx.AsyncClient) -> None:
         t0 = time.perf_counter()
         r = await client.post("/api/v1/agent/register", headers=self.h(), json={
             "name": self.name, "gpus": GPUS, "gpu_models": ["NVIDIA H100 80GB HBM3"], "cpu_cores": 128,
             "memory_bytes": 1 << 40, "stop_grace_seconds": 1, "runtime": "process",
-            "address": f"10.{self.bench.index(self.name) // 250}.{self.bench.index(self.name) % 250}.1"})
-        self.bench.stats.latency["register"].append(time.perf_counter() - t0)
+            "address": f"10.{self.index // 250}.{self.index % 250}.1"})
+        self.group.stats.latency["register"].append(time.perf_counter() - t0)
         r.raise_for_status()
         ans = r.json()
         self.credential = ans["credential"] or self.credential
         self.heartbeat = ans["heartbeat_seconds"]
 
     async def poll_loop(self) -> None:
-        async with self.bench.client() as client:
+        async with self.group.client() as client:
             await self._poll(client)
 
     async def report_loop(self) -> None:
-        async with self.bench.client() as client:
+        async with self.group.client() as client:
             await self._report(client)
 
     async def _poll(self, client: httpx.AsyncClient) -> None:
-        b, wait = self.bench, self.bench.poll_wait
-        while not b.stopping:
+        g, wait = self.group, self.group.poll_wait
+        while not g.stopping:
             t0 = time.perf_counter()
             try:
                 r = await client.get("/api/v1/agent/assignments", headers=self.h(), timeout=wait + 5,
                                      params={"machine": self.name, "after": self.version, "wait": wait})
             except httpx.TimeoutException:
-                b.stats.error("assignments", "timeout (no answer within wait + 5 s)")
-                b.stats.late_polls += 1
+                g.stats.error("assignments", "timeout (no answer within wait + 5 s)")
+                g.stats.late_polls += 1
                 continue
             except httpx.HTTPError as e:
-                b.stats.error("assignments", type(e).__name__)
+                g.stats.error("assignments", type(e).__name__)
                 await asyncio.sleep(1)
                 continue
             seen = time.time()
             if r.status_code != 200:
-                b.stats.error("assignments", str(r.status_code))
+                g.stats.error("assignments", str(r.status_code))
                 await asyncio.sleep(1)
                 continue
             data = r.json()
@@ -137,7 +160,7 @@ class Agent:
                 assigned.add(key)
                 if a["desired"] == "Running" and key not in self.states:
                     self.states[key] = "Running"
-                    b.stats.seen.setdefault(a["name"], seen)
+                    g.stats.seen.setdefault(a["name"], seen)
                     self.changed.set()
                 elif a["desired"] == "Stopped" and self.states.get(key) != "Exited":
                     self.states[key] = "Exited"
@@ -145,20 +168,20 @@ class Agent:
             for key in set(self.states) - assigned:
                 del self.states[key]
             if time.perf_counter() - t0 > wait + 5:
-                b.stats.late_polls += 1
+                g.stats.late_polls += 1
 
     async def _report(self, client: httpx.AsyncClient) -> None:
-        b = self.bench
+        g = self.group
         # Real machines' heartbeats are spread over the period (they started at different times): so here.
         await asyncio.sleep(random.uniform(0, self.heartbeat))
         self.changed.set()
-        while not b.stopping:
+        while not g.stopping:
             try:
                 await asyncio.wait_for(self.changed.wait(), self.heartbeat)
             except TimeoutError:
                 pass
             self.changed.clear()
-            if b.stopping:
+            if g.stopping:
                 return
             workers = [{"worker": w, "attempt": att, "state": st, "pid": 1000 + att,
                         **({"exit_code": 0} if st == "Exited" else {})} for (w, att), st in self.states.items()]
@@ -167,23 +190,139 @@ class Agent:
                 r = await client.post("/api/v1/agent/report", headers=self.h(), timeout=30,
                                       json={"machine": self.name, "workers": workers})
             except httpx.HTTPError as e:
-                b.stats.error("report", type(e).__name__)
+                g.stats.error("report", type(e).__name__)
                 self.changed.set()
                 await asyncio.sleep(1)
                 continue
             dt = time.perf_counter() - t0
-            b.stats.latency["report"].append(dt)
+            g.stats.latency["report"].append(dt)
             if dt > self.heartbeat:
-                b.stats.slow_reports += 1
+                g.stats.slow_reports += 1
             if r.status_code != 200:
-                b.stats.error("report", str(r.status_code))
+                g.stats.error("report", str(r.status_code))
+
+
+class Agents:
+    """Some of the fleet's agents, on one asyncio loop (this process's or a child process's), and what they saw."""
+
+    def __init__(self, base: str, join_token: str, first: int, n: int, heartbeat: float, poll_wait: float,
+                 joining: int):
+        self.base, self.join_token, self.heartbeat, self.poll_wait = base, join_token, heartbeat, poll_wait
+        self.joining = joining  # how many of these agents register at a time
+        self.stats = Stats()
+        self.stopping = False
+        self.ssl = ssl.create_default_context()
+        self.agents = [Agent(self, f"m{i:05d}", i) for i in range(first, first + n)]
+        self.tasks: list[asyncio.Task] = []
+
+    def client(self) -> httpx.AsyncClient:
+        """An HTTP client of its own for each agent's loop, as `astraeus agent` has (one connection pool shared by
+        thousands of requests costs httpcore time quadratic in them, and the load generator becomes the limit)."""
+        return httpx.AsyncClient(base_url=self.base, timeout=60, verify=self.ssl)  # one TLS context for all
+
+    async def register(self) -> None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        sem = asyncio.Semaphore(self.joining)
+        async with httpx.AsyncClient(base_url=self.base, limits=limits, timeout=60, verify=self.ssl) as client:
+
+            async def join(ag: Agent) -> None:
+                async with sem:
+                    for _ in range(5):  # a refused or reset connection is counted, and tried again
+                        try:
+                            await ag.register(client)
+                            return
+                        except httpx.HTTPError as e:
+                            self.stats.error("register", type(e).__name__)
+                            await asyncio.sleep(1)
+
+            await asyncio.gather(*(join(ag) for ag in self.agents))
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(ag.poll_loop()) for ag in self.agents]
+        self.tasks += [asyncio.create_task(ag.report_loop()) for ag in self.agents]
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def handle(agents: Agents, command: str):
+    """What the main process asks of a group of agents; the answer goes back to it."""
+    if command == "register":
+        await agents.register()
+    elif command == "start":
+        agents.start()
+    elif command == "reset":
+        agents.stats.reset()
+    elif command == "stats":
+        return agents.stats.snapshot()
+    elif command == "seen":
+        return dict(agents.stats.seen)
+    elif command == "stop":
+        await agents.stop()
+    else:
+        raise ValueError(f"unknown command {command!r}")
+    return None
+
+
+def agent_process(conn, group: dict) -> None:
+    """A child process: its agents on its own loop, each command from the pipe answered on it, until "stop"."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle: it stops us
+
+    async def serve() -> None:
+        agents = Agents(**group)
+        while True:
+            command = await asyncio.to_thread(conn.recv)
+            conn.send(await handle(agents, command))
+            if command == "stop":
+                return
+
+    asyncio.run(serve())
+
+
+class Here:
+    """A group of agents on this process's loop (--procs 1)."""
+
+    def __init__(self, group: dict):
+        self.agents = Agents(**group)
+        self.pid = os.getpid()
+
+    async def ask(self, command: str):
+        return await handle(self.agents, command)
+
+    def close(self) -> None:
+        pass
+
+
+class Child:
+    """A group of agents in a child process, driven over a pipe."""
+
+    def __init__(self, group: dict):
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=agent_process, args=(theirs, group), daemon=True)
+        self.proc.start()
+        theirs.close()
+        self.pid = self.proc.pid
+
+    async def ask(self, command: str):
+        self.conn.send(command)
+        return await asyncio.to_thread(self.conn.recv)
+
+    def close(self) -> None:
+        self.proc.join(timeout=5)  # after "stop" it ends by itself; after an interruption it is ended here
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join()
 
 
 class Bench:
     def __init__(self, a: argparse.Namespace):
-        self.n, self.heartbeat, self.poll_wait = a.agents, a.heartbeat, a.poll_wait
-        self.stats = Stats()
-        self.stopping = False
+        self.n, self.heartbeat, self.poll_wait, self.procs = a.agents, a.heartbeat, a.poll_wait, a.procs
+        self.stats = Stats()  # this process's own: the API probe and the submits
+        self.groups: list[Here | Child] = []
         self.db = "astraeus_bench_" + uuid.uuid4().hex[:8]
         import psycopg
 
@@ -200,16 +339,38 @@ class Bench:
         self.api = self.server.vars["API"].split("/", 3)[3]
         self.user = {"Authorization": f"Bearer {self.server.vars['ASTRAEUS_TOKEN']}"}
         self.ssl = ssl.create_default_context()
-        self.names = [f"m{i:05d}" for i in range(self.n)]
-        self._index = {n: i for i, n in enumerate(self.names)}
+        # the agents, split evenly over the processes (m00000 … in order); 50 register at a time in all
+        sizes = [self.n // self.procs + (i < self.n % self.procs) for i in range(self.procs)]
+        firsts = [sum(sizes[:i]) for i in range(self.procs)]
+        groups = [{"base": self.base, "join_token": self.join_token, "first": first, "n": size,
+                   "heartbeat": self.heartbeat, "poll_wait": self.poll_wait, "joining": math.ceil(50 / self.procs)}
+                  for first, size in zip(firsts, sizes, strict=True)]
+        self.groups = [Here(groups[0])] if self.procs == 1 else [Child(g) for g in groups]
 
     def client(self) -> httpx.AsyncClient:
-        """An HTTP client of its own for each agent's loop, as `astraeus agent` has (one connection pool shared by
-        thousands of requests costs httpcore time quadratic in them, and the load generator becomes the limit)."""
-        return httpx.AsyncClient(base_url=self.base, timeout=60, verify=self.ssl)  # one TLS context for all
+        return httpx.AsyncClient(base_url=self.base, timeout=60, verify=self.ssl)
 
-    def index(self, name: str) -> int:
-        return self._index[name]
+    async def ask(self, command: str) -> list:
+        """The same command to every group of agents at once; their answers."""
+        return await asyncio.gather(*(g.ask(command) for g in self.groups))
+
+    async def agent_stats(self) -> Stats:
+        """What every agent saw since the last reset, and this process's own figures, together."""
+        st = Stats()
+        st.add(self.stats.snapshot())
+        for snap in await self.ask("stats"):
+            st.add(snap)
+        return st
+
+    async def seen(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for s in await self.ask("seen"):
+            out.update(s)
+        return out
+
+    async def reset(self) -> None:
+        self.stats.reset()
+        await self.ask("reset")
 
     # ---------------------------------------------------------------------------------------- measuring
     def cpu(self) -> tuple[float, dict[int, float]]:
@@ -224,6 +385,11 @@ class Bench:
             except psutil.Error:
                 pass
         return server, self.pg_cpu()
+
+    def agents_cpu(self) -> float:
+        """CPU seconds so far of this process and the agents' processes."""
+        pids = {os.getpid(), *(g.pid for g in self.groups)}
+        return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
 
     def pg_cpu(self) -> dict[int, float]:
         """CPU seconds of each PostgreSQL backend serving the benchmark's database now, by pid."""
@@ -274,46 +440,31 @@ class Bench:
         out: dict = {}
         async with (httpx.AsyncClient(base_url=self.base, limits=limits, timeout=60) as client,
                     self.client() as probe_client):
-            agents = [Agent(self, n) for n in self.names]
-            sem = asyncio.Semaphore(50)
-
-            async def join(ag: Agent) -> None:
-                async with sem:
-                    for _ in range(5):  # a refused or reset connection is counted, and tried again
-                        try:
-                            await ag.register(client)
-                            return
-                        except httpx.HTTPError as e:
-                            self.stats.error("register", type(e).__name__)
-                            await asyncio.sleep(1)
-
+            await self.ask("reset")  # (every agents' process is up and answering)
             t0 = time.perf_counter()
-            await asyncio.gather(*(join(ag) for ag in agents))
+            await self.ask("register")
             reg = time.perf_counter() - t0
-            out["register_errors"] = {k: dict(v) for k, v in self.stats.errors.items()}
+            st = await self.agent_stats()
+            out["register_errors"] = {k: dict(v) for k, v in st.errors.items()}
             if out["register_errors"]:
                 print(f"  register: errors {out['register_errors']}", flush=True)
-            out["register"] = {"wall_s": reg, "rate": self.n / reg, "p99_ms": pct(self.stats.latency["register"], 99)
+            out["register"] = {"wall_s": reg, "rate": self.n / reg, "p99_ms": pct(st.latency["register"], 99)
                                * 1000}
             print(f"  registered {self.n} machines in {reg:.1f} s ({self.n / reg:.0f}/s, p99 "
                   f"{out['register']['p99_ms']:.0f} ms)", flush=True)
 
-            tasks = [asyncio.create_task(ag.poll_loop()) for ag in agents]
-            tasks += [asyncio.create_task(ag.report_loop()) for ag in agents]
+            await self.ask("start")
             await asyncio.sleep(min(10.0, 2 + self.n / 100))  # every agent's first answer and report
-            self.stats.reset()
+            await self.reset()
 
             # idle: long-polls and heartbeats only
             out["idle"] = await self.window(probe_client, idle, "idle", None)
 
             # placement: N one-machine runs, one per machine
-            self.stats.reset()
+            await self.reset()
             out["placement"] = await self.window(probe_client, None, "placement", (client, settle_timeout))
 
-            self.stopping = True
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.ask("stop")
         out["lost"] = self.sql("SELECT count(*) FROM machines WHERE state <> 'Ready'")[0][0]
         return out
 
@@ -321,8 +472,7 @@ class Bench:
                      placement: tuple[httpx.AsyncClient, float] | None) -> dict:
         done = asyncio.Event()
         probe = asyncio.create_task(self.probe(probe_client, done))
-        me = psutil.Process()
-        c_me0 = sum(me.cpu_times()[:2])
+        c_me0 = self.agents_cpu()
         s0, pg0 = self.cpu()
         t0 = time.perf_counter()
         res: dict = {}
@@ -333,10 +483,10 @@ class Bench:
         wall = time.perf_counter() - t0
         s1, pg1 = self.cpu()
         pg = self.pg_delta(pg0, pg1)
-        c_me1 = sum(me.cpu_times()[:2])
+        c_me1 = self.agents_cpu()
         done.set()
         await probe
-        st = self.stats
+        st = await self.agent_stats()
         res["not_ready"] = self.sql("SELECT count(*) FROM machines WHERE state <> 'Ready'")[0][0]
         res.update({
             "wall_s": wall, "server_cpu_s": s1 - s0, "pg_cpu_s": pg, "bench_cpu_s": c_me1 - c_me0,
@@ -356,7 +506,7 @@ class Bench:
               f"{res['pg_cpu_ms_per_agent_min']:.1f}), reports {res['reports_per_s']:.0f}/s p99 "
               f"{res['report_p99_ms']:.0f} ms, API probe p50 {res['probe_p50_ms']:.0f} / p99 "
               f"{res['probe_p99_ms']:.0f} ms, late long-polls {st.late_polls}, errors {res['errors'] or 'none'}; the "
-              f"agents' own process {res['bench_cpu_s'] / wall:.2f} cores, load {os.getloadavg()[0]:.1f}; machines not "
+              f"agents' own process{'es' if self.procs > 1 else ''} {res['bench_cpu_s'] / wall:.2f} cores, load {os.getloadavg()[0]:.1f}; machines not "
               f"Ready {res['not_ready']}",
               flush=True)
         return res
@@ -394,11 +544,13 @@ class Bench:
         await asyncio.gather(*(submitter() for _ in range(8)))
         submitted = time.perf_counter() - t0
         workers = {f"{n}-0" for n in submitted_names}
-        while time.perf_counter() < deadline and not workers <= self.stats.seen.keys():
+        seen = await self.seen()
+        while time.perf_counter() < deadline and not workers <= seen.keys():
             await asyncio.sleep(0.2)
+            seen = await self.seen()
         all_seen = time.perf_counter() - t0
         placed = dict(self.sql("SELECT name, placed_at FROM workers WHERE placed_at IS NOT NULL"))
-        lat = [self.stats.seen[w] - placed[w] for w in workers if w in placed and w in self.stats.seen]
+        lat = [seen[w] - placed[w] for w in workers if w in placed and w in seen]
         res = {"runs": self.n, "submitted": len(submitted_names), "submit_s": submitted, "submit_p99_ms": pct(submit_lat, 99) * 1000,
                "placed": sum(w in placed for w in workers), "seen": len(lat), "all_seen_s": all_seen,
                "seen_p50_ms": pct(lat, 50) * 1000, "seen_p99_ms": pct(lat, 99) * 1000,
@@ -410,6 +562,8 @@ class Bench:
         return res
 
     def close(self) -> None:
+        for g in self.groups:
+            g.close()
         self.server.stop()
         import psycopg
 
@@ -425,13 +579,17 @@ def main() -> None:
     ap.add_argument("--poll-wait", type=float, default=30.0, help="the agents' long-poll wait (the agent's: 30 s)")
     ap.add_argument("--settle", type=float, default=180.0,
                     help="the longest the placement phase lasts (submitting, and waiting for every worker to be seen)")
+    ap.add_argument("--procs", type=int, help="processes running the agents (default: at most 250 agents in each; "
+                                              "1: the agents on this process's own loop)")
     ap.add_argument("--quick", action="store_true", help="50 agents, a 15 s idle window")
     ap.add_argument("--src", help="start the server from this checkout's src (e.g. a git worktree of an earlier "
                                   "commit), for a before/after")
     a = ap.parse_args()
     if a.quick:
         a.agents, a.idle, a.settle = 50, 15.0, 60.0
-    print(f"{a.agents} agents (one process) against one control plane on PostgreSQL{' from ' + a.src if a.src else ''}; "
+    a.procs = max(1, min(a.procs or math.ceil(a.agents / 250), a.agents))
+    procs = "one process" if a.procs == 1 else f"{a.procs} processes"
+    print(f"{a.agents} agents ({procs}) against one control plane on PostgreSQL{' from ' + a.src if a.src else ''}; "
           f"heartbeat {a.heartbeat:g} s, long-poll wait {a.poll_wait:g} s; {os.cpu_count()} cores, load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     bench = Bench(a)

@@ -11,7 +11,6 @@ it; there the UPDATE takes the process's state lock (held for that UPDATE only).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -20,7 +19,6 @@ from sqlalchemy.orm import Session
 
 from astraeus import protocol as P
 from astraeus.server import lifecycle, services
-from astraeus.server.core import STATE_LOCK
 from astraeus.server.db import Machine, Run, Worker, Workspace
 
 
@@ -75,16 +73,8 @@ def heartbeat_only(session: Session, m: Machine, body: P.Report, at: float) -> b
             recorded_here(session, m, {r.worker for r in body.workers}), body.workers):
         session.expire(m)  # read before the state lock: the usual way reads it again under the lock
         return False
-    postgres = session.get_bind().dialect.name == "postgresql"
-    if not postgres:
-        services.hand_back_connection(session)  # wait for the lock holding no pooled connection (see tx)
-    with contextlib.nullcontext() if postgres else STATE_LOCK:
-        try:
-            done = lifecycle.machine_heartbeat_seen(session, m.id, at)
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
+    with services.side_tx(session):
+        done = lifecycle.machine_heartbeat_seen(session, m.id, at)
     if not done:
         session.expire(m)
     return done

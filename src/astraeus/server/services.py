@@ -64,6 +64,27 @@ def tx(s: Session, keep=()):
         STATE_LOCK.release()
 
 
+@contextmanager
+def side_tx(s: Session):
+    """Commit what the block did, or nothing, for a write that changes no state (a heartbeat's time, log lines):
+    on PostgreSQL without the state lock or the advisory lock, so that submits, reports and the scheduling loop
+    never wait for it; on SQLite (one writer) under the process's state lock, held for the block only and waited
+    for holding no pooled connection, rather than racing state changes for the database's write lock."""
+    sqlite = s.get_bind().dialect.name == "sqlite"
+    if sqlite and not STATE_LOCK.acquire(blocking=False):
+        hand_back_connection(s)
+        STATE_LOCK.acquire()
+    try:
+        yield
+        s.commit()
+    except BaseException:
+        s.rollback()
+        raise
+    finally:
+        if sqlite:
+            STATE_LOCK.release()
+
+
 @event.listens_for(Session, "after_flush")
 def _wrote(session: Session, _context) -> None:
     session.info["wrote"] = True

@@ -8,7 +8,6 @@ models, shared with the agent.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from typing import Annotated
 
 import anyio.to_thread
@@ -105,17 +104,6 @@ def agent_report(tok: AgentTok, s: Sess, cp: CP, body: P.Report) -> P.Ack:
 LOG_STORES_AT_ONCE = 2
 
 
-@contextmanager
-def _plain(s):
-    """Commit what the block did, or nothing: a transaction without the state lock."""
-    try:
-        yield
-        s.commit()
-    except BaseException:
-        s.rollback()
-        raise
-
-
 def _inline(schema: dict) -> dict:
     """A model's JSON schema with its $defs written in place (for openapi_extra, which has no $defs)."""
     defs = schema.pop("$defs", {})
@@ -143,11 +131,9 @@ async def agent_logs(tok: AgentTok, s: Sess, cp: CP, request: Request) -> P.Logs
             body = P.Logs.model_validate_json(raw)
         except ValidationError as e:
             raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
-        # PostgreSQL: not a state change, so no state lock: submits, reports and the scheduler never wait for lines.
-        # SQLite has one writer: a store waits its turn for the state lock like any change (a short one: the body
-        # was parsed before), rather than racing them for the database's write lock, where a submit's busy-wait
-        # lost to a flood of stores for seconds (benchmarks/bench_logs.py)
-        with tx(s) if s.get_bind().dialect.name == "sqlite" else _plain(s):
+        # not a state change (services.side_tx): on SQLite a submit's busy-wait for the write lock lost to a flood
+        # of stores for seconds (benchmarks/bench_logs.py); the body was parsed before the lock
+        with services.side_tx(s):
             m = agents.machine_for(s, tok, body.machine)
             return agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines)
 

@@ -26,17 +26,35 @@ from __future__ import annotations
 import gc
 from collections import defaultdict
 from dataclasses import replace
+from operator import itemgetter
 
 from . import reasons as R
 from .cluster import Cluster, by_worker_index
 from .dependencies import verdict
 from .head import HeadFit, choose_victims, shadow, unit_grace, unit_order_key
 from .model import Plan, QuotaReached, RunningUnit, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
-from .queue import Usage, queue_order
+from .queue import Batch, Usage, queue_order
 from .whynot import Unstarted, WhyNot
 
 _UNSET = object()
 _EMPTY: frozenset[int] = frozenset()
+_first = itemgetter(0)
+_new = object.__new__
+_set_run, _set_workspace, _set_message = (QuotaReached.run.__set__, QuotaReached.workspace.__set__,
+                                          QuotaReached.message.__set__)
+
+
+def _quota_reached(run: str, workspace: str, message: str) -> QuotaReached:
+    """QuotaReached(run, workspace, message), made without the frozen dataclass's __init__ (a third of the cost;
+    a cycle may make tens of thousands of them)."""
+    q = _new(QuotaReached)
+    _set_run(q, run)
+    _set_workspace(q, workspace)
+    _set_message(q, message)
+    return q
+
+# Runs behind the head settled in bulk by the queue (`Cycle.settle`); False in tests: one run at a time.
+BATCH = True
 
 QuotaSpec = tuple  # ((word, formatter, limit), ...) for gpus, cpu cores, memory, workers; limit None: no limit
 
@@ -91,7 +109,12 @@ def plan(snapshot: Snapshot, now: float) -> Plan:
 def _plan(snapshot: Snapshot, now: float) -> Plan:
     cycle = Cycle(snapshot, now)
     held, place, starts = cycle.held, cycle.place, cycle.starts
+    batch = cycle.batch
     for run in cycle.order_queue():
+        if batch is not None and not batch.on and cycle.head is not None and len(cycle.unstarted) >= cycle.keep:
+            # From here on the queue may settle runs in bulk (`Cycle.settle`): the head is known and the runs
+            # that get why-not lines are all found, so a run that starts nothing changes nothing but its reason.
+            batch.on = True
         if (run.dependency is not None or run.array is not None or run.node_selection.reservation is not None) \
                 and held(run):
             continue  # its dependency is not met, or its job array runs as many as it may: it has its reason
@@ -121,6 +144,9 @@ class Cycle:
         self.stops: list[StopUnit] = []
         self.reasons: dict[str, str] = {}
         self.quota_notes: list[QuotaReached] = []
+        # Notes made once runs may be settled in bulk, with the run's order key: (-priority, share, submitted,
+        # name, workspace); sorted by it, they follow `quota_notes` in queue order.
+        self.keyed_notes: list[tuple[tuple, QuotaReached]] = []
         self.unstarted: list[tuple[Unstarted, int]] = []  # the first runs left waiting: they get why-not lines
         limit = snapshot.why_not_limit
         self.keep = len(snapshot.waiting) if limit is None else max(limit, 0)
@@ -135,6 +161,9 @@ class Cycle:
         self.settled: dict[str, dict[tuple, tuple]] = {}
         self.fails: dict[str, str] = {}  # runs whose dependency can no longer be met, or whose reservation ended
         self.room()
+        snap = snapshot
+        self.batch = Batch(self.settle) if BATCH and snap.fair_share and not snap.fifo and self.all_plain else None
+        self._view_b: dict[float | None, bool] = {}  # time limit -> view B, behind the head
         self.reservation_stops: list[StopUnit] = []
         # Running work as preemption and the shadow time see it: units stopped for a reservation are stopping.
         self.running: tuple[RunningUnit, ...] = snapshot.running
@@ -218,7 +247,7 @@ class Cycle:
     # ---------------------------------------------------------------------------------------- order_queue
 
     def order_queue(self):
-        return queue_order(self.snapshot, self.usage, self.workspaces)
+        return queue_order(self.snapshot, self.usage, self.workspaces, self.batch)
 
     # ----------------------------------------------------------------------------------------------- held
 
@@ -333,7 +362,7 @@ class Cycle:
         if quota is not None:
             self.reasons[run.name] = quota[2]
             if not run.quota_noted:
-                self.quota_notes.append(QuotaReached(run.name, run.workspace, quota[3]))
+                self._note(run, quota[3])
             self._left_waiting(run, waiting, view_b, quota[0], avoid, allowed_key)
             return None
         self._left_waiting(run, waiting, view_b, None, avoid, allowed_key)
@@ -372,9 +401,77 @@ class Cycle:
         reason, note, detail, view_b = outcome
         self.reasons[run.name] = reason
         if note is not None and not run.quota_noted:
-            self.quota_notes.append(QuotaReached(run.name, run.workspace, note))
+            self._note(run, note)
         if len(self.unstarted) < self.keep:
             self.unstarted.append((Unstarted(run, workers, view_b, detail, _EMPTY), allowed_key))
+
+    def _note(self, run: WaitingRun, message: str) -> None:
+        note = _quota_reached(run.name, run.workspace, message)
+        batch = self.batch
+        if batch is not None and batch.on:
+            self.keyed_notes.append(((-run.priority, batch.share, run.submitted_at, run.name, run.workspace), note))
+        else:
+            self.quota_notes.append(note)
+
+    def _notes(self) -> tuple[QuotaReached, ...]:
+        """The quota notes in queue order: those made before runs were settled in bulk, then the others by their
+        runs' order key (the order the queue yields them in)."""
+        keyed = self.keyed_notes
+        if not keyed:
+            return tuple(self.quota_notes)
+        keyed.sort(key=_first)  # stable; keys differ by run name
+        return (*self.quota_notes, *map(itemgetter(1), keyed))
+
+    def settle(self, lst: list[WaitingRun], share: float) -> bool:
+        """Behind the head, once the why-not runs are found: take from the end of `lst` (next run last) the runs
+        `behind` would settle from `settled` — one worker, machines known without a lookup, an outcome recorded
+        for its workspace, shape, machines and view — and give them their outcome (`_waits`), stopping at the
+        first other run. Their outcome holds at their turn in the queue: they start nothing, their workspace's
+        runs before them are handled (so its usage, and `settled`, are as they will be then), and free room only
+        shrinks. Returns True when it took any."""
+        settled_of = self.settled
+        by_selection = self.by_selection
+        run_machines = self.run_machines
+        reasons = self.reasons
+        keyed = self.keyed_notes
+        vb_of = self._view_b
+        j = len(lst)
+        while j:
+            run = lst[j - 1]
+            workers = run.workers
+            sel = run.node_selection
+            if (len(workers) != 1 or run.dependency is not None or run.array is not None or run.excluded_machines
+                    or sel.reservation is not None):
+                break
+            settled = settled_of.get(run.workspace)
+            if not settled or run.name in run_machines:
+                break
+            if sel.mode == "Any" and not sel.pools and not sel.gpu_model:
+                allowed_key = -1
+            else:
+                hit = by_selection.get(id(sel))
+                if hit is None or hit[0] is not sel:
+                    break
+                allowed_key = hit[1][0]
+            tl = run.time_limit_seconds
+            view_b = vb_of.get(tl)
+            if view_b is None:
+                st = self.shadow_time
+                view_b = vb_of[tl] = not (
+                    st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st)
+            w0 = workers[0]
+            outcome = settled.get(((w0.gpus, w0.cpu_cores, w0.memory_bytes), allowed_key, view_b))
+            if outcome is None:
+                break
+            reasons[run.name] = outcome[0]
+            if outcome[1] is not None and not run.quota_noted:
+                keyed.append(((-run.priority, share, run.submitted_at, run.name, run.workspace),
+                              _quota_reached(run.name, run.workspace, outcome[1])))
+            j -= 1
+        if j == len(lst):
+            return False
+        del lst[j:]
+        return True
 
     def _behind(self, ws_id: str) -> str:
         """The reason of a run of this workspace queued behind the head (the head as the workspace may see it)."""
@@ -569,7 +666,7 @@ class Cycle:
             why_not=self.explain(),
             head=head.name if head is not None else None,
             shadow_time=self.shadow_time,
-            quota_reached=tuple(self.quota_notes),
+            quota_reached=self._notes(),
             fails=self.fails,
             reservation_stops=tuple(self.reservation_stops),
         )

@@ -80,8 +80,24 @@ def _sort_by_submission(runs: list[WaitingRun], workspace: bool = False) -> None
     runs.sort(key=_by_submitted_at)
 
 
+class Batch:
+    """How the caller settles runs in bulk (fair share only). While `on`, before a run is yielded, `settle(lst,
+    share)` may take from the end of `lst` (a workspace's runs of one priority, next run last; or the merged runs
+    of the workspaces without a quota, share 0) the runs whose outcome it knows already and which change nothing
+    (no start: no usage, no share, no room), and returns True if it took any. `share` is set before each run is
+    yielded (on or not): the share its order key had (with its priority, submission and name, the runs' order key: the runs
+    of one priority come in ascending order of it, since a workspace's share only grows)."""
+
+    __slots__ = ("on", "share", "settle")
+
+    def __init__(self, settle) -> None:
+        self.on = False
+        self.share = 0.0
+        self.settle = settle
+
+
 def queue_order(
-    snapshot: Snapshot, usage: dict[str, Usage], workspaces: dict[str, Workspace]
+    snapshot: Snapshot, usage: dict[str, Usage], workspaces: dict[str, Workspace], batch: Batch | None = None
 ) -> Iterator[WaitingRun]:
     runs = snapshot.waiting
     if snapshot.fifo:
@@ -121,10 +137,18 @@ def queue_order(
                     # Every run left in `flat` comes before the heap's first (handling them changes no share
                     # in the heap).
                     while flat:
+                        if batch is not None:
+                            batch.share = 0.0
+                            if batch.on and batch.settle(flat, 0.0):
+                                continue
                         yield flat.pop()
                     continue
                 nxt = flat[-1]
                 if (0.0, nxt.submitted_at, nxt.name, nxt.workspace) < heap[0]:
+                    if batch is not None:
+                        batch.share = 0.0
+                        if batch.on and batch.settle(flat, 0.0):
+                            continue
                     yield flat.pop()
                     continue
             elif not heap:
@@ -132,6 +156,16 @@ def queue_order(
             top = heap[0]
             ws_id = top[3]
             lst = per_ws[ws_id]
+            if batch is not None:
+                batch.share = top[0]
+                if batch.on and batch.settle(lst, top[0]):
+                    # Settled runs start nothing: the workspace's share is the same, its next run takes its place.
+                    if lst:
+                        nxt = lst[-1]
+                        heapreplace(heap, (top[0], nxt.submitted_at, nxt.name, ws_id))
+                    else:
+                        heappop(heap)
+                    continue
             use = usage[ws_id]
             changes = use.changes
             yield lst.pop()  # the caller handles it (may start it, changing usage[ws_id]) before we continue

@@ -1,0 +1,148 @@
+"""Runs behind the head settled in bulk (issue 19) change no plan.
+
+Once the head is known and the runs that get why-not lines are found, the queue hands a workspace's next runs
+to `Cycle.settle`, which gives every run whose outcome its workspace recorded already (same shape, machines and
+view) its reason and quota note at once, without the fair-share heap, and stops at the first other run. Plans
+must be those of handling runs one at a time: the same starts, stops, head, reasons, why-not lines, and quota
+notes in the same order (notes made in bulk are put back in queue order by the runs' order key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from astraeus.scheduler import (
+    Machine,
+    NodeSelection,
+    PlacedWorker,
+    Quota,
+    RunningUnit,
+    Snapshot,
+    WaitingRun,
+    WorkerRequest,
+    Workspace,
+    plan,
+)
+from astraeus.scheduler import cycle as cycle_module
+
+from .builders import GIB, HOUR, NOW
+from .test_constraint_index import SETTINGS
+
+SPACES = ("ws-aaaaaaaaaaaa", "ws-bbbbbbbbbbbb", "ws-cccccccccccc", "ws-dddddddddddd")
+
+
+@st.composite
+def queues(draw) -> Snapshot:
+    """A few machines, running work, and many waiting runs in workspaces with and without quotas (fair share
+    and quota notes), sharing a handful of selection objects, with ties in submission time."""
+    n = draw(st.integers(1, 8))
+    machines = tuple(
+        Machine(f"m{i:02d}", draw(st.sampled_from([2, 4, 8])), 32, 256 * GIB,
+                labels=(("zone", draw(st.sampled_from(["z1", "z2"]))),), stop_grace_seconds=30.0,
+                schedulable=draw(st.integers(0, 6)) > 0)
+        for i in range(n)
+    )
+    units = []
+    for k, m in enumerate(machines):
+        gpus = draw(st.integers(0, m.gpus))
+        if gpus:
+            units.append(RunningUnit(
+                f"w{k:02d}" if draw(st.integers(0, 3)) == 0 else f"u{k}",  # some: a waiting run's other worker
+                draw(st.sampled_from(SPACES)), draw(st.integers(-1, 1)), NOW - 3600,
+                draw(st.sampled_from([None, HOUR, 4 * HOUR])),
+                (PlacedWorker(f"u{k}-0", 0, m.name, tuple(range(gpus)), 4, 16 * GIB),),
+            ))
+    spaces = tuple(
+        Workspace(ws, ws, Quota(gpus=draw(st.sampled_from([2, 4, 16]))) if draw(st.booleans()) else None,
+                  draw(st.sampled_from([1.0, 2.0])))
+        for ws in SPACES
+    )
+    shared = [NodeSelection(), NodeSelection("Labels", labels=(("zone", "z1"),)),
+              NodeSelection("Names", tuple(m.name for m in machines[: max(1, n // 2)]))]
+    runs = []
+    for k in range(draw(st.integers(1, 60))):
+        count = 1 if draw(st.integers(0, 5)) else 2
+        gpus = draw(st.sampled_from([1, 1, 2, 4, 8]))
+        reqs = tuple(WorkerRequest(i, gpus, 4 * gpus, 16 * GIB * gpus) for i in range(count))
+        sel = draw(st.sampled_from(shared)) if draw(st.integers(0, 5)) else NodeSelection()  # a fresh Any too
+        runs.append(WaitingRun(
+            f"w{k:02d}", draw(st.sampled_from(SPACES)), draw(st.sampled_from([-1, 0, 0, 1])),
+            NOW - 1000 + draw(st.integers(0, 20)), reqs, draw(st.sampled_from(["Gang", "Independent"])),
+            draw(st.sampled_from([None, 600.0, HOUR, 10 * HOUR])), sel,
+            quota_noted=draw(st.integers(0, 3)) == 0,
+        ))
+    return Snapshot("c", machines, tuple(units), tuple(runs), spaces, why_not_limit=draw(st.sampled_from([0, 1, 3])),
+                    preemption=draw(st.booleans()), backfill=draw(st.integers(0, 3)) > 0)
+
+
+def _plans(snap: Snapshot):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cycle_module, "BATCH", False)
+        one_by_one = plan(snap, NOW)
+    return plan(snap, NOW), one_by_one
+
+
+@SETTINGS
+@given(queues())
+def test_plans_with_runs_settled_in_bulk_equal_plans_made_one_run_at_a_time(snap):
+    bulk, one_by_one = _plans(snap)
+    assert bulk == one_by_one
+    assert bulk.quota_reached == one_by_one.quota_reached  # the same notes, in the same order
+
+
+def test_a_long_queue_behind_the_head_is_settled_in_bulk_with_its_notes_in_queue_order(monkeypatch):
+    """Two workspaces whose quota allows no GPU and one without a quota, 300 one-GPU runs interleaved by fair
+    share on a full machine: the head waits, every other run waits behind it or beyond its quota; the notes of
+    both quota workspaces' runs come interleaved, in queue order."""
+    machines = (Machine("m00", 8, 64, 512 * GIB),)
+    units = (RunningUnit("busy", SPACES[3], 0, NOW - 60, HOUR,
+                         (PlacedWorker("busy-0", 0, "m00", tuple(range(8)), 8, 64 * GIB),)),)
+    spaces = (Workspace(SPACES[0], "a", Quota(gpus=0)), Workspace(SPACES[1], "b", Quota(gpus=0), 2.0),
+              Workspace(SPACES[2], "c"), Workspace(SPACES[3], "d"))
+    runs = tuple(
+        WaitingRun(f"r{k:03d}", SPACES[k % 3], 0, NOW - 1000 + k // 2, (WorkerRequest(0, 1, 1, GIB),))
+        for k in range(300)
+    )
+    snap = Snapshot("c", machines, units, runs, spaces, why_not_limit=2)
+    taken = []
+    settle = cycle_module.Cycle.settle
+
+    def counting(self, lst, share):
+        before = len(lst)
+        found = settle(self, lst, share)
+        taken.append(before - len(lst))
+        return found
+
+    monkeypatch.setattr(cycle_module.Cycle, "settle", counting)
+    bulk, one_by_one = _plans(snap)
+    assert sum(taken) > 200  # most of the queue was settled in bulk
+    assert bulk == one_by_one
+    assert [q.run for q in bulk.quota_reached] == [f"r{k:03d}" for k in range(300) if k % 3 != 2]
+    assert bulk.head is not None and len(bulk.reasons) == 300
+
+
+def test_bulk_settling_keeps_plans_of_runs_with_dependencies_arrays_and_exclusions():
+    """Runs that are never settled in bulk (a dependency, a job array, excluded machines, several workers)
+    stop a bulk at their place in the queue and are handled one at a time."""
+    machines = (Machine("m00", 4, 64, 512 * GIB), Machine("m01", 4, 64, 512 * GIB))
+    spaces = (Workspace(SPACES[0], "a", Quota(gpus=2)), Workspace(SPACES[1], "b"))
+    base = WaitingRun("x", SPACES[0], 0, NOW, (WorkerRequest(0, 4, 1, GIB),))
+    runs = []
+    for k in range(80):
+        r = replace(base, name=f"r{k:02d}", workspace=SPACES[k % 2], submitted_at=NOW - 1000 + k,
+                    workers=(WorkerRequest(0, 1 + k % 4, 1, GIB),))
+        if k % 7 == 3:
+            r = replace(r, excluded_machines=(("m00", "its drive lives elsewhere"),))
+        if k % 11 == 5:
+            r = replace(r, array="sweep", array_max_running=1)
+        if k % 13 == 6:
+            r = replace(r, workers=(WorkerRequest(0, 2, 1, GIB), WorkerRequest(1, 2, 1, GIB)), start="Independent")
+        runs.append(r)
+    snap = Snapshot("c", machines, (), tuple(runs), spaces, why_not_limit=1)
+    bulk, one_by_one = _plans(snap)
+    assert bulk == one_by_one
+    assert bulk.quota_reached == one_by_one.quota_reached

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from itertools import filterfalse
 from operator import itemgetter
 
 from .cluster import Cluster, Shape, shape
@@ -85,7 +86,7 @@ class WhyNot:
         self._caps: dict[Shape, list[str | None]] = {}
         self._frees: dict[Shape, tuple[list[str | None], dict[int, str], frozenset[int]]] = {}
         self._templates: dict[tuple, tuple[list, list[int], dict[int, str]]] = {}
-        self._overlays: dict[int, dict[int, tuple[str, str]]] = {}  # allowed key -> lines of machines kept from it
+        self._overlays: dict[int, dict[int, str]] = {}  # allowed key -> the reasons of the machines kept from it
         self.free_gpus = [len(f) for f in cluster.free_g]
         self._unschedulable = [
             None if ok else f"machine is not schedulable ({m.unschedulable_reason})"
@@ -99,7 +100,7 @@ class WhyNot:
         if hit is None:
             # (-gpus, run, workspace, priority): run names are unique per machine, so this sorts as
             # (most GPUs first, then by run name) would.
-            items = sorted([(-h[2], run, h[0], h[1]) for run, h in self.cluster.holders[i].items() if h[2] > 0])
+            items = sorted([(-h[2], run, h[0], h[1]) for run, h in self.cluster.holders_of(i).items() if h[2] > 0])
             top = [(ws, run, f"{-g} held by ", f" at priority {p}") for g, run, ws, p in items[:3]]
             tail = f", {-sum([t[0] for t in items[3:]])} held by {len(items) - 3} more" if len(items) > 3 else ""
             hit = (top, frozenset([t[0] for t in top]), self._holders_text(top, tail, ""), tail)
@@ -164,11 +165,13 @@ class WhyNot:
             base = self._base.get(k)
             if base is None:
                 base = self._base[k] = self._compute(run, s, u, head_shown, allowed_key)
-            lines, named = base
+            lines, named = base[0], base[1]
             kv = (k, run.workspace)
             mine = self._lines.get(kv)
             if mine is None and self.grouped:
-                mine = self._lines[kv] = self._grouped_lines(k, lines, named, allowed_key, u.avoid, run.workspace)
+                over = base[2] if len(base) > 2 else None  # grouped restricted lines: the overlay, not laid yet
+                mine = self._lines[kv] = self._grouped_lines(k, lines, named, allowed_key, u.avoid, run.workspace,
+                                                             over)
             elif mine is None:
                 # Lines are computed once with every holder unnamed; only machines where the viewer's own
                 # workspace holds GPUs (among the first three holders) are redone with names.
@@ -188,12 +191,13 @@ class WhyNot:
         return out
 
     def _grouped_lines(self, k: tuple, lines: tuple, named: dict, allowed_key: int, avoid: frozenset[int],
-                       viewer: str) -> tuple[tuple[str, str], ...]:
+                       viewer: str, over: dict[int, str] | None = None) -> tuple[tuple[str, str], ...]:
         """The worker's lines on a big cluster: the machines closest to fitting each with its line (holders named
-        as `viewer` may see them), then one line per reason for all other machines."""
+        as `viewer` may see them), then one line per reason for all other machines. `over`: the reason of each
+        machine kept from the run, laid over `lines` (none of them keeps a line of its own)."""
         hit = self._groups.get(k)
         if hit is None:
-            hit = self._groups[k] = self._group(lines, allowed_key, avoid)
+            hit = self._groups[k] = self._group(lines, allowed_key, avoid, over)
         each, rest = hit
         names = self.cluster.names
         holders = self.holders
@@ -213,20 +217,27 @@ class WhyNot:
                 self._walk = walk
                 self._allowed_sets = {v[0]: v[1] for v in c._allowed_cache.values()}
             allowed = None if allowed_key < 0 else self._allowed_sets.get(allowed_key)
-            sched = c.schedulable
-            usable = [i for i in self._walk if sched[i] and i not in avoid and (allowed is None or i in allowed)]
+            walk = self._walk
+            usable = walk[:len(c.all_schedulable)]  # the schedulable machines come first in the walk
+            if allowed is not None:
+                usable = list(filter(allowed.__contains__, usable))
+            if avoid:
+                usable = list(filterfalse(avoid.__contains__, usable))
             seen = set(usable)
-            rest = usable[EACH:] + [i for i in self._walk if i not in seen]
+            rest = usable[EACH:] + list(filterfalse(seen.__contains__, walk))
             hit = self._orders[k] = (usable[:EACH], tuple(rest))
         return hit
 
-    def _group(self, lines: tuple, allowed_key: int, avoid: frozenset[int]) -> tuple[list[int], tuple]:
+    def _group(self, lines: tuple, allowed_key: int, avoid: frozenset[int],
+               over: dict[int, str] | None = None) -> tuple[list[int], tuple]:
         """(the `EACH` machines that keep a line, the grouped lines of all the others)."""
         each, rest = self._order(allowed_key, avoid)
         if not rest:
             return each, ()
         pairs = itemgetter(*rest)(lines) if len(rest) > 1 else (lines[rest[0]],)
         texts = list(map(_second, pairs))
+        if over:
+            texts = list(map(over.get, rest, texts))
         n = len(texts)
         first = dict(zip(reversed(texts), range(n - 1, -1, -1), strict=True))  # reason -> its first position
         counts = Counter(texts)
@@ -383,7 +394,7 @@ class WhyNot:
         return tuple(out), named
 
     def _restricted(self, s: Shape, u: Unstarted, head_shown: str | None, allowed_key: int,
-                    chosen: frozenset[int] | None, restricted: dict[int, str] | None) -> tuple[tuple, dict]:
+                    chosen: frozenset[int] | None, restricted: dict[int, str] | None) -> tuple:
         """`_compute`'s lines for a run whose selection, pools, GPU model or reservations keep it from some
         machines (and nothing else: no exclusions, quota or other workers): the machines' lines that do not
         depend on the run (the template), with the lines of the machines kept from it laid over them. The
@@ -391,23 +402,23 @@ class WhyNot:
         over = self._overlays.get(allowed_key)
         if over is None:
             c = self.cluster
-            names = c.names
             over = {}
             if chosen is not None:
-                for i in c.all_schedulable:
-                    if i not in chosen:
-                        over[i] = (names[i], "not selected by node_selection")
+                over = dict.fromkeys(filterfalse(chosen.__contains__, c.all_schedulable), "not selected by node_selection")
             if restricted:
-                sched = c.schedulable
-                for i, line in restricted.items():
-                    if sched[i] and i not in over:
-                        over[i] = (names[i], line)
+                idx = list(filterfalse(over.__contains__, filter(c.schedulable.__getitem__, restricted)))
+                over.update(zip(idx, map(restricted.__getitem__, idx), strict=True))
             self._overlays[allowed_key] = over
         out, named_t = self._open_lines(s, u, head_shown)
-        for i, entry in over.items():
-            out[i] = entry
-        if not over or self.grouped:
-            return tuple(out), named_t  # grouped: only machines the run may use (none laid over) are named
+        if self.grouped:
+            # Grouped: only the machines the run may use (none laid over) keep a line; `_group` reads the reasons
+            # of the others from the overlay (no (name, line) pair made for each of them).
+            return tuple(out), named_t, over
+        if not over:
+            return tuple(out), named_t
+        names = self.cluster.names
+        for i, line in over.items():
+            out[i] = (names[i], line)
         named = {i: p for i, p in named_t.items() if i not in over}
         return tuple(out), named
 

@@ -200,6 +200,10 @@ class Machine:
                     self.bench.stored += r.json()["stored"]
                     self.bench.log_posts.append(time.perf_counter() - t0)
                     return
+                if r.status_code == 429:  # the server's admission (routers/agent.py): as the agent, after Retry-After
+                    self.bench.deferred += 1
+                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+                    continue
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.5)
@@ -229,6 +233,7 @@ class Bench:
         self.seen: dict[str, float] = {}
         self.placed: dict[str, tuple[Machine, str]] = {}
         self.stored = 0
+        self.deferred = 0  # log posts answered 429 (sent again after Retry-After)
         self.mark_stored: dict[str, float] = {}  # a marker line -> when the POST that carried it was answered
         self.log_posts: list[float] = []
 
@@ -270,7 +275,7 @@ class Bench:
         waiting: list[asyncio.Task] = []  # each submitted run, until its machine's agent holds it (or 30 s after)
         rss: list[int] = [self.rss()]
         end = time.time() + seconds
-        stored0, posts0 = self.stored, len(self.log_posts)
+        stored0, posts0, deferred0 = self.stored, len(self.log_posts), self.deferred
         cpu0 = self.cpu()
         now = time.time()
         for w in flood:
@@ -346,7 +351,8 @@ class Bench:
                "follow_srv_p99_ms": pct(mark_srv, 99) * 1e3, "rss_start_mib": rss[0] / 2**20, "rss_peak_mib": max(rss) / 2**20,
                "rss_end_mib": rss[-1] / 2**20, "printed": printed, "stored": shipped,
                "stored_per_s": shipped / seconds, "server_cpu_s": cpu,
-               "cpu_us_per_line": cpu / shipped * 1e6 if shipped > 100 else float("nan"), "log_post_p99_ms": pct(self.log_posts[posts0:], 99) * 1e3}
+               "cpu_us_per_line": cpu / shipped * 1e6 if shipped > 100 else float("nan"), "log_post_p99_ms": pct(self.log_posts[posts0:], 99) * 1e3,
+               "deferred": self.deferred - deferred0}
         for w in flood:
             if label == "flood":
                 w.since = None  # stops printing; what it printed and has not shipped is dropped from the count
@@ -429,7 +435,7 @@ class Bench:
               f"{r['rss_start_mib']:.0f} -> peak {r['rss_peak_mib']:.0f} -> {r['rss_end_mib']:.0f} MiB; lines "
               f"printed {r['printed']:,}, stored {r['stored']:,} ({r['stored_per_s']:,.0f}/s), server CPU "
               f"{r['server_cpu_s']:.1f} s ({r['cpu_us_per_line']:.0f} µs per line stored), log POST p99 "
-              f"{r['log_post_p99_ms']:.0f} ms")
+              f"{r['log_post_p99_ms']:.0f} ms, {r['deferred']} log posts answered 429")
 
     def close(self) -> None:
         self.server.stop()

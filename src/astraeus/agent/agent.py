@@ -146,6 +146,19 @@ class NeedsRegister(Exception):
     pass
 
 
+class LogsDeferred(httpx.HTTPStatusError):
+    """The control plane refused a batch of log lines for now (429: too many being stored): none of it was stored,
+    the lines stay unshipped (their offsets did not move), and they go again after `retry_after` seconds."""
+
+    def __init__(self, response: httpx.Response):
+        try:
+            self.retry_after = min(60.0, max(0.1, float(response.headers.get("retry-after", "1"))))
+        except ValueError:
+            self.retry_after = 1.0
+        super().__init__(f"log lines deferred by the control plane for {self.retry_after:g} s",
+                         request=response.request, response=response)
+
+
 RUNTIMES = ("auto", "container", "process")
 CONTAINER_PACKAGES = {"runc": "runc", "skopeo": "skopeo", "umoci": "umoci"}  # tool -> Debian package
 
@@ -742,6 +755,10 @@ class Agent:
                         self.wake_logs.set()
                 except NeedsRegister:
                     self._sleep(backoff.next())
+                except LogsDeferred as e:  # the control plane is busy storing others' lines: as long as it says
+                    log.debug("%s", e)
+                    if not self._sleep(e.retry_after):
+                        self.wake_logs.set()
                 except (httpx.HTTPError, ValueError) as e:
                     if not self.failover(e):
                         log.warning("log shipping failed (%s); retrying", e)
@@ -825,11 +842,21 @@ class Agent:
             part.append(ln)
             size += len(ln.text) + 100
             if size >= LOG_POST_BYTES:
-                self._post(client, "/logs", P.Logs(machine=self.name, lines=part))
+                self._post_log_part(client, part)
                 part, size = [], 0
         if part:
-            self._post(client, "/logs", P.Logs(machine=self.name, lines=part))
+            self._post_log_part(client, part)
         self._logs_stored(batch)
+
+    def _post_log_part(self, client: httpx.Client, part: list[P.WorkerLogLine]) -> None:
+        """POST /logs one part of a batch; a 429 raises LogsDeferred. A part stored before a later one was refused
+        is sent again with the rest: the control plane stores a line once (worker, attempt, seq)."""
+        try:
+            self._post(client, "/logs", P.Logs(machine=self.name, lines=part))
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code == 429:
+                raise LogsDeferred(e.response) from None
+            raise
 
     def _logs_stored(self, batch: tuple[list[P.WorkerLogLine], dict, dict, bool]) -> None:
         _, new_offsets, new_limits, _ = batch

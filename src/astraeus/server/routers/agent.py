@@ -19,6 +19,7 @@ from astraeus import protocol as P
 from astraeus.server import agents, heartbeats, leader, services
 from astraeus.server import bodies as B
 from astraeus.server.db import Machine, Token
+from astraeus.server.routers import errors
 from astraeus.server.routers.deps import CP, Sess, tx
 
 LONG_POLL_MAX = 30.0
@@ -52,11 +53,13 @@ def agent_register(tok: AgentTok, s: Sess, cp: CP, body: P.Register) -> P.Regist
 
 
 @router.get("/assignments")
-async def agent_assignments(cp: CP, machine: str, after: int = 0,
+async def agent_assignments(request: Request, machine: str, after: int = 0,
                             wait: Annotated[float, Query(ge=0, le=LONG_POLL_MAX)] = 0,
                             authorization: Annotated[str | None, Header()] = None) -> P.Assignments:
     """The long-poll waits on the event loop (core.Notifier.await_machine), not in a request thread: each agent
-    keeps one open, and a fleet's would otherwise take every thread. Its reads run in the thread pool."""
+    keeps one open, and a fleet's would otherwise take every thread. Its reads run in the thread pool (two calls:
+    no sync dependency, each of which would be one more)."""
+    cp = request.app.state.cp
     mid = await anyio.to_thread.run_sync(machine_id, cp, authorization, machine)
     version = await cp.notifier.await_machine(mid, after, wait) if wait else cp.notifier.machine_version(mid)
     return await anyio.to_thread.run_sync(answer_assignments, cp, mid, version)
@@ -78,30 +81,57 @@ def answer_assignments(cp, mid: int, version: int) -> P.Assignments:
 
 
 @router.post("/report")
-def agent_report(tok: AgentTok, s: Sess, cp: CP, body: P.Report) -> P.Ack:
-    if not body.lines and heartbeats.heartbeat_only(s, agents.machine_for(s, tok, body.machine), body, time.time()):
-        return P.Ack()  # a bare heartbeat: written without the state lock (server/heartbeats.py)
-    with tx(s):
-        m = agents.machine_for(s, tok, body.machine)
-        # the last lines of the attempts it says ended, first: their end may release them from this machine
-        stored = agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines) \
-            if body.lines else 0
-        keepers: set[int] = set()
-        changed = agents.report(s, m, body, time.time(), keepers)
-        mid = m.id
+async def agent_report(request: Request, body: P.Report,
+                       authorization: Annotated[str | None, Header()] = None) -> P.Ack:
+    """Most of a fleet's requests (every agent, every heartbeat): the whole report, authentication included, is one
+    call to the thread pool. Sync dependencies (the control plane, a session, the token) each cost one more, and at
+    300 agents the event loop spent more on those hops than the reports' own work (py-spy; bench_agents.py)."""
+    await anyio.to_thread.run_sync(report, request.app.state.cp, authorization, body)
+    return P.Ack()
+
+
+def report(cp, authorization: str | None, body: P.Report) -> None:
+    with cp.sessions() as s:
+        tok = agents.authenticate(s, authorization)
+        if not body.lines and heartbeats.heartbeat_only(s, agents.machine_for(s, tok, body.machine), body,
+                                                        time.time()):
+            return  # a bare heartbeat: written without the state lock (server/heartbeats.py)
+        with tx(s):  # waits for the state lock holding no pooled connection (services.tx)
+            m = agents.machine_for(s, tok, body.machine)
+            # the last lines of the attempts it says ended, first: their end may release them from this machine
+            stored = agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines) \
+                if body.lines else 0
+            keepers: set[int] = set()
+            changed = agents.report(s, m, body, time.time(), keepers)
+            mid = m.id
     if changed:
         cp.notifier.bump_machines([mid, *keepers])
         cp.notifier.wake_scheduler()
     if changed or stored:
         cp.notifier.bump_logs()
-    return P.Ack()
 
 
 # A batch of log lines (up to 1 MiB) is read and stored in a worker thread, never on the event loop (where FastAPI
 # would parse a declared body, holding up every long-poll and follower meanwhile), and at most LOG_STORES_AT_ONCE
 # at a time: under a flood the other batches wait without a thread, so the API's threads and the database stay
-# free for everything else, and the agents, which send one batch at a time, slow down to what is stored.
+# free for everything else. Admission: when LOG_STORES_WAITING more already wait, a batch is refused at once with
+# 429 and Retry-After (LOG_RETRY_AFTER seconds), before it is parsed or authenticated: the agent keeps its lines
+# and sends them again then (agent.Agent.ship_logs), so a flood costs the server a refusal per batch, not a store,
+# and the scheduling loop keeps its share of the CPU (benchmarks/bench_logs.py).
 LOG_STORES_AT_ONCE = 2
+LOG_STORES_WAITING = 4
+LOG_RETRY_AFTER = 2
+
+
+class LogAdmission:
+    """Counts the stores running or waiting for one app; one per app, made in its event loop."""
+
+    def __init__(self) -> None:
+        self.limiter = anyio.CapacityLimiter(LOG_STORES_AT_ONCE)
+        self.held = 0  # running + waiting; changed on the event loop only
+
+    def full(self) -> bool:
+        return self.held >= LOG_STORES_AT_ONCE + LOG_STORES_WAITING
 
 
 def _inline(schema: dict) -> dict:
@@ -119,25 +149,40 @@ def _inline(schema: dict) -> dict:
 
 
 @router.post("/logs", openapi_extra={"requestBody": {"required": True, "content": {
-    "application/json": {"schema": _inline(P.Logs.model_json_schema())}}}})
-async def agent_logs(tok: AgentTok, s: Sess, cp: CP, request: Request) -> P.LogsStored:
-    raw = await request.body()
-    limiter = getattr(request.app.state, "log_stores", None)
-    if limiter is None:  # one per app, made in its event loop
-        limiter = request.app.state.log_stores = anyio.CapacityLimiter(LOG_STORES_AT_ONCE)
+    "application/json": {"schema": _inline(P.Logs.model_json_schema())}}}},
+    responses={429: {"description": "too many log batches being stored: send this one again after Retry-After "
+                                    "seconds (the lines are not stored)"}})
+async def agent_logs(request: Request, authorization: Annotated[str | None, Header()] = None) -> P.LogsStored:
+    admission = getattr(request.app.state, "log_admission", None)
+    if admission is None:
+        admission = request.app.state.log_admission = LogAdmission()
+    if admission.full():
+        busy = errors.error_json(429, "BUSY", f"{admission.held} log batches are being stored or wait: send this "
+                                              f"one again in {LOG_RETRY_AFTER} s")
+        busy.headers["Retry-After"] = str(LOG_RETRY_AFTER)
+        return busy  # type: ignore[return-value]  # a Response goes out as it is
+    cp = request.app.state.cp
+    admission.held += 1
+    try:
+        raw = await request.body()
 
-    def store() -> int:
-        try:
-            body = P.Logs.model_validate_json(raw)
-        except ValidationError as e:
-            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
-        # not a state change (services.side_tx): on SQLite a submit's busy-wait for the write lock lost to a flood
-        # of stores for seconds (benchmarks/bench_logs.py); the body was parsed before the lock
-        with services.side_tx(s):
-            m = agents.machine_for(s, tok, body.machine)
-            return agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines)
+        def store() -> int:
+            with cp.sessions() as s:
+                tok = agents.authenticate(s, authorization)
+                try:
+                    body = P.Logs.model_validate_json(raw)
+                except ValidationError as e:
+                    raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) \
+                        from None
+                # not a state change (services.side_tx): on SQLite a submit's busy-wait for the write lock lost to
+                # a flood of stores for seconds (benchmarks/bench_logs.py); the body was parsed before the lock
+                with services.side_tx(s):
+                    m = agents.machine_for(s, tok, body.machine)
+                    return agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines)
 
-    n = await anyio.to_thread.run_sync(store, limiter=limiter)
+        n = await anyio.to_thread.run_sync(store, limiter=admission.limiter)
+    finally:
+        admission.held -= 1
     if n:
         cp.notifier.bump_logs()
     return P.LogsStored(stored=n)

@@ -128,3 +128,61 @@ def test_a_command_that_cannot_start_is_start_failed_through_the_launcher(tmp_pa
     rt = make_rt(tmp_path / "state")
     msg = start_failure(rt, assignment(command="/no/such/program"))
     assert "/no/such/program" in msg
+
+
+VIEW_PROBE = r"""
+import errno, json, os, sys
+d = sys.argv[1]
+try:
+    open(os.path.join(d, "w"), "w")
+    w = "ok"
+except OSError as e:
+    w = errno.errorcode[e.errno]
+print(json.dumps({"ls": sorted(os.listdir(d)), "write": w, "tmp": "mine" in os.listdir("/tmp"),
+                  "root_ro": os.statvfs("/").f_flag & os.ST_RDONLY != 0}), flush=True)
+open("/tmp/mine", "w").write("x")
+"""
+
+
+def test_the_view_prepared_once_follows_the_hosts_mounts(tmp_path, make_rt, assignment):
+    """Workers' views are made from one the launcher prepared (the host read-only): a mount made on the host after
+    that shows in the next worker's view, read-only like the rest of the host; each worker's /tmp is its own; the
+    shims hold no descriptor of the prepared view."""
+    import json
+    import subprocess
+    import tempfile
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("workers' views need root")
+    rt = make_rt(tmp_path / "state")
+    host = tempfile.mkdtemp(dir="/var/tmp", prefix="astraeus-view-")
+    os.chmod(host, 0o755)
+    mounted = False
+    try:
+        def run(name: str) -> dict:
+            a = assignment(VIEW_PROBE, args=[host], worker=name)
+            rt.start(a)
+            st = wait_for(lambda: (s := rt.status(name, 1)).final and s)
+            text = [ln.text for ln in rt.logs(name, 1)]
+            assert st.exit_code == 0, text
+            return json.loads(text[-1])
+
+        first = run("view-1")
+        assert first == {"ls": [], "write": "EROFS", "tmp": False, "root_ro": True}
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", host], check=True)
+        mounted = True
+        with open(os.path.join(host, "new.txt"), "w") as f:
+            f.write("made after the first worker")
+        second = run("view-2")
+        assert second == {"ls": ["new.txt"], "write": "EROFS", "tmp": False, "root_ro": True}
+        a = assignment(LONG, worker="view-3")
+        started(rt, a)
+        shim = _shim_pid(rt, "view-3")
+        assert not any(os.readlink(f"/proc/{shim}/fd/{fd}").startswith("mnt:") for fd in os.listdir(f"/proc/{shim}/fd"))
+        rt.stop("view-3", 1, grace=0)
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", host], check=False)
+        os.rmdir(host)

@@ -64,8 +64,9 @@ def _set_proc_environ(env: dict[str, str], block: tuple[int, int] | None) -> boo
     return True
 
 
-def _child(req: dict, block: tuple[int, int] | None) -> None:
-    """In the forked child: become `python -m astraeus.agent.runtime.shim ARGV` as Popen would have started it."""
+def _child(req: dict, block: tuple[int, int] | None, template: tuple[int, str] | None = None) -> None:
+    """In the forked child: become `python -m astraeus.agent.runtime.shim ARGV` as Popen would have started it,
+    with the prepared view (`template`, astraeus.agent.runtime.mounts.TEMPLATE) for its worker."""
     code = 1
     try:
         env = {str(k): str(v) for k, v in req["env"].items()}
@@ -75,7 +76,12 @@ def _child(req: dict, block: tuple[int, int] | None) -> None:
         os.dup2(null, 0)
         os.dup2(null, 1)
         os.dup2(errf, 2)
-        os.closerange(3, 65536)  # close_fds: nothing of the launcher's (its pipes to the agent) stays open
+        # close_fds: nothing of the launcher's (its pipes to the agent) stays open, but the prepared view's
+        if template is None:
+            os.closerange(3, 65536)
+        else:
+            os.closerange(3, template[0])
+            os.closerange(template[0] + 1, 65536)
         os.chdir("/")
         os.setsid()
         if not _set_proc_environ(env, block):
@@ -83,7 +89,9 @@ def _child(req: dict, block: tuple[int, int] | None) -> None:
             os.execve(sys.executable, [sys.executable, "-m", SHIM_MODULE, *argv], env)
         os.environ.clear()
         os.environ.update(env)
-        from astraeus.agent.runtime import shim
+        from astraeus.agent.runtime import mounts, shim
+
+        mounts.TEMPLATE = template
 
         # forks: this first child exits there at once (the launcher reaps it); the shim returns here when it ends
         shim.main([SHIM_MODULE, *argv])
@@ -108,6 +116,8 @@ def serve() -> None:
     block = _env_block()
     inp = sys.stdin.buffer
     out = sys.stdout.buffer
+    template: tuple[int, str] | None = None
+    failed = False
     while True:
         _reap()
         line = inp.readline()
@@ -119,12 +129,32 @@ def serve() -> None:
             out.write(b"-1\n")
             out.flush()
             continue
+        if os.geteuid() == 0 and not failed:
+            template, failed = _template(template)
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(req, block)
+            _child(req, block, template)
         out.write(f"{pid}\n".encode())
         out.flush()
+
+
+def _template(template: tuple[int, str] | None) -> tuple[tuple[int, str] | None, bool]:
+    """The workers' view prepared once (astraeus.agent.runtime.mounts.prepare_template), made again when the
+    host's mounts or top-level entries changed since; (None, True) when it cannot be made here (each worker's
+    view is then built from scratch, as before)."""
+    from astraeus.agent.runtime import mounts
+
+    try:
+        if template is not None and mounts.host_signature() == template[1]:
+            return template, False
+        made = mounts.prepare_template()
+    except OSError as e:
+        sys.stderr.write(f"launcher: {e}; building each worker's view from scratch\n")
+        made = None
+    if template is not None:
+        os.close(template[0])
+    return made, made is None
 
 
 def _reap() -> None:

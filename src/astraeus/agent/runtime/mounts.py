@@ -56,6 +56,18 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+
+# open_tree(2) / move_mount(2) (Linux 5.2; the same numbers on every architecture): a drive's folder is cloned in
+# the host's namespace and attached in a worker's view made from the prepared one (ViewTemplate).
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
+OPEN_TREE_CLONE = 1
+AT_EMPTY_PATH = 0x1000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+
+# The prepared view (ViewTemplate) this process may build workers' views from: (a descriptor of its mount
+# namespace, the host's signature when it was made). Set in the shims the launcher forks; None elsewhere.
+TEMPLATE: tuple[int, str] | None = None
 
 
 class MountError(Exception):
@@ -70,6 +82,28 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     if _libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"mount {source} on {target}: {os.strerror(e)}")
+
+
+def setns(fd: int, nstype: int) -> None:
+    if _libc.setns(fd, nstype) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"setns: {os.strerror(e)}")
+
+
+def open_tree(fd: int) -> int:
+    """A detached copy of the mount at `fd` (an O_PATH descriptor; not its submounts, as MS_BIND), which
+    move_mount attaches in another mount namespace."""
+    r = _libc.syscall(SYS_OPEN_TREE, fd, b"", OPEN_TREE_CLONE | AT_EMPTY_PATH | os.O_CLOEXEC)
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"open_tree: {os.strerror(e)}")
+    return r
+
+
+def move_mount(tree: int, target: str) -> None:
+    if _libc.syscall(SYS_MOVE_MOUNT, tree, b"", -100, _b(target), MOVE_MOUNT_F_EMPTY_PATH) != 0:  # AT_FDCWD
+        e = ctypes.get_errno()
+        raise OSError(e, f"move_mount on {target}: {os.strerror(e)}")
 
 
 def unshare_mount_namespace() -> None:
@@ -276,10 +310,10 @@ def _unescape(p: str) -> str:
     return p.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
-def _mounts() -> list[tuple[str, int]]:
+def _mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, int]]:
     """(mount point, nosuid/nodev/noexec flags) of every mount in this namespace, as /proc/self/mountinfo says."""
     out = []
-    with open("/proc/self/mountinfo") as f:
+    with open(mountinfo) as f:
         for line in f:
             parts = line.split()
             flags = 0
@@ -312,12 +346,16 @@ class WorkerView:
     open() the sources while the host is still visible, enter(), mount drives/configs/the working folder,
     seal()."""
 
-    def __init__(self, root_dir: str, hide: list[str]):
+    def __init__(self, root_dir: str, hide: list[str], template: tuple[int, str] | None = None):
         self.root_dir = root_dir
         self.hide = [os.path.normpath(h) for h in hide]
         self.ours: set[int] = set()  # st_dev of the tmpfs made here (entries may be made in them)
         self.read_only_later: list[str] = []
         self.n = 0
+        # Made from the prepared view (ViewTemplate): its root is shared with every worker's view made from it, and
+        # read-only, so nothing is made in it (make() needing a new entry in / raises NeedFresh); the sources of
+        # binds are open_tree() copies made in the host's namespace.
+        self.template = template
 
     def tmpfs(self, path: str, mode: str, uid: int = 0, gid: int = 0, size: str | None = None) -> None:
         opts = f"mode={mode},uid={uid},gid={gid}" + (f",size={size}" if size else "")
@@ -325,15 +363,30 @@ class WorkerView:
         self.ours.add(os.stat(path).st_dev)
 
     def private(self) -> None:
-        """Enter a private mount namespace (open the drives' and configs' sources next, then enter())."""
+        """Enter a private mount namespace (open the drives' and configs' sources next, then enter()). From a
+        template: nothing yet (the sources are opened in the host's namespace and copied by source())."""
+        if self.template is not None:
+            return
         if _libc.unshare(CLONE_NEWNS) != 0:
             e = ctypes.get_errno()
             raise MountError(f"cannot create a mount namespace (unshare CLONE_NEWNS): {os.strerror(e)}; "
                              "the agent must run as root")
         mount(None, "/", None, MS_REC | MS_PRIVATE)
 
-    def enter(self) -> None:
-        """Make the root the read-only host, with a new /proc, private /tmp and /dev/shm, and the hidden paths."""
+    def source(self, fd: int) -> int:
+        """What bind() mounts for the O_PATH descriptor `fd` opened after private(): itself, or from a template
+        its open_tree() copy (`fd` is closed)."""
+        if self.template is None:
+            return fd
+        try:
+            return open_tree(fd)
+        finally:
+            os.close(fd)
+
+    def host_read_only(self, proc: bool) -> None:
+        """In a new mount namespace: pivot into a new root, a tmpfs holding a read-only bind of each of the host's
+        top-level entries (/proc, /tmp, /root: empty folders; with `proc`, a new proc on /proc); the host's tree
+        stays at OLD."""
         r = self.root_dir
         os.makedirs(r, mode=0o700, exist_ok=True)
         self.tmpfs(r, "755")
@@ -346,14 +399,32 @@ class WorkerView:
         os.mkdir(os.path.join(r, OLD.lstrip("/")), 0o700)
         _pivot_root(r, os.path.join(r, OLD.lstrip("/")))
         os.chdir("/")
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        for mp, flags in _mounts():  # everything of the host's is read-only here
+        if proc:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        for mp, flags in _mounts("/proc/self/mountinfo" if proc else OLD + "/proc/self/mountinfo"):  # everything of the host's is read-only here
             if mp in ("/", "/proc") or mp == OLD or mp.startswith(OLD + "/"):
                 continue
             try:
                 mount(None, mp, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
             except OSError as e:
                 raise MountError(f"cannot make the host's {mp} read-only in the worker's view: {e.strerror}") from None
+
+    def enter(self) -> None:
+        """Make the root the read-only host, with a new /proc, private /tmp and /dev/shm, and the hidden paths.
+        From a template: a copy of its namespace (the host read-only, made once), if the host is as it was then
+        (else NeedFresh)."""
+        if self.template is not None:
+            fd, sig = self.template
+            if host_signature() != sig:
+                raise NeedFresh("the host's mounts or top-level entries changed since the view was prepared")
+            setns(fd, CLONE_NEWNS)
+            if _libc.unshare(CLONE_NEWNS) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"unshare CLONE_NEWNS: {os.strerror(e)}")
+            os.chdir("/")
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        else:
+            self.host_read_only(proc=True)
         self.tmpfs("/tmp", "1777")
         self.tmpfs("/root", "755")
         if os.path.isdir("/dev/shm"):
@@ -369,8 +440,10 @@ class WorkerView:
     # ---------------------------------------------------------------- entries in the view
     def _explode(self, d: str) -> None:
         """Replace host folder `d` (in the view) by a tmpfs holding a bind of each of its entries."""
+        if self.template is not None and os.path.normpath(d) == "/":
+            raise NeedFresh("a new entry in the view's root")  # the template's root is shared: never written
         self.n += 1
-        stage = f"/.astraeus-stage-{self.n}"
+        stage = f"{'/tmp' if self.template is not None else ''}/.astraeus-stage-{self.n}"
         os.mkdir(stage, 0o700)
         st = os.stat(d)
         mount(d, stage, None, MS_BIND | MS_REC)
@@ -435,7 +508,10 @@ class WorkerView:
     def bind(self, fd: int, path: str, is_dir: bool, read_only: bool, what: str) -> None:
         target = self.make(path, is_dir, what)
         try:
-            mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
+            if self.template is not None:
+                move_mount(fd, target)
+            else:
+                mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
             if read_only:
                 mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         except OSError as e:
@@ -443,8 +519,84 @@ class WorkerView:
 
     def seal(self) -> None:
         """Let go of the host's tree and make the view's own folders read-only."""
-        umount(OLD)
-        os.rmdir(OLD)
+        if self.template is None:
+            umount(OLD)
+            os.rmdir(OLD)
         for d in self.read_only_later:
             mount(None, d, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+class NeedFresh(Exception):
+    """A worker's view cannot be made from the prepared one (the host changed, or it needs a new entry in /): it
+    is built from scratch instead."""
+
+
+def host_signature() -> str:
+    """What a prepared view reflects of the host: its mounts (this namespace's mountinfo) and its top-level entries
+    (names, kinds, symlink targets). Read in the host's mount namespace."""
+    import hashlib
+
+    h = hashlib.sha1()
+    with open("/proc/self/mountinfo", "rb") as f:
+        h.update(f.read())
+    for e in sorted(os.scandir("/"), key=lambda e: e.name):
+        link = os.readlink(e.path) if e.is_symlink() else ""
+        h.update(f"\0{e.name}\0{e.is_dir(follow_symlinks=False)}\0{link}".encode())
+    return h.hexdigest()
+
+
+def drop_template() -> None:
+    """Close this process's descriptor of the prepared view (the shim, once its worker's PID 1 has its own)."""
+    global TEMPLATE
+    if TEMPLATE is not None:
+        try:
+            os.close(TEMPLATE[0])
+        except OSError:
+            pass
+        TEMPLATE = None
+
+
+def prepare_template() -> tuple[int, str]:
+    """Prepare the view's host part once (ViewTemplate): in a forked child, a new mount namespace whose root is
+    the host read-only (host_read_only(), the host's tree let go of, / itself read-only; no /proc, /tmp, /root
+    mounted: each worker's view mounts its own). Returns a descriptor of that namespace (it lives as long as a
+    descriptor of it is open) and the host's signature it reflects. As root; raises OSError."""
+    sig = host_signature()
+    ok_r, ok_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(ok_r)
+            os.close(go_w)
+            view = WorkerView("/tmp", [], None)
+            view.private()
+            # the new root is a tmpfs over /tmp in this namespace only (nothing is made on the host)
+            view.host_read_only(proc=False)
+            umount(OLD)
+            os.rmdir(OLD)
+            mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            os.write(ok_w, b"k")
+            os.read(go_r, 1)  # until the parent holds the namespace
+            code = 0
+        except BaseException as e:  # noqa: BLE001
+            try:
+                os.write(ok_w, f"E{e}".encode()[:1000])
+            except OSError:
+                pass
+        finally:
+            os._exit(code)
+    os.close(ok_w)
+    os.close(go_r)
+    try:
+        answer = os.read(ok_r, 1000)
+        if answer != b"k":
+            raise OSError(f"cannot prepare the workers' view: {answer[1:].decode(errors='replace') or 'no answer'}")
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(ok_r)
+        os.close(go_w)
+        os.waitpid(pid, 0)
+    return fd, sig

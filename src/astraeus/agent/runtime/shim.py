@@ -324,11 +324,35 @@ class Shim:
 
     def build_view(self, cwd: str) -> None:
         """In the worker's PID 1 (root, before the command forks): its own view of the machine
-        (astraeus.agent.runtime.mounts.WorkerView): drives, configs and the working folder inside it."""
+        (astraeus.agent.runtime.mounts.WorkerView): drives, configs and the working folder inside it. Made from
+        the view the launcher prepared (mounts.TEMPLATE: the host read-only, made once, which spares each worker
+        the pivot into a new root and the read-only remount of every host mount, serialised in the kernel across
+        concurrent starts), or, without one or when it does not fit (the host changed since, a new entry in /),
+        from scratch."""
+        from astraeus.agent.runtime import mounts
+
+        template, mounts.TEMPLATE = mounts.TEMPLATE, None
+        if template is not None:
+            host = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self._build_view(cwd, template)
+                return
+            except Exception as e:  # noqa: BLE001
+                # back in the host's namespace, from scratch (a drive's own error is then raised again there)
+                mounts.setns(host, mounts.CLONE_NEWNS)
+                os.chdir("/")
+                if not isinstance(e, mounts.NeedFresh | mounts.MountError):
+                    log(f"the prepared view did not work ({e}); building the worker's view from scratch")
+            finally:
+                os.close(host)
+                os.close(template[0])
+        self._build_view(cwd, None)
+
+    def _build_view(self, cwd: str, template: tuple[int, str] | None) -> None:
         from astraeus.agent.runtime import mounts
 
         iso = self.iso
-        view = mounts.WorkerView(self.path("root"), iso.get("hide") or [])
+        view = mounts.WorkerView(self.path("root"), iso.get("hide") or [], template)
         view.private()
         drives = []
         for m in self.spec.get("mounts") or []:
@@ -341,14 +365,14 @@ class Shim:
                 raise mounts.MountError(f"{what}: {e}") from None
             except OSError as e:
                 raise mounts.MountError(f"{what}: {e.strerror or e}") from None
-            drives.append((fd, m["mount_path"], bool(m.get("read_only")), what))
+            drives.append((view.source(fd), m["mount_path"], bool(m.get("read_only")), what))
         configs = []
         for i, c in enumerate(self.spec.get("configs") or []):
-            configs.append((os.open(os.path.join(self.path("configs"), str(i)), os.O_PATH | os.O_CLOEXEC),
+            configs.append((view.source(os.open(os.path.join(self.path("configs"), str(i)), os.O_PATH | os.O_CLOEXEC)),
                             c["mount_path"], f"config at {c.get('mount_path')}"))
-        work = os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if os.path.isdir(cwd) else None
+        work = view.source(os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)) if os.path.isdir(cwd) else None
         sig_dir = self.signal_dir()
-        sig = os.open(sig_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        sig = view.source(os.open(sig_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         # the worker's Python environment and the interpreter it is built on, read-only, even where they lie
         # under a hidden folder (/root/.pyenv, a temporary folder); never anything of the agent's state or home
         hidden = [os.path.realpath(h) for h in iso.get("hide") or []]
@@ -357,7 +381,7 @@ class Shim:
                                                              sys.base_prefix) if x and os.path.isabs(x)):
             if os.path.isdir(p) and p != "/" and not any(p == h or p.startswith(h + "/") or h.startswith(p + "/")
                                                          for h in hidden):
-                expose.append((os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), p))
+                expose.append((view.source(os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)), p))
         try:
             view.enter()
         except OSError as e:
@@ -494,6 +518,9 @@ class Shim:
                     os.write(res_w, msg.encode()[:4000])
                 finally:
                     os._exit(127)
+        from astraeus.agent.runtime import mounts
+
+        mounts.drop_template()  # the worker's PID 1 has its own
         os.close(status_w)
         os.close(ack_r)
         os.set_blocking(self.status_r, False)

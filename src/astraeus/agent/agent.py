@@ -569,11 +569,14 @@ class Agent:
                 log.exception("reconcile failed")
 
     def event_loop(self) -> None:
-        """A worker started or ended: reconcile (and so report, and ship its last lines) now, not at the next
-        poll. The poll stays as the fallback."""
+        """A worker started or ended: report it (and ship its last lines) and reconcile now, not at the next poll.
+        The report thread is woken here, not by the reconcile that finds the change (one thread hop less between
+        a worker's exit and the control plane knowing it); a report marks what it sent as seen, so that reconcile
+        does not send the same states again. The poll stays as the fallback."""
         while not self.stopping.is_set():
             try:
                 if self.runtime.wait_event(1.0):
+                    self.wake_report.set()
                     self.wake_reconcile.set()
                     self.wake_logs.set()
             except OSError:
@@ -739,6 +742,9 @@ class Agent:
                 if tail is not None:
                     self._logs_stored(tail)
         self.reported_final.update(k for k, st in statuses.items() if st.final)
+        for key, st in statuses.items():  # sent: a reconcile that finds these states has nothing new to report
+            if not st.final or key in self.reported_final:  # (not one reconcile forgot meanwhile)
+                self.last_states[key] = (st.state, st.pid, st.exit_code, st.signal, st.message)
 
     def log_loop(self) -> None:
         backoff = Backoff()

@@ -40,6 +40,7 @@ import os
 import random
 import signal
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +52,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_failover import PG_ADMIN, Replica  # noqa: E402
+from bench_failover import PG_ADMIN, Replica, read_env  # noqa: E402
 
 GPUS = 8
 
@@ -318,6 +319,33 @@ class Child:
             self.proc.join()
 
 
+class Servers(Replica):
+    """`astraeus server --processes N` (N > 1: N replicas on the one port; their CPU is counted together)."""
+
+    def __init__(self, home: Path, env: dict[str, str], processes: int = 1):
+        super().__init__(home, env)
+        self.processes = processes
+
+    def start(self) -> Replica:
+        if self.processes == 1:
+            return super().start()
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "env").unlink(missing_ok=True)
+        log = open(self.home / "server.log", "ab")
+        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "astraeus"), "server", "--home",
+                                      str(self.home), "--port", str(self.port), "--processes", str(self.processes)],
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"astraeus server exited: {(self.home / 'server.log').read_text()[-2000:]}")
+            if (self.home / "env").exists() and self.health():
+                self.vars = self.vars or read_env(self.home / "env")
+                return self
+            time.sleep(0.05)
+        raise SystemExit("astraeus server did not start: " + (self.home / "server.log").read_text()[-2000:])
+
+
 class Bench:
     def __init__(self, a: argparse.Namespace):
         self.n, self.heartbeat, self.poll_wait, self.procs = a.agents, a.heartbeat, a.poll_wait, a.procs
@@ -333,7 +361,7 @@ class Bench:
                    ASTRAEUS_HEARTBEAT=str(a.heartbeat))
         if a.src:
             env["PYTHONPATH"] = a.src  # ahead of the editable install: the server runs that checkout's code
-        self.server = Replica(Path(tempfile.mkdtemp(prefix="bench-agents-")), env).start()
+        self.server = Servers(Path(tempfile.mkdtemp(prefix="bench-agents-")), env, a.server_processes).start()
         self.base = self.server.url
         self.join_token = self.server.vars["ASTRAEUS_MACHINE_TOKEN"]
         self.api = self.server.vars["API"].split("/", 3)[3]
@@ -581,6 +609,8 @@ def main() -> None:
                     help="the longest the placement phase lasts (submitting, and waiting for every worker to be seen)")
     ap.add_argument("--procs", type=int, help="processes running the agents (default: at most 250 agents in each; "
                                               "1: the agents on this process's own loop)")
+    ap.add_argument("--server-processes", type=int, default=1,
+                    help="`astraeus server --processes N`: N replicas of the control plane on its one port")
     ap.add_argument("--quick", action="store_true", help="50 agents, a 15 s idle window")
     ap.add_argument("--src", help="start the server from this checkout's src (e.g. a git worktree of an earlier "
                                   "commit), for a before/after")
@@ -589,7 +619,9 @@ def main() -> None:
         a.agents, a.idle, a.settle = 50, 15.0, 60.0
     a.procs = max(1, min(a.procs or math.ceil(a.agents / 250), a.agents))
     procs = "one process" if a.procs == 1 else f"{a.procs} processes"
-    print(f"{a.agents} agents ({procs}) against one control plane on PostgreSQL{' from ' + a.src if a.src else ''}; "
+    servers = f" ({a.server_processes} server processes)" if a.server_processes > 1 else ""
+    print(f"{a.agents} agents ({procs}) against one control plane{servers} on PostgreSQL"
+          f"{' from ' + a.src if a.src else ''}; "
           f"heartbeat {a.heartbeat:g} s, long-poll wait {a.poll_wait:g} s; {os.cpu_count()} cores, load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     bench = Bench(a)

@@ -99,7 +99,25 @@ def redacted(text: str, home: Path) -> str:
     return "\n".join(out)
 
 
-def _serve(settings, cp, on_ready=None, on_signal=None) -> None:
+def _shared_socket(host: str, port: int):
+    """A listening socket for one of several server processes on one port (SO_REUSEPORT: the kernel spreads the
+    new connections over the processes)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _die_with_parent() -> None:  # a child server process: SIGTERM when the process that started it dies
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _serve(settings, cp, on_ready=None, on_signal=None, reuse_port: bool = False) -> None:
     """Serve the API until SIGINT/SIGTERM. uvicorn runs in a thread so that this thread handles the signal:
     `on_signal` runs first (a local cluster stops its agents while the API still answers them), then the
     waiting long-polls are released and the server stops."""
@@ -118,7 +136,8 @@ def _serve(settings, cp, on_ready=None, on_signal=None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    t = threading.Thread(target=server.run, name="api", daemon=True)
+    sockets = [_shared_socket(settings.host, settings.port)] if reuse_port else None
+    t = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name="api", daemon=True)
     t.start()
     while not server.started and t.is_alive():
         time.sleep(0.02)
@@ -150,10 +169,16 @@ def server(
     replica_id: Annotated[str | None, typer.Option(
         help="This replica's name in the scheduling lease and /healthz (default: $ASTRAEUS_REPLICA_ID or "
              "host:port)", show_default=False)] = None,
+    processes: Annotated[int, typer.Option(
+        min=1, help="Server processes on this host and port (PostgreSQL only): each a replica serving the API and "
+                    "the agents, one of them leading the scheduling; the port is shared (SO_REUSEPORT), so a larger "
+                    "fleet's requests use more than one core")] = 1,
+    process_of: Annotated[str | None, typer.Option(hidden=True)] = None,  # internal: another of --processes, its id
 ):
     """The control plane: API, console, scheduling loop. PostgreSQL through ASTRAEUS_DATABASE_URL
     (every variable: docs/configuration.md); on PostgreSQL, start several on other machines or ports for a
-    control plane with no single point of failure: one of them leads the scheduling at a time."""
+    control plane with no single point of failure: one of them leads the scheduling at a time, or several on
+    one machine with --processes N."""
     from astraeus.server.core import ControlPlane
     from astraeus.server.db import AlreadyServing, SchemaTooNew
 
@@ -161,6 +186,12 @@ def server(
     if replica_id:
         settings.replica_id = replica_id
     home = settings.home
+    if processes > 1 and not settings.url().startswith("postgresql"):
+        typer.echo("astraeus server: --processes needs PostgreSQL (ASTRAEUS_DATABASE_URL): on SQLite one process "
+                   "serves the database", err=True)
+        raise typer.Exit(2)
+    if processes > 1 or process_of:  # each process its own name in the scheduling lease and its logs: <base>/<i>
+        settings.replica_id = process_of or f"{settings.replica_id or f'{settings.host}:{settings.port}'}/0"
     try:
         cp = ControlPlane.open(settings, exclusive=True)
     except (SchemaTooNew, AlreadyServing) as e:  # a newer schema, or SQLite served by another process
@@ -170,11 +201,34 @@ def server(
         typer.echo(f"astraeus server: cannot open the database ({type(e).__name__}: {str(e).splitlines()[0]})",
                    err=True)
         raise typer.Exit(1) from None
+    if process_of:  # the first process bootstrapped and wrote the env file
+        _serve(settings, cp, reuse_port=True)
+        return
     boot = bootstrap(cp, org, workspace, cluster, host_path or ["/data/astraeus"])
     text = write_env(home, settings.console_base(), boot)
     typer.echo(shown(text, home))
-    typer.echo(f"astraeus server: listening on {settings.console_base()} (docs at /docs)")
-    _serve(settings, cp)
+    typer.echo(f"astraeus server: listening on {settings.console_base()} (docs at /docs)"
+               + (f", {processes} processes" if processes > 1 else ""))
+    others = []
+    base = settings.replica_id.rsplit("/", 1)[0] if processes > 1 else ""
+    for i in range(1, processes):
+        others.append(subprocess.Popen(
+            [sys.executable, "-m", "astraeus.main", "server", "--home", str(home), "--host", settings.host,
+             "--port", str(settings.port), "--process-of", f"{base}/{i}"], preexec_fn=_die_with_parent))
+
+    def stop_others() -> None:
+        for p in others:
+            p.terminate()
+        for p in others:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    try:
+        _serve(settings, cp, on_signal=stop_others if others else None, reuse_port=processes > 1)
+    finally:
+        stop_others()
 
 
 @app.command()

@@ -193,7 +193,7 @@ def server(
     if processes > 1 or process_of:  # each process its own name in the scheduling lease and its logs: <base>/<i>
         settings.replica_id = process_of or f"{settings.replica_id or f'{settings.host}:{settings.port}'}/0"
     try:
-        cp = ControlPlane.open(settings, exclusive=True)
+        cp = ControlPlane.open(settings, exclusive=True, share=processes)  # N processes: a pool of 1/N each
     except (SchemaTooNew, AlreadyServing) as e:  # a newer schema, or SQLite served by another process
         typer.echo(f"astraeus server: {e}", err=True)
         raise typer.Exit(1) from None
@@ -214,7 +214,8 @@ def server(
     for i in range(1, processes):
         others.append(subprocess.Popen(
             [sys.executable, "-m", "astraeus.main", "server", "--home", str(home), "--host", settings.host,
-             "--port", str(settings.port), "--process-of", f"{base}/{i}"], preexec_fn=_die_with_parent))
+             "--port", str(settings.port), "--processes", str(processes), "--process-of", f"{base}/{i}"],
+            preexec_fn=_die_with_parent))
 
     def stop_others() -> None:
         for p in others:

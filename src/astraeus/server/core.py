@@ -414,7 +414,7 @@ class ControlPlane:
         return self._submits
 
     @classmethod
-    def open(cls, settings: Settings, exclusive: bool = False) -> ControlPlane:
+    def open(cls, settings: Settings, exclusive: bool = False, share: int = 1) -> ControlPlane:
         """Open the database and migrate it. `exclusive` (a serving process, `astraeus server`): on SQLite, hold
         the database's lock file (db.AlreadyServing when another process serves it). db.SchemaTooNew when the
         database was migrated by a newer astraeus."""
@@ -423,7 +423,7 @@ class ControlPlane:
         url = settings.url()
         held = db.hold_sqlite(url) if exclusive else None
         try:
-            engine = db.make_engine(url)
+            engine = db.make_engine(url, share)  # share: one of `astraeus server --processes N`
             db.migrate(engine)
         except BaseException:
             if held is not None:

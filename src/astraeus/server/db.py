@@ -419,7 +419,9 @@ def private_sqlite(url: str) -> None:
             os.chmod(p, 0o600)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, share: int = 1) -> Engine:
+    """`share`: how many server processes share the database from this host (`astraeus server --processes`): on
+    PostgreSQL each gets that part of the pool (20 + 40 connections), so N of them open no more than one would."""
     if url.startswith("sqlite"):
         private_sqlite(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20,
@@ -437,7 +439,7 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
-    return create_engine(url, pool_size=20, max_overflow=40, pool_pre_ping=True)
+    return create_engine(url, pool_size=max(2, 20 // share), max_overflow=max(4, 40 // share), pool_pre_ping=True)
 
 
 # The transaction-level advisory lock that `migrate` upgrades under on PostgreSQL (any bigint; "astraMIG").

@@ -18,9 +18,11 @@ it is kept and each of its submits is answered FALLBACK: its request then submit
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -62,6 +64,7 @@ class Submit:
     cluster: Cluster | None = None
     error: BaseException | None = None  # refused: the ApiError, as submit_run would raise it
     fallback: bool = False
+    answered: Callable[[], None] | None = None  # called by the writer once done is set (submit_async)
 
 
 class Batcher:
@@ -77,13 +80,31 @@ class Batcher:
 
     def submit(self, item: Submit) -> Submit:
         """Queue `item` and wait until its batch has committed (or refused it, or fell back)."""
+        self._put(item)
+        item.done.wait()
+        return item
+
+    async def submit_async(self, item: Submit) -> Submit:
+        """submit(), awaited on the event loop: no thread waits. Should the request be cancelled meanwhile (its
+        client gone), the submit is written or refused all the same, answered to no one, as with submit()."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def resolve() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        item.answered = lambda: loop.call_soon_threadsafe(resolve)
+        self._put(item)
+        await fut
+        return item
+
+    def _put(self, item: Submit) -> None:
         with self._start:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="submit-writer", daemon=True)
                 self._thread.start()
             self._q.put(item)
-        item.done.wait()
-        return item
 
     def _run(self) -> None:
         while True:
@@ -109,6 +130,11 @@ class Batcher:
             finally:
                 for it in batch:
                     it.done.set()
+                    if it.answered is not None:
+                        try:
+                            it.answered()
+                        except RuntimeError:  # its event loop closed (the server stopping): no one to answer
+                            pass
             if any(it.run is not None for it in batch):
                 self.notifier.wake_scheduler()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import APIRouter, Body, Query, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
@@ -44,27 +45,35 @@ def document_run_body(app) -> None:
 
 @router.post("/runs", status_code=201, responses={200: {"description": "dry_run=true: what the run would do now "
                                                                          "(nothing is stored)"}})
-def create_run(c: WsCaller, s: Sess, cp: CP, base: Base, body: Annotated[dict, Body()], response: Response,
-               dry_run: Annotated[bool, Query(description="Answer what the run would do if submitted now (starts "
-                                                          "where, preempts whom, starts by when, waits behind "
-                                                          "whom) and store nothing; refusals are the submit's")]
-               = False):
+async def create_run(c: WsCaller, s: Sess, cp: CP, base: Base, body: Annotated[dict, Body()], response: Response,
+                     dry_run: Annotated[bool, Query(description="Answer what the run would do if submitted now "
+                                                                "(starts where, preempts whom, starts by when, "
+                                                                "waits behind whom) and store nothing; refusals "
+                                                                "are the submit's")] = False):
+    """`async def`: the caller's lookup (WsCaller) is the request's one hop through the thread pool; the body is
+    checked here, a plain submit waits for its group commit on the event loop (submits.Batcher.submit_async),
+    and only what reads or writes the database besides goes to a worker thread."""
     if dry_run:
         response.status_code = 200
-        return whatif.what_if(s, c, body, now())
+        return await to_thread.run_sync(lambda: whatif.what_if(s, c, body, now()))
     parsed = services.parse_run_body(body)  # checked before the state lock (None: names a template)
     org, ws = c.org, c.workspace
     if c.token is not None and submits.batchable(parsed):  # group commit (server/submits.py)
         services.require(c, "editor")
-        s.commit()  # end this request's read: it waits for the writer's transaction with no transaction open
-        it = cp.submits.submit(submits.Submit(ws.id, ws.name, ws.ns, parsed, now()))
+        if s.in_transaction():  # end this request's read: it waits for the writer's transaction with none open
+            await to_thread.run_sync(s.commit)
+        it = await cp.submits.submit_async(submits.Submit(ws.id, ws.name, ws.ns, parsed, now()))
         if it.error is not None:
             raise it.error
-        if not it.fallback:
-            return services.run_view(it.run, org, ws, it.cluster, base, [], {}, c.role)
-    with tx(s, keep=(org, ws)):
-        run = services.submit_run_body(s, c, body, now(), parsed=parsed)
-        out = services.run_view(run, org, ws, run.cluster_row, base, [], {}, c.role)
+        if not it.fallback:  # plain JSON already: answered as is, without FastAPI's jsonable_encoder
+            return JSONResponse(services.run_view(it.run, org, ws, it.cluster, base, [], {}, c.role), 201)
+
+    def write():
+        with tx(s, keep=(org, ws)):
+            run = services.submit_run_body(s, c, body, now(), parsed=parsed)
+            return services.run_view(run, org, ws, run.cluster_row, base, [], {}, c.role)
+
+    out = await to_thread.run_sync(write)
     cp.notifier.wake_scheduler()
     return out
 

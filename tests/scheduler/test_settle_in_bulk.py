@@ -4,7 +4,8 @@ Once the head is known and the runs that get why-not lines are found, the queue 
 to `Cycle.settle`, which gives every run whose outcome its workspace recorded already (same shape, machines and
 view) its reason and quota note at once, without the fair-share heap, and stops at the first other run. Plans
 must be those of handling runs one at a time: the same starts, stops, head, reasons, why-not lines, and quota
-notes in the same order (notes made in bulk are put back in queue order by the runs' order key).
+notes in the same order (notes made in bulk are put back in queue order by the runs' order key). A start keeps the outcomes settled for
+a workspace without a quota (none of them reads its usage): the reference forgets them at every start.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def queues(draw) -> Snapshot:
 def _plans(snap: Snapshot):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cycle_module, "BATCH", False)
+        mp.setattr(cycle_module, "KEEP_SETTLED", False)  # and every start forgets its workspace's outcomes
         one_by_one = plan(snap, NOW)
     return plan(snap, NOW), one_by_one
 

@@ -38,7 +38,8 @@ from .whynot import Unstarted, WhyNot
 
 _UNSET = object()
 _EMPTY: frozenset[int] = frozenset()
-_first = itemgetter(0)
+_order_key = itemgetter(0, 1, 2, 3, 4)  # of a keyed note: (-priority, share, submitted, name, workspace, note)
+_last = itemgetter(5)
 _new = object.__new__
 _set_run, _set_workspace, _set_message = (QuotaReached.run.__set__, QuotaReached.workspace.__set__,
                                           QuotaReached.message.__set__)
@@ -55,6 +56,9 @@ def _quota_reached(run: str, workspace: str, message: str) -> QuotaReached:
 
 # Runs behind the head settled in bulk by the queue (`Cycle.settle`); False in tests: one run at a time.
 BATCH = True
+# A start keeps the outcomes settled for its workspace's runs when the workspace has no quota; False in tests: every
+# start forgets them.
+KEEP_SETTLED = True
 
 QuotaSpec = tuple  # ((word, formatter, limit), ...) for gpus, cpu cores, memory, workers; limit None: no limit
 
@@ -146,7 +150,7 @@ class Cycle:
         self.quota_notes: list[QuotaReached] = []
         # Notes made once runs may be settled in bulk, with the run's order key: (-priority, share, submitted,
         # name, workspace); sorted by it, they follow `quota_notes` in queue order.
-        self.keyed_notes: list[tuple[tuple, QuotaReached]] = []
+        self.keyed_notes: list[tuple] = []
         self.unstarted: list[tuple[Unstarted, int]] = []  # the first runs left waiting: they get why-not lines
         limit = snapshot.why_not_limit
         self.keep = len(snapshot.waiting) if limit is None else max(limit, 0)
@@ -157,7 +161,7 @@ class Cycle:
         self.queued_behind: dict[str, str] = {}  # the reason behind the head, per workspace of the waiting run
         # Behind the head, per workspace: (shape, allowed key, view B) -> why a one-worker run did not start (it
         # cannot run here, waits for quota, or waits behind the head: `_waits`), until the workspace's usage
-        # changes (`place`).
+        # changes when it has a quota (`_take`).
         self.settled: dict[str, dict[tuple, tuple]] = {}
         self.fails: dict[str, str] = {}  # runs whose dependency can no longer be met, or whose reservation ended
         self.room()
@@ -334,7 +338,7 @@ class Cycle:
                 settled = self.settled.get(run.workspace)
                 if settled is None:
                     settled = self.settled[run.workspace] = {}
-                sk = (shapes, allowed_key, view_b)
+                sk = (*shapes, allowed_key, view_b)  # one worker: shapes is its (gpus, cpu cores, memory)
                 outcome = settled.get(sk)
                 if outcome is not None:
                     return self._waits(run, workers, outcome, allowed_key)
@@ -390,7 +394,7 @@ class Cycle:
         st = self.shadow_time
         view_b = not (st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st)
         w0 = workers[0]
-        outcome = settled.get(((w0.gpus, w0.cpu_cores, w0.memory_bytes), allowed_key, view_b))
+        outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
         if outcome is None:
             return self.place(run)
         return self._waits(run, workers, outcome, allowed_key)
@@ -409,7 +413,7 @@ class Cycle:
         note = _quota_reached(run.name, run.workspace, message)
         batch = self.batch
         if batch is not None and batch.on:
-            self.keyed_notes.append(((-run.priority, batch.share, run.submitted_at, run.name, run.workspace), note))
+            self.keyed_notes.append((-run.priority, batch.share, run.submitted_at, run.name, run.workspace, note))
         else:
             self.quota_notes.append(note)
 
@@ -419,8 +423,8 @@ class Cycle:
         keyed = self.keyed_notes
         if not keyed:
             return tuple(self.quota_notes)
-        keyed.sort(key=_first)  # stable; keys differ by run name
-        return (*self.quota_notes, *map(itemgetter(1), keyed))
+        keyed.sort(key=_order_key)  # stable; keys differ by run name
+        return (*self.quota_notes, *map(_last, keyed))
 
     def settle(self, lst: list[WaitingRun], share: float) -> bool:
         """Behind the head, once the why-not runs are found: take from the end of `lst` (next run last) the runs
@@ -434,7 +438,10 @@ class Cycle:
         run_machines = self.run_machines
         reasons = self.reasons
         keyed = self.keyed_notes
+        append = keyed.append
         vb_of = self._view_b
+        ws = lst[-1].workspace if lst else None
+        settled = settled_of.get(ws)
         j = len(lst)
         while j:
             run = lst[j - 1]
@@ -443,8 +450,10 @@ class Cycle:
             if (len(workers) != 1 or run.dependency is not None or run.array is not None or run.excluded_machines
                     or sel.reservation is not None):
                 break
-            settled = settled_of.get(run.workspace)
-            if not settled or run.name in run_machines:
+            if run.workspace is not ws:
+                ws = run.workspace  # the merged runs of workspaces without a quota
+                settled = settled_of.get(ws)
+            if not settled or (run_machines and run.name in run_machines):
                 break
             if sel.mode == "Any" and not sel.pools and not sel.gpu_model:
                 allowed_key = -1
@@ -460,13 +469,13 @@ class Cycle:
                 view_b = vb_of[tl] = not (
                     st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st)
             w0 = workers[0]
-            outcome = settled.get(((w0.gpus, w0.cpu_cores, w0.memory_bytes), allowed_key, view_b))
+            outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
             if outcome is None:
                 break
             reasons[run.name] = outcome[0]
             if outcome[1] is not None and not run.quota_noted:
-                keyed.append(((-run.priority, share, run.submitted_at, run.name, run.workspace),
-                              _quota_reached(run.name, run.workspace, outcome[1])))
+                append((-run.priority, share, run.submitted_at, run.name, run.workspace,
+                        _quota_reached(run.name, run.workspace, outcome[1])))
             j -= 1
         if j == len(lst):
             return False
@@ -566,11 +575,15 @@ class Cycle:
         for w, _ in chosen:
             use.add(w.gpus, w.cpu_cores, w.memory_bytes, 1)
         seen = self.quota_seen.get(run.workspace)
-        if seen is not None:
-            seen.clear()
-        settled = self.settled.get(run.workspace)
-        if settled:
-            settled.clear()
+        if seen is not None or not KEEP_SETTLED:
+            if seen is not None:
+                seen.clear()
+            # With a quota, the outcomes settled for the workspace's runs read its usage (the quota's answer and
+            # its text): they are found again. Without one they hold: "cannot run here" for good, and no room in
+            # the view stays no room (free room only shrinks).
+            settled = self.settled.get(run.workspace)
+            if settled:
+                settled.clear()
         return placed
 
     def _left_waiting(self, run: WaitingRun, workers, view_b: bool, quota: str | None, avoid, allowed_key: int):

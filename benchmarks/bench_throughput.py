@@ -10,6 +10,7 @@ command's stamp → finished (the agent reported the exit) → the next worker p
     python benchmarks/bench_throughput.py --jobs 200 --old   # also Astraeus without the shim launcher
     python benchmarks/bench_throughput.py --jobs 200 --was /tmp/was   # also the code of another checkout (before)
     python benchmarks/bench_throughput.py --jobs 500 --no-slurm
+    python benchmarks/bench_throughput.py --views 10   # only: 8 workers' views built at once, scratch vs prepared
 """
 
 from __future__ import annotations
@@ -209,6 +210,62 @@ def worker_phases(items: list[dict]) -> dict:
     return {k: statistics.median(v) for k, v in steps.items() if v}
 
 
+def measure_views(rounds: int, at_once: int = 8) -> dict:
+    """The worker's view alone (astraeus.agent.runtime.mounts.WorkerView, as a worker's PID 1 builds it: its own
+    PID namespace, a working folder bound in, sealed), `at_once` built concurrently per round: from scratch (a new
+    root, pivot_root, every host mount remounted read-only, the host's tree unmounted) and from the view the
+    launcher prepares once (mounts.prepare_template). Milliseconds per view, p50 / p90. As root."""
+    from astraeus.agent.runtime import mounts
+
+    base = Path(tempfile.mkdtemp(prefix="astraeus-views-"))
+    (base / "work").mkdir()
+    out: dict[str, dict] = {}
+    try:
+        for mode in ("scratch", "prepared"):
+            times = base / f"{mode}.txt"
+            times.write_text("")
+            template = mounts.prepare_template() if mode == "prepared" else None
+            for _ in range(rounds):
+                kids = []
+                for _ in range(at_once):
+                    pid = os.fork()
+                    if pid == 0:
+                        try:
+                            _one_view(base, template, times)
+                        finally:
+                            os._exit(0)
+                    kids.append(pid)
+                for pid in kids:
+                    os.waitpid(pid, 0)
+            if template is not None:
+                os.close(template[0])
+            v = sorted(float(x) for x in times.read_text().split())
+            out[mode] = {"views": len(v), "p50_ms": v[len(v) // 2], "p90_ms": v[int(len(v) * 0.9)]}
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+def _one_view(base: Path, template: tuple[int, str] | None, times: Path) -> None:
+    from astraeus.agent.runtime import mounts
+
+    mounts.unshare_pid_namespace()
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    fd = os.open(times, os.O_WRONLY | os.O_APPEND)  # opened on the host: the view hides this folder
+    t0 = time.perf_counter()
+    view = mounts.WorkerView(str(base / f"root-{os.getpid()}"), [str(base / "hidden")], template)
+    view.private()
+    work = view.source(os.open(base / "work", os.O_PATH | os.O_DIRECTORY))
+    view.enter()
+    view.bind(work, str(base / "work"), True, False, "working folder")
+    view.seal()
+    os.write(fd, f"{(time.perf_counter() - t0) * 1000:.3f}\n".encode())
+    os._exit(0)
+
+
 def print_side_by_side(results: list[dict]) -> None:
     floor = next((r for r in results if r["system"].startswith("xargs")), None)
     slurm = next((r for r in results if r["system"] == "slurm"), None)
@@ -232,7 +289,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="also measure Astraeus as the code in CHECKOUT/src is (e.g. `git worktree add --detach "
                          "/tmp/was HEAD` before a change), after Slurm, in the same run")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--views", type=int, metavar="ROUNDS",
+                    help="only measure the worker's view: ROUNDS rounds of 8 built at once, from scratch and from "
+                         "the prepared one (as root)")
     a = ap.parse_args(argv)
+    if a.views:
+        for mode, r in measure_views(a.views).items():
+            print(f"{mode}: {r['views']} views, 8 at once: {r['p50_ms']:.1f} / {r['p90_ms']:.1f} ms p50 / p90 "
+                  f"(load average {os.getloadavg()[0]:.1f})")
+        return
     results = []
 
     def keep(r: dict) -> None:  # printed at once: a later failure does not lose it

@@ -564,3 +564,18 @@ def test_a_flooding_worker_keeps_at_most_its_log_bytes_on_the_machine(rt, assign
     kept_lines = rt.logs(a["worker"], 1)
     assert 0 < len(kept_lines) < 3000
     assert [ln.seq for ln in kept_lines] == list(range(3001 - len(kept_lines), 3001))
+
+
+def test_a_forgotten_attempt_leaves_nothing_on_the_machine(rt, assignment):
+    """forget(): the attempt is gone at once (no status, no folder among the workers') and its files are deleted
+    from the machine soon after (by the runtime's own thread, not the caller)."""
+    a = assignment("print('bye')")
+    rt.start(a)
+    wait_for(lambda: (s := rt.status(a["worker"], 1)).final and s)
+    d = rt.dir(a["worker"], 1)
+    assert os.path.isdir(d)
+    rt.forget(a["worker"], 1)
+    assert rt.status(a["worker"], 1) is None and not os.path.exists(d)
+    assert all(st.worker != a["worker"] for st in rt.list())
+    trash = os.path.join(rt.state_dir, "forgotten")
+    wait_for(lambda: not os.path.exists(trash) or os.listdir(trash) == [], timeout=10, what="its files deleted")

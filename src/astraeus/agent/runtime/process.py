@@ -167,6 +167,8 @@ class ProcessRuntime(Runtime):
         self._final: dict[tuple[str, int], WorkerStatus] = {}
         self._legacy: dict[tuple[str, int], str] = {}  # (identity, attempt) -> an older agent's folder name
         self._lock = threading.RLock()
+        self._remover: threading.Thread | None = None  # deletes forgotten attempts' folders (_remove)
+        self._removing = threading.Event()
         self._events_fd: int | None = None
         self._event = threading.Condition()
         self._events_seen = 0
@@ -660,6 +662,37 @@ class ProcessRuntime(Runtime):
         st = self.status(worker, attempt)
         if st is not None and not st.final:
             raise RuntimeError(f"{worker} attempt {attempt} is still {st.state}")
-        shutil.rmtree(self.dir(worker, attempt), ignore_errors=True)
+        self._remove(self.dir(worker, attempt))
         self._final.pop((worker, int(attempt)), None)
         self._legacy.pop((worker, int(attempt)), None)
+
+    def _remove(self, d: str) -> None:
+        """Remove an attempt's folder: renamed out of the workers' folder at once (gone for list() and status()),
+        deleted by a thread of its own (its files, logs and working folder: a dozen unlinks or more, which the
+        agent's reconcile, which starts the next workers, does not wait for)."""
+        trash = os.path.join(self.state_dir, "forgotten")
+        try:
+            os.makedirs(trash, mode=0o700, exist_ok=True)
+            gone = os.path.join(trash, f"{os.path.basename(d)}.{os.urandom(4).hex()}")
+            os.rename(d, gone)
+        except FileNotFoundError:
+            return
+        except OSError:
+            shutil.rmtree(d, ignore_errors=True)
+            return
+        with self._lock:
+            if self._remover is None or not self._remover.is_alive():
+                self._remover = threading.Thread(target=self._remove_forgotten, name="runtime-remove", daemon=True)
+                self._remover.start()
+            self._removing.set()
+
+    def _remove_forgotten(self) -> None:
+        trash = os.path.join(self.state_dir, "forgotten")
+        while self._removing.wait(5.0):
+            self._removing.clear()
+            try:
+                names = os.listdir(trash)
+            except OSError:
+                continue
+            for name in names:
+                shutil.rmtree(os.path.join(trash, name), ignore_errors=True)

@@ -10,6 +10,7 @@ a workspace without a quota (none of them reads its usage): the reference forget
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 import pytest
@@ -148,3 +149,25 @@ def test_bulk_settling_keeps_plans_of_runs_with_dependencies_arrays_and_exclusio
     bulk, one_by_one = _plans(snap)
     assert bulk == one_by_one
     assert bulk.quota_reached == one_by_one.quota_reached
+
+
+def test_a_cycle_leaves_no_reference_cycle_behind():
+    """plan() pauses the cyclic garbage collector: what a cycle made must be freed when its plan is dropped
+    (the bulk settling's hook refers back to the cycle; it is let go at the end)."""
+    machines = (Machine("m00", 8, 64, 512 * GIB),)
+    units = (RunningUnit("busy", SPACES[3], 0, NOW - 60, HOUR,
+                         (PlacedWorker("busy-0", 0, "m00", tuple(range(8)), 8, 64 * GIB),)),)
+    spaces = (Workspace(SPACES[0], "a", Quota(gpus=0)), Workspace(SPACES[2], "c"))
+    runs = tuple(WaitingRun(f"r{k:03d}", SPACES[k % 2 * 2], 0, NOW - 1000 + k, (WorkerRequest(0, 1, 1, GIB),))
+                 for k in range(50))
+    snap = Snapshot("c", machines, units, runs, spaces, why_not_limit=1)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        p = plan(snap, NOW)
+        assert len(p.reasons) == 50
+        del p
+        assert gc.collect() == 0
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()

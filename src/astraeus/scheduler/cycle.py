@@ -135,6 +135,8 @@ def _plan(snapshot: Snapshot, now: float) -> Plan:
             cycle.find_head(run, *left)
         else:
             cycle.queue_behind_head(run)
+    if batch is not None:
+        batch.settle = None  # the batch holds the cycle's bound method: no reference cycle is left behind
     return cycle.result()
 
 

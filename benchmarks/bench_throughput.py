@@ -103,7 +103,8 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
     last = max(stamps, default=t0)
     total = last - t0
     done = len(stamps)
-    return {"system": "astraeus-was" if src else "astraeus" if launcher else "astraeus-old", "jobs": n, "seconds": total,
+    system = f"was:{Path(src).parent.name}" if src else "astraeus" if launcher else "astraeus-old"
+    return {"system": system, "jobs": n, "seconds": total,
             "jobs_per_second": done / total if total > 0 else None, "submit_seconds": t_submitted - t0,
             "stamps": done, "failed": len(failed), "phases": phases, "steps": steps,
             "failed_reasons": sorted({r["status"].get("reason", "") for r in failed})}
@@ -269,12 +270,12 @@ def _one_view(base: Path, template: tuple[int, str] | None, times: Path) -> None
 def print_side_by_side(results: list[dict]) -> None:
     floor = next((r for r in results if r["system"].startswith("xargs")), None)
     slurm = next((r for r in results if r["system"] == "slurm"), None)
-    print(f"{'system':<14}{'jobs':>6}{'seconds':>10}{'jobs/s':>9}{'vs Slurm':>10}{'vs floor':>10}")
+    print(f"{'system':<18}{'jobs':>6}{'seconds':>10}{'jobs/s':>9}{'vs Slurm':>10}{'vs floor':>10}")
     for r in results:
         vs_s = f"{r['seconds'] / slurm['seconds']:.2f}x" if slurm else "-"
         vs_f = f"{r['seconds'] / floor['seconds']:.1f}x" if floor else "-"
         jps = f"{r['jobs_per_second']:>9.1f}" if r.get("jobs_per_second") else f"{'-':>9}"
-        print(f"{r['system']:<14}{r['jobs']:>6}{r['seconds']:>10.2f}{jps}{vs_s:>10}{vs_f:>10}")
+        print(f"{r['system']:<18}{r['jobs']:>6}{r['seconds']:>10.2f}{jps}{vs_s:>10}{vs_f:>10}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -285,9 +286,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--old", action="store_true",
                     help="also measure Astraeus without the shim launcher (ASTRAEUS_SHIM_LAUNCHER=0: one Python "
                          "interpreter start per worker, as before), in the same run")
-    ap.add_argument("--was", metavar="CHECKOUT",
+    ap.add_argument("--was", metavar="CHECKOUT", action="append", default=[],
                     help="also measure Astraeus as the code in CHECKOUT/src is (e.g. `git worktree add --detach "
-                         "/tmp/was HEAD` before a change), after Slurm, in the same run")
+                         "/tmp/was HEAD` before a change), after Slurm, in the same run; may be given more than once "
+                         "(measured in that order; named was:<CHECKOUT's folder name>)")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--views", type=int, metavar="ROUNDS",
                     help="only measure the worker's view: ROUNDS rounds of 8 built at once, from scratch and from "
@@ -316,8 +318,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"Slurm, try {attempt + 1}: {e}")
     if not a.no_astraeus and a.old:  # after Slurm, so that Slurm's figure lies between the two as the load drifts
         keep(measure_astraeus_throughput(a.jobs, launcher=False))
-    if not a.no_astraeus and a.was:
-        keep(measure_astraeus_throughput(a.jobs, src=str(Path(a.was) / "src")))
+    for was in [] if a.no_astraeus else a.was:
+        keep(measure_astraeus_throughput(a.jobs, src=str(Path(was) / "src")))
     keep(measure_xargs_floor(a.jobs))
     info = machine_info()
     print(f"{a.jobs} one-GPU runs on {GPUS} GPUs, first submit → last exit; machine: {info['nproc']} CPUs, "

@@ -13,6 +13,14 @@ worker's view in its own mount namespace, then forks the command, which drops to
   read-only at its mount path and at its host path (the whole host is read-only in the view);
 - the worker's working folder (`work/` in its attempt's folder) is bound at its own path and owned by it.
 
+The host's part (the new root, the pivot, the read-only remounts, the host's tree let go of) is the same for every
+worker of a machine and costly (pivot_root and the unmount wait in the kernel, serialised across concurrent
+starts): the shim launcher prepares it once (prepare_template: a mount namespace held by a descriptor, made again
+when the host's mounts or top-level entries change) and each worker's PID 1 enters a copy of it, then mounts its
+own /proc, /tmp, /root, /dev/shm, hidden paths and binds (WorkerView(template=...): sources cloned by open_tree in
+the host's namespace, attached by move_mount). The prepared root is shared and never written: a view that needs a
+new entry in / is built from scratch (NeedFresh), as is every view without the launcher.
+
 Drives are resolved WITHOUT following symlinks: every component below the granted root is opened with
 O_PATH|O_NOFOLLOW|O_DIRECTORY, and the final descriptor is bind-mounted through /proc/self/fd/N, so a symlink
 swapped in between the check and the mount cannot redirect it. A ReadWrite drive's host folder is handed over

@@ -6,6 +6,9 @@
                                                              # side by side with the same runs unconstrained
     .venv/bin/python benchmarks/bench_scheduler.py --scale [--quick]  # 10,000 machines x 8 GPUs, 10k/50k/100k
                                                              # waiting, a third constrained (quick: 1,000 x 8)
+    .venv/bin/python benchmarks/bench_scheduler.py --scale --against /tmp/was/src  # the scheduler of another
+                                                             # checkout in the same process, cycle by cycle
+                                                             # interleaved with this one (before/after pairs)
 
 Prints figures; asserts nothing (wall-clock time is not a test). The cluster: 1,000 machines × 8 GPUs, 5,000
 running units (priorities -100/0/10, 70 % with time limits, some 2-machine gangs), waiting runs in 20
@@ -200,6 +203,51 @@ def constrained_table(machines: int, running: int, sizes: list[int], cycles: int
     print(f"process max RSS (snapshots, plans and Python included): {max_rss_mib():,.0f} MiB")
 
 
+def load_against(src: str):
+    """`plan` of the scheduler under `src` (a checkout's src/ folder), imported as a package of its own."""
+    import importlib
+    import shutil
+    import sys
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="bench-against-")
+    shutil.copytree(f"{src}/astraeus/scheduler", f"{tmp}/sched_against")
+    sys.path.insert(0, tmp)
+    return importlib.import_module("sched_against").plan
+
+
+def paired_table(against, machines: int, running: int, sizes: list[int], cycles: int) -> None:
+    """Per size, constrained and plain: the other scheduler's and this one's cycles interleaved in one process
+    (the same load for both), CPU p50 each; their plans must read the same."""
+    import os
+    print(f"cluster: {machines:,} machines x 8 GPUs, {running:,} running units; --against (A) and this checkout (B), "
+          f"{cycles} cycles each, interleaved; load {os.getloadavg()[0]:.1f}")
+    print(f"{'waiting':>8} {'con A cpu':>10} {'con B cpu':>10} {'plain A':>8} {'plain B':>8} {'ratio A':>8} "
+          f"{'ratio B':>8} {'MiB A':>6} {'MiB B':>6} {'load':>5}")
+    for n in sizes:
+        snap = make_cluster(machines, running, n, constrained=True)
+        cpu: dict[tuple, list[float]] = {}
+        mib = {}
+        for kind, s in (("con", snap), ("plain", unconstrained(snap))):
+            # Different classes (two packages): compared by their text.
+            assert repr(against(s, NOW)) == repr(plan(s, NOW)), f"plans differ: {n} {kind}"
+            for _ in range(cycles):
+                for tag, f in (("A", against), ("B", plan)):
+                    c0 = time.process_time()
+                    f(s, NOW)
+                    cpu.setdefault((kind, tag), []).append((time.process_time() - c0) * 1e3)
+            if kind == "con":
+                for tag, f in (("A", against), ("B", plan)):
+                    tracemalloc.start()
+                    f(s, NOW)
+                    mib[tag] = tracemalloc.get_traced_memory()[1] / 2**20
+                    tracemalloc.stop()
+        m = {k: statistics.median(v) for k, v in cpu.items()}
+        print(f"{n:>8,} {m['con', 'A']:>10.1f} {m['con', 'B']:>10.1f} {m['plain', 'A']:>8.1f} {m['plain', 'B']:>8.1f} "
+              f"{m['con', 'A'] / m['plain', 'A']:>7.2f}x {m['con', 'B'] / m['plain', 'B']:>7.2f}x {mib['A']:>6.1f} "
+              f"{mib['B']:>6.1f} {os.getloadavg()[0]:>5.1f}", flush=True)
+        del snap
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few cycles: a smoke run")
@@ -207,7 +255,14 @@ def main() -> None:
                     help="a third of the waiting runs constrained, beside the same runs unconstrained")
     ap.add_argument("--scale", action="store_true",
                     help="10,000 machines x 8 GPUs, 10k/50k/100k waiting runs, a third constrained")
+    ap.add_argument("--against", metavar="SRC",
+                    help="with --scale: another checkout's src/ folder, its plan() interleaved with this one's")
     args = ap.parse_args()
+    if args.scale and args.against:
+        sizes, cycles = ([1_000, 5_000, 10_000], 3) if args.quick else ([10_000, 50_000, 100_000], 5)
+        paired_table(load_against(args.against), 1_000 if args.quick else 10_000, 5_000 if args.quick else 50_000,
+                     sizes, cycles)
+        return
     if args.scale:
         if args.quick:
             constrained_table(1_000, 5_000, [1_000, 5_000, 10_000], 3)

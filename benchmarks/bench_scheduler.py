@@ -205,11 +205,13 @@ def constrained_table(machines: int, running: int, sizes: list[int], cycles: int
 
 def load_against(src: str):
     """`plan` of the scheduler under `src` (a checkout's src/ folder), imported as a package of its own."""
+    import atexit
     import importlib
     import shutil
     import sys
     import tempfile
     tmp = tempfile.mkdtemp(prefix="bench-against-")
+    atexit.register(shutil.rmtree, tmp, True)
     shutil.copytree(f"{src}/astraeus/scheduler", f"{tmp}/sched_against")
     sys.path.insert(0, tmp)
     return importlib.import_module("sched_against").plan

@@ -910,7 +910,10 @@ def main(argv: list[str]) -> None:
         with open(argv[1]) as f:
             container = bool(json.load(f).get("container"))
         if container:
+            from astraeus.agent.runtime import mounts
             from astraeus.agent.runtime.container_shim import ContainerShim
+
+            mounts.drop_template()  # runc makes the container's view: the prepared one would only be held open
 
             ContainerShim(argv[1]).run()
         else:

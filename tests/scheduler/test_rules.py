@@ -619,3 +619,21 @@ def test_nothing_else_takes_the_room_while_preempting():
     assert p.reasons["urgent"] == "Preempting 1 lower-priority worker(s) of ft to start"
     assert started_names(p) == []  # the 2 free GPUs are held for urgent
     assert p.reasons["small"] == "Queued behind urgent, which starts by 2026-10-01 12:01 UTC"  # 12:00 + 30 s grace
+
+
+
+@pytest.mark.parametrize("quota", [Quota(gpus=8), None], ids=["workspaces-with-quota", "workspaces-without-quota"])
+def test_runs_submitted_at_the_same_time_go_by_name(quota):
+    # Runs submitted at one moment (and one earlier), room for all of them: the earlier run first, then by name
+    # (with quotas, fair share alternates the workspaces, ties between them by submission and name too).
+    b = cluster(machine("gpu-01", gpus=6)).workspace(WS_A, quota).workspace(WS_B, quota)
+    for run, ws in (("run-d", WS_B), ("run-c", WS_A), ("run-a", WS_B), ("run-b", WS_A), ("run-e", WS_A)):
+        b.waiting(run, ws=ws, submitted=NOW - 60)
+    b.waiting("run-z", ws=WS_B, submitted=NOW - 120)
+    starts = plan(b.build(), NOW).starts
+    order = [(s.run, s.placements[0].gpu_indices) for s in starts]
+    if quota is None:
+        assert order == [("run-z", (0,)), ("run-a", (1,)), ("run-b", (2,)), ("run-c", (3,)), ("run-d", (4,)),
+                         ("run-e", (5,))]
+    else:  # B ran run-z: A's run-b, then B's run-a (both at 1/8; run-a first by name), A's run-c, B's run-d ...
+        assert [r for r, _ in order] == ["run-z", "run-b", "run-a", "run-c", "run-d", "run-e"]

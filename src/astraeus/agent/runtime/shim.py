@@ -226,12 +226,17 @@ class Shim:
     def rotate_log(self) -> None:
         """log.jsonl is full: it becomes log.jsonl.1 (the older .1 is dropped) and a new log.jsonl starts with a
         header line {"base": N}, N being the log's byte offset where the new file starts (its older files' bytes
-        before it), so the agent's offsets keep counting across files."""
+        before it), so the agent's offsets keep counting across files.
+
+        The new file is written with its header under another name and renamed into place: a reader never finds a
+        log.jsonl without its header (it took an empty one for a replaced file and read the whole log again)."""
         base = read_log_base(self.path("log.jsonl")) + self.log_f.tell()
         self.log_f.close()
-        os.replace(self.path("log.jsonl"), self.path("log.jsonl.1"))
-        self.log_f = open(self.path("log.jsonl"), "a", buffering=1, opener=lambda p, fl: os.open(p, fl, 0o600))
+        fresh = self.path("log.jsonl.new")
+        self.log_f = open(fresh, "w", buffering=1, opener=lambda p, fl: os.open(p, fl, 0o600))
         self.log_f.write(json.dumps({"base": base}) + "\n")
+        os.replace(self.path("log.jsonl"), self.path("log.jsonl.1"))
+        os.replace(fresh, self.path("log.jsonl"))
 
     def ensure_files(self) -> None:
         """Rewrite our files if the worker folder was wiped (a restarted agent adopts us from them)."""

@@ -425,8 +425,13 @@ class Cycle:
         keyed = self.keyed_notes
         if not keyed:
             return tuple(self.quota_notes)
-        keyed.sort(key=_order_key)  # stable; keys differ by run name
-        return (*self.quota_notes, *map(_last, keyed))
+        try:
+            # The tuples themselves compared: no key tuple made per note (they mostly come in order already). Two
+            # notes of one run name and workspace would compare their notes, which have no order.
+            ordered = sorted(keyed)
+        except TypeError:
+            ordered = sorted(keyed, key=_order_key)  # stable
+        return (*self.quota_notes, *map(_last, ordered))
 
     def settle(self, lst: list[WaitingRun], share: float) -> bool:
         """Behind the head, once the why-not runs are found: take from the end of `lst` (next run last) the runs

@@ -5,7 +5,9 @@ to `Cycle.settle`, which gives every run whose outcome its workspace recorded al
 view) its reason and quota note at once, without the fair-share heap, and stops at the first other run. Plans
 must be those of handling runs one at a time: the same starts, stops, head, reasons, why-not lines, and quota
 notes in the same order (notes made in bulk are put back in queue order by the runs' order key). A start keeps the outcomes settled for
-a workspace without a quota (none of them reads its usage): the reference forgets them at every start.
+a workspace without a quota (none of them reads its usage): the reference forgets them at every start. A gang
+behind the head whose workspace saw the same gang (sorted shapes, machines, view) wait is settled from its outcome
+too: the reference places it again.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def _plans(snap: Snapshot):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cycle_module, "BATCH", False)
         mp.setattr(cycle_module, "KEEP_SETTLED", False)  # and every start forgets its workspace's outcomes
+        mp.setattr(cycle_module, "SETTLE_GANGS", False)  # and a gang behind the head is placed again
         one_by_one = plan(snap, NOW)
     return plan(snap, NOW), one_by_one
 

@@ -59,6 +59,8 @@ BATCH = True
 # A start keeps the outcomes settled for its workspace's runs when the workspace has no quota; False in tests: every
 # start forgets them.
 KEEP_SETTLED = True
+# A gang behind the head is settled too (its outcome kept by its sorted shapes); False in tests: one-worker runs only.
+SETTLE_GANGS = True
 
 QuotaSpec = tuple  # ((word, formatter, limit), ...) for gpus, cpu cores, memory, workers; limit None: no limit
 
@@ -163,7 +165,8 @@ class Cycle:
         self.queued_behind: dict[str, str] = {}  # the reason behind the head, per workspace of the waiting run
         # Behind the head, per workspace: (shape, allowed key, view B) -> why a one-worker run did not start (it
         # cannot run here, waits for quota, or waits behind the head: `_waits`), until the workspace's usage
-        # changes when it has a quota (`_take`).
+        # changes when it has a quota (`_take`); a gang's likewise, keyed by (its sorted shapes, allowed key,
+        # view B).
         self.settled: dict[str, dict[tuple, tuple]] = {}
         self.fails: dict[str, str] = {}  # runs whose dependency can no longer be met, or whose reservation ended
         self.room()
@@ -333,14 +336,15 @@ class Cycle:
             st = self.shadow_time
             ends_before = st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st
             view_b = not ends_before
-            if len(workers) == 1 and not avoid:
-                # One worker behind the head: a run of its workspace with the same shape, machines and view
-                # that waited already waits the same way (free room only shrinks; the workspace's usage, which
-                # its quota answer reads, has not changed since: `_take` forgets its runs' outcomes).
+            if not avoid and (len(workers) == 1 or (run.start == "Gang" and SETTLE_GANGS)):
+                # One worker, or a gang, behind the head: a run of its workspace with the same shapes, machines
+                # and view that waited already waits the same way (free room only shrinks; the workspace's usage,
+                # which its quota answer reads, has not changed since: `_take` forgets its runs' outcomes).
                 settled = self.settled.get(run.workspace)
                 if settled is None:
                     settled = self.settled[run.workspace] = {}
-                sk = (*shapes, allowed_key, view_b)  # one worker: shapes is its (gpus, cpu cores, memory)
+                # One worker: shapes is its (gpus, cpu cores, memory); a gang's key has its sorted shapes.
+                sk = (*shapes, allowed_key, view_b) if len(workers) == 1 else (shapes, allowed_key, view_b)
                 outcome = settled.get(sk)
                 if outcome is not None:
                     return self._waits(run, workers, outcome, allowed_key)

@@ -439,8 +439,9 @@ class Cycle:
 
     def settle(self, lst: list[WaitingRun], share: float) -> bool:
         """Behind the head, once the why-not runs are found: take from the end of `lst` (next run last) the runs
-        `behind` would settle from `settled` — one worker, machines known without a lookup, an outcome recorded
-        for its workspace, shape, machines and view — and give them their outcome (`_waits`), stopping at the
+        `behind` (or, for a gang, `place`) would settle from `settled` — one worker or a gang, machines known
+        without a lookup, an outcome recorded for its workspace, shapes, machines and view — and give them their
+        outcome (`_waits`), stopping at the
         first other run. Their outcome holds at their turn in the queue: they start nothing, their workspace's
         runs before them are handled (so its usage, and `settled`, are as they will be then), and free room only
         shrinks. Returns True when it took any."""
@@ -458,8 +459,10 @@ class Cycle:
             run = lst[j - 1]
             workers = run.workers
             sel = run.node_selection
-            if (len(workers) != 1 or run.dependency is not None or run.array is not None or run.excluded_machines
+            if (run.dependency is not None or run.array is not None or run.excluded_machines
                     or sel.reservation is not None):
+                break
+            if len(workers) != 1 and (run.start != "Gang" or not SETTLE_GANGS):
                 break
             if run.workspace is not ws:
                 ws = run.workspace  # the merged runs of workspaces without a quota
@@ -479,8 +482,12 @@ class Cycle:
                 st = self.shadow_time
                 view_b = vb_of[tl] = not (
                     st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st)
-            w0 = workers[0]
-            outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
+            if len(workers) == 1:
+                w0 = workers[0]
+                outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
+            else:  # a gang: keyed by its sorted shapes, as `place` keeps it
+                outcome = settled.get(
+                    (tuple(sorted([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])), allowed_key, view_b))
             if outcome is None:
                 break
             reasons[run.name] = outcome[0]

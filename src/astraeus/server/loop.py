@@ -81,6 +81,7 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                                   and r.state == lifecycle.RunState.PENDING])
     running: list[sched.RunningUnit] = []
     waiting: list[sched.WaitingRun] = []
+    selections: dict[sched.NodeSelection, sched.NodeSelection] = {}
     for run in runs:
         ns = wss[run.workspace_id].ns
         tt = run.spec["task_template"]
@@ -123,17 +124,21 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                 why = drive_rules.unreachable(ref["name"], src, d.spec.get("transport", "Auto"), facts[m.name], keeper)
                 if why:
                     excluded.append((m.name, why))
+        # one object per distinct selection: the scheduler keeps a selection's answer (its machines, buckets,
+        # never-fits) and settles the runs behind the head by the object, so equal selections share it
+        selection = sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
+                                        labels=tuple(sorted((sel.get("labels") or {}).items())),
+                                        pools=tuple(sel.get("pools") or ()),
+                                        gpu_model=(tt.get("requested_resources", {}).get("gpu_requests")
+                                                   or {}).get("model"),
+                                        reservation=sel.get("reservation"))
+        selection = selections.setdefault(selection, selection)
         waiting.append(sched.WaitingRun(
             name=key(run), workspace=ns, priority=run.priority, submitted_at=run.created_at,
             workers=tuple(sched.WorkerRequest(index=w.index, gpus=w.gpus, cpu_cores=w.cpu_cores,
                                               memory_bytes=w.memory_bytes) for w in pending),
             start="Independent" if independent else "Gang", time_limit_seconds=limit,
-            node_selection=sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
-                                               labels=tuple(sorted((sel.get("labels") or {}).items())),
-                                               pools=tuple(sel.get("pools") or ()),
-                                               gpu_model=(tt.get("requested_resources", {}).get("gpu_requests")
-                                                          or {}).get("model"),
-                                               reservation=sel.get("reservation")),
+            node_selection=selection,
             excluded_machines=tuple(excluded), quota_noted=run.quota_noted,
             array=run.array_job, array_max_running=run.array_max_running, dependency=deps.get(run.id)))
     workspaces = []

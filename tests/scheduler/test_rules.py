@@ -637,3 +637,24 @@ def test_runs_submitted_at_the_same_time_go_by_name(quota):
                          ("run-e", (5,))]
     else:  # B ran run-z: A's run-b, then B's run-a (both at 1/8; run-a first by name), A's run-c, B's run-d ...
         assert [r for r, _ in order] == ["run-z", "run-b", "run-a", "run-c", "run-d", "run-e"]
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "gang"])
+def test_a_run_that_ends_by_the_shadow_time_backfills_after_one_of_its_shape_that_does_not(workers):
+    # Behind the head, one workspace's runs of one shape on the same machines: the first, with no time limit,
+    # waits; the next, which ends before the head's shadow time, backfills. What the first met is not the
+    # second's (the view a run may use depends on its time limit): settling runs in bulk must not lend it.
+    # A gang has one worker on each machine: gpu-03 (4 GPUs, too small for the head) holds its other worker.
+    gang = [machine("gpu-03", gpus=4)] if workers > 1 else []
+    b = (cluster(machine("gpu-01", cpu=64), machine("gpu-02", cpu=8), *gang)
+         .running("other", prio=5, gpus=6, on="gpu-01", limit=3 * HOUR, started=T0, cpu=8)
+         .running("full", prio=5, gpus=8, on="gpu-02", cpu=8)
+         .waiting("big", gpus=8, cpu=32))
+    snap = (b.waiting("long", gpus=1, workers=workers).waiting("short", gpus=1, workers=workers, limit=HOUR)
+            .waiting("long-2", gpus=1, workers=workers).waiting("short-2", gpus=1, workers=workers, limit=HOUR)
+            .build())
+    p = plan(snap, NOW)
+    assert p.head == "big"
+    assert started(p, "long") is None and started(p, "long-2") is None
+    assert p.reasons["long"] == p.reasons["long-2"] == f"Queued behind big, which starts by {AT_14}"
+    assert started(p, "short").backfilled and started(p, "short-2").backfilled

@@ -33,7 +33,7 @@ def _run(name: str) -> dict:
 def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="astraeus.agent")
     agent = Agent(server["url"], server["machine_token"], "gpu-01", gpus=2, cpu_cores=8, memory_bytes=64 << 30,
-                  state_dir=str(tmp_path / "agent"), stop_grace=2, poll_wait=5)
+                  state_dir=str(tmp_path / "agent"), stop_grace=2, poll_wait=5, stop_workers_on_exit=True)
     agent.start()
     try:
         h = {"Authorization": f"Bearer {server['token']}"}

@@ -512,6 +512,37 @@ def test_a_state_change_left_idle_does_not_hold_the_other_replicas_writes(pg, tm
         b.engine.dispose()
 
 
+def test_a_holder_stuck_on_the_lease_row_past_its_lease_is_cut_off_and_another_replica_leads(pg, tmp_path):
+    """A leader's database session can be stuck where no timeout reaches it (its process stopped while PostgreSQL
+    sends it a large result: the backend is *active*, blocked in the send) while it holds the lease row locked: the
+    other replicas' tries to lead time out on the row. Once the lease has expired by the database's clock, a
+    replica ends that session and takes the lease; while the lease still runs, the holder is never touched."""
+    a, b = _cp(tmp_path, pg, "a", lease=3.0), _cp(tmp_path, pg, "b", lease=1.0)
+    stuck = None
+    try:
+        first = a.leader.tick()
+        assert first.taken and first.term.epoch == 1
+        # a's session, stuck: the row locked in a transaction that no idle timeout ends
+        stuck = psycopg.connect(pg.replace("postgresql+psycopg://", "postgresql://"), autocommit=False)
+        stuck.execute("SET idle_in_transaction_session_timeout = 0")
+        stuck.execute("SELECT holder FROM leases WHERE name = %s FOR UPDATE", (L.LEASE,))
+        time.sleep(1.2)  # its transaction is older than b's lease, but a's lease still runs
+        with b.sessions() as s, s.begin():
+            assert L.break_stale_hold(s, 1.0) is None  # a holder whose lease runs is left alone
+        assert stuck.execute("SELECT 1").fetchone() == (1,)
+        b.leader.start()  # its tries time out on the row until a's lease expires; then it ends the stuck session
+        wait_for(lambda: b.leader.leading, 20, what="b to lead")
+        assert b.leader.epoch == 2
+        with pytest.raises(psycopg.OperationalError):
+            stuck.execute("SELECT 1")
+    finally:
+        b.leader.stop()
+        if stuck is not None:
+            stuck.close()
+        a.engine.dispose()
+        b.engine.dispose()
+
+
 def test_a_deadlock_or_serialization_failure_is_retried_and_a_lost_database_is_a_503(pg, tmp_path):
     """What app.RetryConflicts retries and what the app answers 503 for, on errors PostgreSQL really raised: a
     deadlock between two transactions is a conflict (tried again), a terminated connection is 'unreachable'."""

@@ -117,8 +117,12 @@ def try_lead(session: Session, holder: str, seconds: float, name: str = LEASE, t
     transaction; commit it for the outcome to hold. A lease row locked by a paused leader's apply is waited for
     at most `seconds` / 3 (lock_timeout): then this raises, and the caller tries again at its next renewal."""
     if postgres(session):
+        # wait for the row at most a third of the lease; and a replica paused inside this transaction (holding
+        # the row) is cut off by PostgreSQL after the lease, as a paused apply is (see fence)
         ms = max(100, int(seconds * 1000 / 3))
-        session.execute(text(f"SET LOCAL lock_timeout = {ms}"))
+        session.execute(text("SELECT set_config('lock_timeout', :w, true), "
+                             "set_config('idle_in_transaction_session_timeout', :i, true)"),
+                        {"w": str(ms), "i": str(max(1000, int(seconds * 1000)))})
     row = _row(session, name)
     now = db_now(session)
     if row.holder == holder and row.expires_at > now:
@@ -131,6 +135,32 @@ def try_lead(session: Session, holder: str, seconds: float, name: str = LEASE, t
     row.holder, row.epoch = holder, row.epoch + 1
     row.expires_at, row.acquired_at, row.renewed_at = now + seconds, now, now
     return Outcome(Term(holder, row.epoch), row.epoch, holder, taken=True, previous=previous, expires_in=seconds)
+
+
+def break_stale_hold(session: Session, seconds: float, name: str = LEASE) -> int | None:
+    """End the database session of a holder that keeps the lease row locked past its lease; the pid ended, or None.
+
+    The idle timeout (fence, try_lead) cuts off a paused holder whose backend waits for it, but not one whose
+    backend is itself stuck: a replica stopped while PostgreSQL sends it a result larger than the socket's buffers
+    leaves its backend *active*, blocked in the send, holding the lease row (and the state lock) for as long as the
+    pause lasts; no timeout but termination reaches a backend in that state. So a replica whose try to lead found
+    the row locked looks, by the database's clock, for a lease expired and a locker whose transaction began more
+    than a lease ago, and terminates that backend: its transaction is rolled back, nothing of it is written, and
+    the lease can be taken at the next try. A holder whose lease still runs is never touched."""
+    if not postgres(session):
+        return None
+    row = session.execute(text(
+        "SELECT l.pid FROM leases r JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted "
+        "AND l.transactionid = r.xmax JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE r.name = :n AND r.expires_at < extract(epoch FROM clock_timestamp()) "
+        "AND a.xact_start < clock_timestamp() - make_interval(secs => :s) AND l.pid <> pg_backend_pid()"),
+        {"n": name, "s": float(seconds)}).first()
+    if row is None:
+        return None
+    session.execute(text("SELECT pg_terminate_backend(:p)"), {"p": row[0]})
+    log.warning("ended database session %d: it held the expired scheduling lease's row for over %.1f s", row[0],
+                seconds)
+    return int(row[0])
 
 
 def release(session: Session, holder: str, name: str = LEASE) -> bool:
@@ -282,6 +312,11 @@ class Leader:
                 log.warning("scheduling lease not renewed: %s", str(e).splitlines()[0] if str(e) else type(e))
                 if self.term() is None:
                     self._lose()
+                try:  # a holder stuck past its lease keeps the row locked: end its database session
+                    with self.sessions() as s, s.begin():
+                        break_stale_hold(s, self.lease_seconds)
+                except Exception as e2:
+                    log.warning("could not look for a stale lease holder: %s", str(e2).splitlines()[0])
 
     def stop(self, give_up: bool = True) -> None:
         """Stop renewing; `give_up`: release the lease so another replica leads at once."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import httpx
 
@@ -85,3 +86,63 @@ def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path,
     finally:
         agent.request_exit()
         agent.shutdown()
+
+
+def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
+    """Batches whose bearer token is no machine's credential (none, garbage, the join token, a user's token) get
+    their 401 (403) at once, before admission counts them: while every store waits (the state lock held) and the
+    admission is one short of full, a flood of them is refused without waiting, and a real credential's batch is
+    still admitted (not 429) and stored once the stores go on."""
+    url = f"{server['url']}/api/v1/agent/logs"
+    with httpx.Client(timeout=30) as c:
+        r = c.post(f"{server['url']}/api/v1/agent/register", json={"name": "gpu-01", "gpus": 1},
+                   headers={"Authorization": f"Bearer {server['machine_token']}"})
+        assert r.status_code == 200, r.text
+        cred = {"Authorization": f"Bearer {r.json()['credential']}"}
+    batch = {"machine": "gpu-01", "lines": []}
+    bad = [({}, 401), ({"Authorization": "Bearer not-a-token"}, 401), ({"Authorization": "Basic Zm9vOmJhcg=="}, 401),
+           ({"Authorization": f"Bearer {server['machine_token']}"}, 403),  # a join token: register first
+           ({"Authorization": f"Bearer {server['token']}"}, 403)]  # a user's token
+    real: list[int] = []
+    flood: list[int] = []
+
+    def post_real():
+        with httpx.Client(timeout=30) as fc:
+            real.append(fc.post(url, json=batch, headers=cred).status_code)
+
+    def post_bad(h: dict):
+        with httpx.Client(timeout=30) as fc:
+            for _ in range(10):
+                flood.append(fc.post(url, json={"machine": "gpu-01", "lines": [], "pad": "x" * 50_000},
+                                     headers=h).status_code)
+
+    held: list[threading.Thread] = []
+    with STATE_LOCK:  # the stores wait for it: the admitted batches stay counted meanwhile
+        for _ in range(LOG_STORES_AT_ONCE + LOG_STORES_WAITING - 1):
+            t = threading.Thread(target=post_real)
+            t.start()
+            held.append(t)
+        time.sleep(1.0)  # the real batches are admitted and wait for the lock
+        assert not real, f"answered while the state lock was held: {real}"
+        flooders = [threading.Thread(target=post_bad, args=(h,)) for h, _ in bad for _ in range(3)]
+        for t in flooders:
+            t.start()
+        for t in flooders:
+            t.join(timeout=20)
+        assert not any(t.is_alive() for t in flooders), "the flood's batches waited: they were admitted"
+        assert len(flood) == len(flooders) * 10
+        assert set(flood) <= {401, 403} and 401 in flood, sorted(set(flood))
+        # one slot is still free: a real batch is admitted, not refused with 429
+        last = threading.Thread(target=post_real)
+        last.start()
+        held.append(last)
+        time.sleep(1.0)
+        assert 429 not in real, real
+    for t in held:
+        t.join(timeout=30)
+    assert real == [200] * (LOG_STORES_AT_ONCE + LOG_STORES_WAITING), real
+    # and each of the bad tokens is refused with its own status, also when the admission is empty
+    with httpx.Client(timeout=30) as c:
+        for h, status in bad:
+            r = c.post(url, json=batch, headers=h)
+            assert r.status_code == status, (h, r.text)

@@ -21,6 +21,7 @@ from astraeus.server import bodies as B
 from astraeus.server.db import Machine, Token
 from astraeus.server.routers import errors
 from astraeus.server.routers.deps import CP, Sess, tx
+from astraeus.server.services import ApiError
 
 LONG_POLL_MAX = 30.0
 
@@ -90,14 +91,19 @@ async def agent_report(request: Request, body: P.Report,
     return P.Ack()
 
 
+def caller_machine(s, authorization: str | None, machine: str) -> Machine:
+    """The machine a report's or a log batch's credential acts for (which must be the one it names): the one check
+    of both routes, each in its own call to the thread pool."""
+    return agents.machine_for(s, agents.authenticate(s, authorization), machine)
+
+
 def report(cp, authorization: str | None, body: P.Report) -> None:
     with cp.sessions() as s:
-        tok = agents.authenticate(s, authorization)
-        if not body.lines and heartbeats.heartbeat_only(s, agents.machine_for(s, tok, body.machine), body,
+        if not body.lines and heartbeats.heartbeat_only(s, caller_machine(s, authorization, body.machine), body,
                                                         time.time()):
             return  # a bare heartbeat: written without the state lock (server/heartbeats.py)
         with tx(s):  # waits for the state lock holding no pooled connection (services.tx)
-            m = agents.machine_for(s, tok, body.machine)
+            m = caller_machine(s, authorization, body.machine)
             # the last lines of the attempts it says ended, first: their end may release them from this machine
             stored = agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines) \
                 if body.lines else 0
@@ -115,23 +121,55 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
 # would parse a declared body, holding up every long-poll and follower meanwhile), and at most LOG_STORES_AT_ONCE
 # at a time: under a flood the other batches wait without a thread, so the API's threads and the database stay
 # free for everything else. Admission: when LOG_STORES_WAITING more already wait, a batch is refused at once with
-# 429 and Retry-After (LOG_RETRY_AFTER seconds), before it is parsed or authenticated: the agent keeps its lines
-# and sends them again then (agent.Agent.ship_logs), so a flood costs the server a refusal per batch, not a store,
-# and the scheduling loop keeps its share of the CPU (benchmarks/bench_logs.py).
+# 429 and Retry-After (LOG_RETRY_AFTER seconds), before it is parsed: the agent keeps its lines and sends them again
+# then (agent.Agent.ship_logs), so a flood costs the server a refusal per batch, not a store, and the scheduling
+# loop keeps its share of the CPU (benchmarks/bench_logs.py). Only a machine's credential is admitted: a batch whose
+# bearer token is not one gets its 401 (403) before it is counted, so a flood without a valid credential cannot push
+# the real agents into 429s. The check is cheap: a credential that passed it in the last KNOWN_SECONDS is known by
+# its digest on the event loop; any other is checked in the thread pool (the store authenticates again in full, so
+# a credential revoked meanwhile stores nothing, and is forgotten).
 LOG_STORES_AT_ONCE = 2
 LOG_STORES_WAITING = 4
 LOG_RETRY_AFTER = 2
+KNOWN_SECONDS = 60.0
+KNOWN_MAX = 100_000  # digests remembered; beyond it the memory starts again (every agent is checked once more)
 
 
 class LogAdmission:
-    """Counts the stores running or waiting for one app; one per app, made in its event loop."""
+    """Counts the stores running or waiting for one app, and remembers the credentials that passed the check before
+    admission; one per app, made in its event loop."""
 
     def __init__(self) -> None:
         self.limiter = anyio.CapacityLimiter(LOG_STORES_AT_ONCE)
         self.held = 0  # running + waiting; changed on the event loop only
+        self.known: dict[str, float] = {}  # a credential's digest -> when it passed (monotonic)
 
     def full(self) -> bool:
         return self.held >= LOG_STORES_AT_ONCE + LOG_STORES_WAITING
+
+    async def check(self, cp, authorization: str | None) -> str:
+        """Raises the 401 (403) of a bearer token that is not a machine's credential; returns its key in `known`
+        (which machine it acts for, the store checks against the batch)."""
+        if not authorization or not authorization.lower().startswith("bearer ") or \
+                len(authorization.split(None, 1)) != 2:
+            raise ApiError(401, "UNAUTHENTICATED", "missing bearer token: send 'Authorization: Bearer "
+                                                   "$ASTRAEUS_TOKEN'")
+        key = services.digest(authorization.split(None, 1)[1].strip())
+        at = self.known.get(key)
+        now = time.monotonic()
+        if at is not None and now - at < KNOWN_SECONDS:
+            return key
+        await anyio.to_thread.run_sync(check_credential, cp, authorization)
+        if len(self.known) >= KNOWN_MAX:
+            self.known.clear()
+        self.known[key] = now
+        return key
+
+
+def check_credential(cp, authorization: str | None) -> None:
+    with cp.sessions() as s:
+        if agents.authenticate(s, authorization).machine_id is None:
+            raise ApiError(403, "REGISTER_FIRST", agents.REGISTER_FIRST)
 
 
 def _inline(schema: dict) -> dict:
@@ -156,12 +194,13 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
     admission = getattr(request.app.state, "log_admission", None)
     if admission is None:
         admission = request.app.state.log_admission = LogAdmission()
+    cp = request.app.state.cp
+    key = await admission.check(cp, authorization)  # before it counts: 401 for a token that is no credential
     if admission.full():
         busy = errors.error_json(429, "BUSY", f"{admission.held} log batches are being stored or wait: send this "
                                               f"one again in {LOG_RETRY_AFTER} s")
         busy.headers["Retry-After"] = str(LOG_RETRY_AFTER)
         return busy  # type: ignore[return-value]  # a Response goes out as it is
-    cp = request.app.state.cp
     admission.held += 1
     try:
         raw = await request.body()
@@ -180,7 +219,12 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
                     m = agents.machine_for(s, tok, body.machine)
                     return agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines)
 
-        n = await anyio.to_thread.run_sync(store, limiter=admission.limiter)
+        try:
+            n = await anyio.to_thread.run_sync(store, limiter=admission.limiter)
+        except ApiError as e:
+            if e.status == 401:  # revoked or expired since it was known: checked again at its next batch
+                admission.known.pop(key, None)
+            raise
     finally:
         admission.held -= 1
     if n:

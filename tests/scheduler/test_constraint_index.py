@@ -165,7 +165,9 @@ def test_best_fit_over_the_index_is_the_reference_best_fit(scan_at_most, snap, d
         assert got == reference_best(c, s, allowed_list, avoid, view_b)
         if got is not None:
             c.commit(run.name, run.workspace, run.priority, [(w, got)], data.draw(st.booleans()))
-    # Every restricted bucket still holds exactly its machines, by their free GPUs now, in name order.
+    # Every restricted bucket still holds exactly its machines, by their free GPUs now, in name order (once the
+    # buckets of full machines, appended to by `commit`, are sorted: as best fit and the why-not lines read them).
+    c.tidy()
     for allowed_list, sub in c._sub.values():
         want = [[] for _ in sub]
         for i in allowed_list:

@@ -17,7 +17,7 @@ from bisect import bisect_left, insort
 from itertools import filterfalse, islice
 
 from . import reasons as R
-from .model import Machine, NodeSelection, Placement, Snapshot, WaitingRun, WorkerRequest
+from .model import Machine, NodeSelection, Placement, Snapshot, WaitingRun, WorkerRequest, placement
 from .reasons import gib, number
 
 Shape = tuple[int, float, int]  # (gpus, cpu cores, memory bytes) of one worker
@@ -199,6 +199,10 @@ class Cluster:
         for i in self.all_schedulable:
             self.buckets[len(self.free_g[i])].append(i)  # appended in index order: each bucket is sorted
         self.top = self.max_g  # no bucket above this one holds a machine (free room only shrinks in a cycle)
+        # Buckets of full machines (no free GPU: the largest bucket as the cluster fills, and read only for a worker
+        # that asks for no GPU) that `commit` appended to out of name order, sorted when next read (`tidy`): an
+        # insort into thousands of machines moved them all at every start.
+        self._unsorted: dict[int, list[int]] = {}
         # The head's hold: machine -> [gpus, cpu, memory] of free room kept for it, and what runs that end
         # before the shadow time took on those machines (that room comes back in time).
         self.held: dict[int, list] = {}
@@ -435,6 +439,8 @@ class Cluster:
         if allowed_list is None and allowed is not None:
             allowed_list = sorted(allowed)
         held = self.held if view_b else ()
+        if not g and self._unsorted:
+            self.tidy()
         while self.top > 0 and not self.buckets[self.top]:
             self.top -= 1
         # A restricted run scans the buckets of its own machines (every one of them allowed).
@@ -455,6 +461,12 @@ class Cluster:
             if fg >= g and fc >= c and fm >= m and (best is None or (fg, i) < best):
                 best = (fg, i)
         return None if best is None else best[1]
+
+    def tidy(self) -> None:
+        """Sort the buckets of full machines `commit` left out of order (every bucket is then in name order)."""
+        for b in self._unsorted.values():
+            b.sort()
+        self._unsorted.clear()
 
     def sub_buckets(self, allowed_list: list[int]) -> list[list[int]]:
         """`buckets` restricted to these machines: made on first use from the room now, then kept by `commit`."""
@@ -501,6 +513,7 @@ class Cluster:
         """Take the room; lowest free GPU indices first."""
         out = []
         free_g, buckets, held, subs_of = self.free_g, self.buckets, self.held, self._subs_of
+        unsorted = self._unsorted
         for w, i in chosen:
             free = free_g[i]
             before = len(free)
@@ -511,11 +524,23 @@ class Cluster:
                 after = before - len(gpus)
                 b = buckets[before]
                 del b[bisect_left(b, i)]
-                insort(buckets[after], i)
+                b = buckets[after]
+                if after:
+                    insort(b, i)
+                else:  # full: appended, sorted when next read
+                    if b and b[-1] > i:
+                        unsorted[id(b)] = b
+                    b.append(i)
                 for sub in subs_of[i] if subs_of else ():
                     b = sub[before]
                     del b[bisect_left(b, i)]
-                    insort(sub[after], i)
+                    b = sub[after]
+                    if after:
+                        insort(b, i)
+                    else:
+                        if b and b[-1] > i:
+                            unsorted[id(b)] = b
+                        b.append(i)
             self.free_c[i] -= w.cpu_cores
             self.free_m[i] -= w.memory_bytes
             if ends_before_shadow and i in held:
@@ -525,7 +550,7 @@ class Cluster:
                 e[2] += w.memory_bytes
             if n:
                 self._note_holder(i, run, workspace, priority, n)
-            out.append(Placement(w.index, self.names[i], gpus, w.cpu_cores, w.memory_bytes))
+            out.append(placement(w.index, self.names[i], gpus, w.cpu_cores, w.memory_bytes))
         if len(out) > 1:
             out.sort(key=by_worker_index)
         return tuple(out)

@@ -26,13 +26,23 @@ from __future__ import annotations
 import gc
 from collections import defaultdict
 from dataclasses import replace
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 from . import reasons as R
 from .cluster import Cluster, by_worker_index
 from .dependencies import verdict
 from .head import HeadFit, choose_victims, shadow, unit_grace, unit_order_key
-from .model import Plan, QuotaReached, RunningUnit, Snapshot, StartRun, StopUnit, WaitingRun, Workspace
+from .model import (
+    Plan,
+    QuotaReached,
+    RunningUnit,
+    Snapshot,
+    StartRun,
+    StopUnit,
+    WaitingRun,
+    Workspace,
+    start_run,
+)
 from .queue import Batch, Usage, queue_order
 from .whynot import Unstarted, WhyNot
 
@@ -40,6 +50,7 @@ _UNSET = object()
 _EMPTY: frozenset[int] = frozenset()
 _order_key = itemgetter(0, 1, 2, 3, 4)  # of a keyed note: (-priority, share, submitted, name, workspace, note)
 _last = itemgetter(5)
+_name, _unit_run = attrgetter("name"), attrgetter("run")
 _new = object.__new__
 _set_run, _set_workspace, _set_message = (QuotaReached.run.__set__, QuotaReached.workspace.__set__,
                                           QuotaReached.message.__set__)
@@ -194,7 +205,8 @@ class Cycle:
         self.run_machines: dict[str, set[int]] = defaultdict(set)
         # Job arrays: (workspace, array) -> the runs of it that hold room now (counted once however many units).
         self.array_runs: dict[tuple[str, str], set[str]] = defaultdict(set)
-        waiting = {r.name for r in snapshot.waiting}
+        # The runs that hold room and also wait (at C speed: no set of every waiting run made by a Python loop).
+        waiting = set(map(_unit_run, snapshot.running)).intersection(map(_name, snapshot.waiting))
         index_get = cluster.index.get
         usage = self.usage
         for u in snapshot.running:
@@ -540,7 +552,7 @@ class Cycle:
         chosen = self._fit(workers, shapes, where, avoid, view_b)
         if chosen is None:
             return workers, None
-        self.starts.append(StartRun(run.name, self._take(run, chosen, ends_before), self.head is not None))
+        self.starts.append(start_run(run.name, self._take(run, chosen, ends_before), self.head is not None))
         return (), None
 
     def _place_each(self, run: WaitingRun, ordered, where, avoid: frozenset[int], view_b: bool, ends_before: bool):
@@ -572,7 +584,7 @@ class Cycle:
         if placements:
             if len(placements) > 1:
                 placements.sort(key=by_worker_index)
-            self.starts.append(StartRun(run.name, tuple(placements), self.head is not None))
+            self.starts.append(start_run(run.name, tuple(placements), self.head is not None))
         return tuple(waiting), quota, avoid
 
     def _fit(self, workers, shapes, where, avoid: frozenset[int], view_b: bool):

@@ -239,3 +239,35 @@ class Plan:
     # Work of other workspaces still on a reservation's machines once its window is open: stopped like a
     # preemption (no restart spent), preempted_by the reservation's name, reason "Stopped for reservation <name>".
     reservation_stops: tuple[StopUnit, ...] = ()
+
+
+# ------------------------------------------------------------------------------- made without __init__
+
+# A frozen dataclass's __init__ sets each field through object.__setattr__; a cycle makes thousands of these (one per
+# start and per placed worker), so they are made by setting their slots directly: the same objects.
+_new = object.__new__
+_set = {cls: tuple(getattr(cls, name).__set__ for name in cls.__dataclass_fields__)
+        for cls in (Placement, StartRun)}
+_pl_index, _pl_machine, _pl_gpus, _pl_cpu, _pl_memory = _set[Placement]
+_st_run, _st_placements, _st_backfilled = _set[StartRun]
+
+
+def placement(worker_index: int, machine: str, gpu_indices: tuple[int, ...], cpu_cores: float,
+              memory_bytes: int) -> Placement:
+    """Placement(worker_index, machine, gpu_indices, cpu_cores, memory_bytes)."""
+    p = _new(Placement)
+    _pl_index(p, worker_index)
+    _pl_machine(p, machine)
+    _pl_gpus(p, gpu_indices)
+    _pl_cpu(p, cpu_cores)
+    _pl_memory(p, memory_bytes)
+    return p
+
+
+def start_run(run: str, placements: tuple[Placement, ...], backfilled: bool) -> StartRun:
+    """StartRun(run, placements, backfilled)."""
+    s = _new(StartRun)
+    _st_run(s, run)
+    _st_placements(s, placements)
+    _st_backfilled(s, backfilled)
+    return s

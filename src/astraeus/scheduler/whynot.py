@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from itertools import filterfalse
-from operator import itemgetter
+from itertools import compress, filterfalse, repeat
+from operator import is_, itemgetter, not_
 
 from .cluster import Cluster, Shape, shape
 from .model import WaitingRun
@@ -77,6 +77,7 @@ class WhyNot:
         self._groups: dict[tuple, tuple[list[int], tuple]] = {}
         self._walk: list[int] | None = None
         self._orders: dict[tuple, tuple[list[int], tuple[int, ...]]] = {}
+        self._getters: dict[tuple, object] = {}  # per `_orders` key: the lines of its machines not shown each
         self._allowed_sets: dict[int, frozenset[int] | None] | None = None
         self._base: dict[tuple, tuple[tuple, list]] = {}
         self._lines: dict[tuple, tuple[tuple[str, str], ...]] = {}
@@ -84,6 +85,7 @@ class WhyNot:
         self._own: dict[tuple[int, str], str] = {}
         self._by_viewer: dict[str, list[int]] | None = None  # workspace -> machines where it is named
         self._caps: dict[Shape, list[str | None]] = {}
+        self._sizes: list[Shape] | None = None  # per machine (GPUs, CPU cores, memory)
         self._frees: dict[Shape, tuple[list[str | None], dict[int, str], frozenset[int]]] = {}
         self._templates: dict[tuple, tuple[list, list[int], dict[int, str]]] = {}
         self._overlays: dict[int, dict[int, str]] = {}  # allowed key -> the reasons of the machines kept from it
@@ -92,6 +94,8 @@ class WhyNot:
             None if ok else f"machine is not schedulable ({m.unschedulable_reason})"
             for ok, m in zip(cluster.schedulable, cluster.machines, strict=True)
         ]
+        self._unschedulable_idx = [i for i, ok in enumerate(cluster.schedulable) if not ok]
+        self._states: list[tuple] | None = None  # per machine (free GPUs, CPU cores, memory)
 
     def _holder_items(self, i: int) -> tuple[list, frozenset[str], str, str]:
         """(the first three holders as (workspace, run, "<gpus> held by ", " at priority <p>"), their workspaces,
@@ -211,6 +215,7 @@ class WhyNot:
         if hit is None:
             c = self.cluster
             if self._walk is None:
+                c.tidy()
                 walk = [i for b in reversed(c.buckets) for i in b]  # buckets hold the schedulable machines
                 sched = c.schedulable
                 walk.extend(i for i in range(len(c.names)) if not sched[i])
@@ -234,27 +239,34 @@ class WhyNot:
         each, rest = self._order(allowed_key, avoid)
         if not rest:
             return each, ()
-        pairs = itemgetter(*rest)(lines) if len(rest) > 1 else (lines[rest[0]],)
-        texts = list(map(_second, pairs))
+        k = (allowed_key, avoid)
+        get = self._getters.get(k)
+        if get is None:
+            get = self._getters[k] = itemgetter(*rest) if len(rest) > 1 else (lambda lines: (lines[rest[0]],))
+        texts = list(map(_second, get(lines)))
         if over:
             texts = list(map(over.get, rest, texts))
-        n = len(texts)
-        first = dict(zip(reversed(texts), range(n - 1, -1, -1), strict=True))  # reason -> its first position
-        counts = Counter(texts)
+        # A Counter keeps its reasons in the order they are first seen: each group where its first machine comes.
         out = []
-        for reason, at in sorted(first.items(), key=_second):
-            shown = [pairs[at][0]]
-            if counts[reason] > 1:
-                shown.append(pairs[texts.index(reason, at + 1)][0])
-            out.append((group_name(shown, counts[reason]), reason))
+        index = texts.index
+        for reason, count in Counter(texts).items():
+            at = index(reason)
+            shown = [lines[rest[at]][0]]
+            if count > 1:
+                shown.append(lines[rest[index(reason, at + 1)]][0])
+            out.append((group_name(shown, count), reason))
         return each, tuple(out)
 
     def _cap_lines(self, s: Shape) -> list[str | None]:
         """Per machine: what its size lacks for one worker of shape s, or None."""
         hit = self._caps.get(s)
         if hit is None:
-            c = self.cluster
-            hit = self._caps[s] = [_size_short(s, *size) for size in zip(c.cap_g, c.cap_c, c.cap_m, strict=True)]
+            sizes = self._sizes
+            if sizes is None:
+                c = self.cluster
+                sizes = self._sizes = list(zip(c.cap_g, c.cap_c, c.cap_m, strict=True))
+            line = {size: _size_short(s, *size) for size in set(sizes)}  # machines come in a few sizes
+            hit = self._caps[s] = list(map(line.__getitem__, sizes))
         return hit
 
     def _free_lines(self, s: Shape) -> tuple[list[str | None], dict[int, str], frozenset[int]]:
@@ -271,18 +283,43 @@ class WhyNot:
         prefixes = [f"not enough free GPUs: {n} free, {g} asked" for n in range(max(g, 0))]  # by free GPUs
         holders = self.holders
         grouped = self.grouped
-        for i, (fg, fc, fm) in enumerate(zip(self.free_gpus, c.free_c, c.free_m, strict=True)):
-            if not sched[i]:
-                out.append(None)  # never asked: its line says it is not schedulable
-            elif fg < g:
-                prefix = short[i] = prefixes[fg] if fg >= 0 else f"not enough free GPUs: {fg} free, {g} asked"
-                out.append(prefix if grouped else prefix + holders(i, ""))
-            elif fc < cpu:
-                out.append(f"not enough free CPU cores: {number(max(fc, 0))} free, {number(cpu)} asked")
-            elif fm < mem:
-                out.append(f"not enough free memory: {gib(max(fm, 0))} free, {gib(mem)} asked")
-            else:
-                out.append(None)
+        if grouped:
+            # No holders in these lines: a line per free room (GPUs, CPU cores, memory), of which machines have a
+            # few, laid over the machines at C speed.
+            states = self._states
+            if states is None:
+                states = self._states = list(zip(self.free_gpus, c.free_c, c.free_m, strict=True))
+            line: dict[tuple, str | None] = {}
+            gpu_short: dict[tuple, str | None] = {}
+            for fg, fc, fm in set(states):
+                k = (fg, fc, fm)
+                gpu_short[k] = None
+                if fg < g:
+                    line[k] = gpu_short[k] = prefixes[fg] if fg >= 0 else f"not enough free GPUs: {fg} free, {g} asked"
+                elif fc < cpu:
+                    line[k] = f"not enough free CPU cores: {number(max(fc, 0))} free, {number(cpu)} asked"
+                elif fm < mem:
+                    line[k] = f"not enough free memory: {gib(max(fm, 0))} free, {gib(mem)} asked"
+                else:
+                    line[k] = None
+            out = list(map(line.__getitem__, states))
+            prefix_of = list(map(gpu_short.__getitem__, states))
+            for i in self._unschedulable_idx:
+                out[i] = prefix_of[i] = None  # never asked: its line says it is not schedulable
+            short = dict(compress(enumerate(prefix_of), prefix_of))
+        else:
+            for i, (fg, fc, fm) in enumerate(zip(self.free_gpus, c.free_c, c.free_m, strict=True)):
+                if not sched[i]:
+                    out.append(None)  # never asked: its line says it is not schedulable
+                elif fg < g:
+                    prefix = short[i] = prefixes[fg] if fg >= 0 else f"not enough free GPUs: {fg} free, {g} asked"
+                    out.append(prefix + holders(i, ""))
+                elif fc < cpu:
+                    out.append(f"not enough free CPU cores: {number(max(fc, 0))} free, {number(cpu)} asked")
+                elif fm < mem:
+                    out.append(f"not enough free memory: {gib(max(fm, 0))} free, {gib(mem)} asked")
+                else:
+                    out.append(None)
         held_short = []
         for i in c.held:
             bg, bc, bm = c.room(i, True)
@@ -299,35 +336,31 @@ class WhyNot:
         hit = self._templates.get(k)
         if hit is not None:
             return hit
+        names = self.cluster.names
         if not free:
-            caps = self._cap_lines(s)
-            t: list = []
-            open_: list[int] = []
-            for i, (name, line) in enumerate(zip(self.cluster.names, self._unschedulable, strict=True)):
-                if line is None:
-                    line = caps[i]
-                    if line is None:
-                        open_.append(i)
-                        t.append(None)  # filled in by the caller
-                        continue
-                t.append((name, line))
+            lines = self._cap_lines(s)
+            if self._unschedulable_idx:
+                lines = list(lines)
+                unschedulable = self._unschedulable
+                for i in self._unschedulable_idx:
+                    lines[i] = unschedulable[i]
+            t: list = list(zip(names, lines, strict=True))  # (name, None) where open: filled in by the caller
+            open_ = list(compress(range(len(lines)), map(is_, lines, repeat(None))))
             hit = (t, open_, {})
         else:
             t1, open1, _ = self._template(s, False)
             frees, short, _ = self._free_lines(s)
-            names = self.cluster.names
             t = list(t1)
-            open_ = []
+            found = list(map(frees.__getitem__, open1))
+            still = list(map(is_, found, repeat(None)))
+            open_ = list(compress(open1, still))
+            closed = list(compress(open1, map(not_, still)))
+            for i in closed:
+                t[i] = (names[i], frees[i])
             named: dict[int, str] = {}
-            for i in open1:
-                line = frees[i]
-                if line is None:
-                    open_.append(i)
-                else:
-                    t[i] = (names[i], line)
-                    prefix = short.get(i)
-                    if prefix is not None:
-                        named[i] = prefix
+            if short:
+                gpus_short = list(filter(short.__contains__, closed))
+                named = dict(zip(gpus_short, map(short.__getitem__, gpus_short), strict=True))
             hit = (t, open_, named)
         self._templates[k] = hit
         return hit

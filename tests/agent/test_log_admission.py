@@ -89,7 +89,7 @@ def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path,
 
 
 def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
-    """Batches whose bearer token is no machine's credential (none, garbage, the join token, a user's token) get
+    """Batches whose bearer token is no machine token (none, garbage, not a bearer token, a user's token) get
     their 401 (403) at once, before admission counts them: while every store waits (the state lock held) and the
     admission is one short of full, a flood of them is refused without waiting, and a real credential's batch is
     still admitted (not 429) and stored once the stores go on."""
@@ -101,7 +101,6 @@ def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
         cred = {"Authorization": f"Bearer {r.json()['credential']}"}
     batch = {"machine": "gpu-01", "lines": []}
     bad = [({}, 401), ({"Authorization": "Bearer not-a-token"}, 401), ({"Authorization": "Basic Zm9vOmJhcg=="}, 401),
-           ({"Authorization": f"Bearer {server['machine_token']}"}, 403),  # a join token: register first
            ({"Authorization": f"Bearer {server['token']}"}, 403)]  # a user's token
     real: list[int] = []
     flood: list[int] = []

@@ -123,11 +123,11 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
 # free for everything else. Admission: when LOG_STORES_WAITING more already wait, a batch is refused at once with
 # 429 and Retry-After (LOG_RETRY_AFTER seconds), before it is parsed: the agent keeps its lines and sends them again
 # then (agent.Agent.ship_logs), so a flood costs the server a refusal per batch, not a store, and the scheduling
-# loop keeps its share of the CPU (benchmarks/bench_logs.py). Only a machine's credential is admitted: a batch whose
-# bearer token is not one gets its 401 (403) before it is counted, so a flood without a valid credential cannot push
-# the real agents into 429s. The check is cheap: a credential that passed it in the last KNOWN_SECONDS is known by
-# its digest on the event loop; any other is checked in the thread pool (the store authenticates again in full, so
-# a credential revoked meanwhile stores nothing, and is forgotten).
+# loop keeps its share of the CPU (benchmarks/bench_logs.py). Only a machine token is admitted: a batch whose bearer
+# token is none (missing, unknown, revoked, expired, a user's) gets its 401 (403) before it is counted, so a flood
+# without a valid token cannot push the real agents into 429s. The check is cheap: a token that passed it in the
+# last KNOWN_SECONDS is known by its digest on the event loop; any other is checked in the thread pool (the store
+# authenticates again in full, so a token revoked meanwhile stores nothing, and is forgotten).
 LOG_STORES_AT_ONCE = 2
 LOG_STORES_WAITING = 4
 LOG_RETRY_AFTER = 2
@@ -148,8 +148,8 @@ class LogAdmission:
         return self.held >= LOG_STORES_AT_ONCE + LOG_STORES_WAITING
 
     async def check(self, cp, authorization: str | None) -> str:
-        """Raises the 401 (403) of a bearer token that is not a machine's credential; returns its key in `known`
-        (which machine it acts for, the store checks against the batch)."""
+        """Raises the 401 (403) of a bearer token that is no machine token; returns its key in `known` (which
+        machine it acts for, the store checks against the batch)."""
         if not authorization or not authorization.lower().startswith("bearer ") or \
                 len(authorization.split(None, 1)) != 2:
             raise ApiError(401, "UNAUTHENTICATED", "missing bearer token: send 'Authorization: Bearer "
@@ -167,9 +167,9 @@ class LogAdmission:
 
 
 def check_credential(cp, authorization: str | None) -> None:
+    """A machine token's (a join token gets its 403 from the store, after its body is checked, as before)."""
     with cp.sessions() as s:
-        if agents.authenticate(s, authorization).machine_id is None:
-            raise ApiError(403, "REGISTER_FIRST", agents.REGISTER_FIRST)
+        agents.authenticate(s, authorization)
 
 
 def _inline(schema: dict) -> dict:

@@ -159,7 +159,9 @@ def fleet(machines: tuple[Machine, ...]) -> Fleet:
 
 
 class Cluster:
-    def __init__(self, snapshot: Snapshot, now: float = 0.0):
+    def __init__(self, snapshot: Snapshot, now: float = 0.0, usage: dict | None = None):
+        """`usage`: workspace -> `queue.Usage` (a defaultdict), added to with each running worker's room as the
+        room is taken (one pass over the running work for both)."""
         self.fleet = f = fleet(snapshot.machines)
         self.machines = machines = f.machines
         self.names = f.names
@@ -183,15 +185,26 @@ class Cluster:
         index_get = self.index.get
         units_on = self._units_on
         for unit in snapshot.running:
+            use = None if usage is None else usage[unit.workspace]
             for w in unit.workers:
+                gpu_indices = w.gpu_indices
+                if use is not None:
+                    use.gpus += len(gpu_indices)
+                    use.cpu_cores += w.cpu_cores
+                    use.memory_bytes += w.memory_bytes
+                    use.workers += 1
                 i = index_get(w.machine)
                 if i is None:
                     continue
                 units_on[i].append(unit)
                 free = free_g[i]
-                for g in w.gpu_indices:
-                    if g in free:
-                        free.remove(g)  # free GPUs stay in index order
+                n = len(gpu_indices)
+                if n > 1 and gpu_indices == tuple(free[:n]):
+                    del free[:n]  # the lowest free GPUs, as `commit` takes them
+                else:
+                    for g in gpu_indices:
+                        if g in free:
+                            free.remove(g)  # free GPUs stay in index order
                 free_c[i] -= w.cpu_cores
                 free_m[i] -= w.memory_bytes
         self.max_g = max(self.cap_g, default=0)

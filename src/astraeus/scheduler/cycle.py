@@ -26,7 +26,8 @@ from __future__ import annotations
 import gc
 from collections import defaultdict
 from dataclasses import replace
-from operator import attrgetter, itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not, itemgetter
 
 from . import reasons as R
 from .cluster import Cluster, by_worker_index
@@ -50,7 +51,7 @@ _UNSET = object()
 _EMPTY: frozenset[int] = frozenset()
 _order_key = itemgetter(0, 1, 2, 3, 4)  # of a keyed note: (-priority, share, submitted, name, workspace, note)
 _last = itemgetter(5)
-_name, _unit_run = attrgetter("name"), attrgetter("run")
+_name, _unit_run, _unit_array = attrgetter("name"), attrgetter("run"), attrgetter("array")
 _new = object.__new__
 _set_run, _set_workspace, _set_message = (QuotaReached.run.__set__, QuotaReached.workspace.__set__,
                                           QuotaReached.message.__set__)
@@ -193,14 +194,14 @@ class Cycle:
 
     def room(self) -> None:
         snapshot = self.snapshot
-        self.cluster = cluster = Cluster(snapshot, self.now)
+        self.usage: dict[str, Usage] = defaultdict(Usage)  # counted as the cluster's room is taken
+        self.cluster = cluster = Cluster(snapshot, self.now, self.usage)
         self.workspaces = {ws.id: ws for ws in snapshot.workspaces}
         # Per workspace: True when nothing restricts its runs beyond their own node selection (no pools of its
         # own, no reservation of another namespace now or ahead): the fast path of `place`.
         self.plain: dict[str, bool] = {}
         self.all_plain = not snapshot.reservations and all(ws.pools is None for ws in snapshot.workspaces)
         self.by_selection: dict[int, tuple] = {}  # id(NodeSelection) -> (it, Cluster.allowed's answer) when all_plain
-        self.usage: dict[str, Usage] = defaultdict(Usage)
         # Machines holding workers of a run now, for the runs that also wait (an Independent run's other workers).
         self.run_machines: dict[str, set[int]] = defaultdict(set)
         # Job arrays: (workspace, array) -> the runs of it that hold room now (counted once however many units).
@@ -208,21 +209,15 @@ class Cycle:
         # The runs that hold room and also wait (at C speed: no set of every waiting run made by a Python loop).
         waiting = set(map(_unit_run, snapshot.running)).intersection(map(_name, snapshot.waiting))
         index_get = cluster.index.get
-        usage = self.usage
-        for u in snapshot.running:
-            use = usage[u.workspace]
-            for w in u.workers:
-                use.gpus += len(w.gpu_indices)
-                use.cpu_cores += w.cpu_cores
-                use.memory_bytes += w.memory_bytes
-                use.workers += 1
-            if u.run in waiting:
+        running = snapshot.running
+        if waiting:
+            for u in compress(running, map(waiting.__contains__, map(_unit_run, running))):
                 for w in u.workers:
                     i = index_get(w.machine)
                     if i is not None:
                         self.run_machines[u.run].add(i)
-            if u.array is not None:
-                self.array_runs[u.workspace, u.array].add(u.run)
+        for u in compress(running, map(is_not, map(_unit_array, running), repeat(None))):
+            self.array_runs[u.workspace, u.array].add(u.run)
         self.quota_specs = {ws_id: _quota_spec(ws) for ws_id, ws in self.workspaces.items()}
         # Per workspace with a quota: group shapes -> _quota_check's answer at the workspace's usage now; cleared
         # whenever that usage changes (same ask, same usage: same answer).

@@ -72,10 +72,16 @@ _by_submission = attrgetter("submitted_at", "name")
 _by_submitted_at, _by_name, _by_workspace = attrgetter("submitted_at"), attrgetter("name"), attrgetter("workspace")
 
 
-def _sort_by_submission(runs: list[WaitingRun], workspace: bool = False) -> None:
+def _sort_by_submission(runs: list[WaitingRun], times: list[float] | None = None, workspace: bool = False) -> None:
     """Sort in place by (submitted_at, name[, workspace]): sorts by one key at a time, last key first (stable
     sorts; no key tuple made per run). The name (and workspace) sorts only when two runs were submitted at the
-    same time: otherwise submission alone gives the order (the names' sort was most of the sorting's time)."""
+    same time: otherwise submission alone gives the order (the names' sort was most of the sorting's time).
+    `times`: the runs' submission times, read as the runs were grouped (then the runs are not read again here:
+    they are put in order by their positions)."""
+    if times is not None and len(set(times)) == len(times):
+        order = sorted(range(len(times)), key=times.__getitem__)
+        runs[:] = map(runs.__getitem__, order)
+        return
     runs.sort(key=_by_submitted_at)
     times = list(map(_by_submitted_at, runs))
     if any(map(eq, times, islice(times, 1, None))):  # ties: sorted again by every key
@@ -111,29 +117,37 @@ def queue_order(
     if not snapshot.fair_share:
         yield from sorted(runs, key=lambda r: (-r.priority, r.submitted_at, r.name))
         return
-    levels: dict[int, dict[str, list[WaitingRun]]] = defaultdict(lambda: defaultdict(list))
+    # Per priority and workspace: the runs, and their submission times read at the same time (each run is read
+    # once here, in the snapshot's order; the sorts below do not read the runs again).
+    levels: dict[int, dict[str, tuple[list[WaitingRun], list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: ([], [])))
     for r in runs:
-        levels[r.priority][r.workspace].append(r)
+        lst, times = levels[r.priority][r.workspace]
+        lst.append(r)
+        times.append(r.submitted_at)
     specs: dict[str, ShareSpec | None] = {}
     heappop, heapreplace = heapq.heappop, heapq.heapreplace
     for priority in sorted(levels, reverse=True):
-        per_ws = levels[priority]
+        per_ws: dict[str, list[WaitingRun]] = {}
         heap = []
         # Workspaces without a quota have share 0 for good: the heap would merge their runs by (submission,
         # name, workspace), so they are merged once here and stand in the heap's place as one sorted list.
         flat: list[WaitingRun] = []
-        for ws_id, lst in per_ws.items():
+        flat_times: list[float] = []
+        for ws_id, (lst, times) in levels[priority].items():
+            per_ws[ws_id] = lst
             if ws_id not in specs:
                 specs[ws_id] = share_spec(workspaces.get(ws_id))
             spec = specs[ws_id]
             if spec is None:
                 flat.extend(lst)
+                flat_times.extend(times)
                 continue
-            _sort_by_submission(lst)
+            _sort_by_submission(lst, times)
             lst.reverse()  # next run last: pop() walks the list in order
             first = lst[-1]
             heap.append((_share(usage[ws_id], spec), first.submitted_at, first.name, ws_id))
-        _sort_by_submission(flat, workspace=True)  # stable: a workspace's ties stay in snapshot order
+        _sort_by_submission(flat, flat_times, workspace=True)  # stable: a workspace's ties stay in snapshot order
         flat.reverse()
         heapq.heapify(heap)
         while True:

@@ -497,10 +497,14 @@ class Cycle:
                     (tuple(sorted([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])), allowed_key, view_b))
             if outcome is None:
                 break
-            reasons[run.name] = outcome[0]
+            name = run.name
+            reasons[name] = outcome[0]
             if outcome[1] is not None and not run.quota_noted:
-                append((-run.priority, share, run.submitted_at, run.name, run.workspace,
-                        _quota_reached(run.name, run.workspace, outcome[1])))
+                note = _new(QuotaReached)  # _quota_reached, inline (tens of thousands of notes in a cycle)
+                _set_run(note, name)
+                _set_workspace(note, ws)
+                _set_message(note, outcome[1])
+                append((-run.priority, share, run.submitted_at, name, ws, note))
             j -= 1
         if j == len(lst):
             return False

@@ -97,13 +97,16 @@ def make_cluster(machines: int, running: int, waiting: int, seed: int = 7, const
             tuple(ws),
         ))
     selections = _selections(ms) if constrained else []
+    # One object for every run that selects any machine, as the control plane's loop gives them (one NodeSelection
+    # per distinct selection in a snapshot, 67400b9); until the fourth round each run had its own.
+    any_machine = NodeSelection()
     runs = []
     for k in range(waiting):
         gang = rnd.random() < 0.05
         count = rnd.choice([2, 4]) if gang else 1
         gpus = 8 if gang else rnd.choice([1, 1, 1, 2, 4, 8])
         reqs = tuple(WorkerRequest(i, gpus, 8 * gpus, 64 * GIB * gpus) for i in range(count))
-        sel = NodeSelection()
+        sel = any_machine
         if selections and k % 3 == 0:  # a third of the runs, spread over the queue
             sel = selections[rnd.randrange(len(selections))]
         runs.append(WaitingRun(

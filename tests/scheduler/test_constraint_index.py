@@ -221,3 +221,19 @@ def test_many_runs_sharing_a_selection_keep_best_fit_on_a_large_cluster():
     assert len(placed) == 256
     assert placed == [name for name in h100 for _ in range(8)]
     assert set(p.reasons) == {f"r{k:03d}" for k in range(256, 300)}
+
+
+def test_a_worker_of_no_gpu_goes_to_the_first_full_machine_by_name_whichever_filled_first():
+    """Machines that run out of free GPUs are kept apart unsorted while the cycle starts runs (`Cluster.tidy`): a
+    worker that asks for no GPU still gets the fullest machine that fits, ties by name, though m03 filled before
+    m00 did."""
+    machines = tuple(Machine(f"m{i:02d}", 2, 8, 64 * GIB) for i in range(4))
+    units = (RunningUnit("busy", SPACES[0], 0, NOW - 60, HOUR, (PlacedWorker("busy-0", 0, "m03", (0,), 1, GIB),)),)
+    runs = (
+        WaitingRun("one-gpu", SPACES[0], 0, NOW - 30, (WorkerRequest(0, 1, 1, GIB),)),  # best fit: m03 (1 free)
+        WaitingRun("two-gpus", SPACES[0], 0, NOW - 20, (WorkerRequest(0, 2, 1, GIB),)),  # m00 (first with 2)
+        WaitingRun("no-gpu", SPACES[0], 0, NOW - 10, (WorkerRequest(0, 0, 1, GIB),)),
+    )
+    p = plan(Snapshot("c", machines, units, runs, (Workspace(SPACES[0], "a"),)), NOW)
+    assert {s.run: s.placements[0].machine for s in p.starts} == {"one-gpu": "m03", "two-gpus": "m00",
+                                                                   "no-gpu": "m00"}

@@ -117,6 +117,10 @@ def start_server(home: Path, database_url: str | None, src: str | None) -> tuple
         env["ASTRAEUS_DATABASE_URL"] = database_url
     if src:
         env["PYTHONPATH"] = src  # ahead of the editable install: the server runs that checkout's code
+        if "uvloop" not in (Path(src).parent / "pyproject.toml").read_text():
+            # a checkout from before uvloop and httptools were dependencies: its server runs as it did then
+            # (uvicorn's "auto" would pick them up from this virtualenv), on asyncio's loop and h11
+            env["PYTHONPATH"] = f"{_without_uvloop()}{os.pathsep}{src}"
     port = free_port()
     proc = subprocess.Popen([str(BIN / "astraeus"), "server", "--home", str(home), "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=open(os.environ.get("BENCH_SERVER_LOG", os.devnull), "a"))
@@ -135,6 +139,15 @@ def start_server(home: Path, database_url: str | None, src: str | None) -> tuple
         time.sleep(0.1)
     proc.kill()
     raise SystemExit("server did not start")
+
+
+def _without_uvloop() -> str:
+    """A folder whose uvloop and httptools fail to import (uvicorn then falls back to asyncio and h11)."""
+    d = Path(tempfile.gettempdir()) / "bench-submit-without-uvloop"
+    d.mkdir(exist_ok=True)
+    for name in ("uvloop", "httptools"):
+        (d / f"{name}.py").write_text(f"raise ImportError('{name}: not a dependency of this checkout')\n")
+    return str(d)
 
 
 def measure_astraeus(database: str, runs: int, clients: int, src: str | None = None, label: str = "") -> dict:

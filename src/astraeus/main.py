@@ -130,8 +130,10 @@ def _serve(settings, cp, on_ready=None, on_signal=None, reuse_port: bool = False
     # server, closes it. With uvicorn's 5 s both sides closed at about the same moment, and an agent's heartbeat
     # every 5 s now and then went out on a connection the server was closing (RemoteProtocolError / ReadError:
     # hundreds a minute with 200 agents, benchmarks/bench_agents.py).
+    # loop/http: libuv's event loop and llhttp's parser (uvloop, httptools), not asyncio's pure-Python loop and h11:
+    # the HTTP side was about 40 % of the server's CPU per submit on those (benchmarks/README.md, API submit rate).
     config = uvicorn.Config(fastapi_app, host=settings.host, port=settings.port, log_level="warning",
-                            timeout_graceful_shutdown=5, timeout_keep_alive=75)
+                            timeout_graceful_shutdown=5, timeout_keep_alive=75, loop="uvloop", http="httptools")
     server = uvicorn.Server(config)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

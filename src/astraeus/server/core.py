@@ -131,6 +131,10 @@ class Notifier:
         self._machine: dict[int, int] = {}
         self._logs = 0
         self._wake = threading.Event()
+        # Whether a wake since the loop last asked (woken_by_submits_only) was anything but a batch of local plain
+        # submits (submits.Batcher): only then may the loop plan on the snapshot it kept (loop.Kept).
+        self._wake_other = True
+        self._wake_lock = threading.Lock()
         self.closing = False
         self.bus: Bus | None = None
         # Long-polls waiting on the event loop (await_machine): machine -> futures, each with its loop. They hold no
@@ -178,6 +182,8 @@ class Notifier:
                 self._machine[m] = _stamp(self._machine[m])
             self._logs += 1
             self._cond.notify_all()
+        with self._wake_lock:
+            self._wake_other = True
         self._wake.set()
 
     def wait_machine(self, machine_id: int, after: int, timeout: float) -> int:
@@ -226,7 +232,11 @@ class Notifier:
             return self._logs
 
     # the scheduling loop ---------------------------------------------------------------------------
-    def wake_scheduler(self, remote: bool = False) -> None:
+    def wake_scheduler(self, remote: bool = False, submits: bool = False) -> None:
+        """`submits`: woken only because plain runs were submitted here (submits.Batcher): nothing else changed."""
+        if not submits:
+            with self._wake_lock:
+                self._wake_other = True
         self._wake.set()
         if self.bus is not None and not remote:
             self.bus.send(scheduler=True)
@@ -235,6 +245,13 @@ class Notifier:
         woke = self._wake.wait(timeout)
         self._wake.clear()
         return woke
+
+    def woken_by_submits_only(self) -> bool:
+        """Whether every wake since the last call was wake_scheduler(submits=True); resets (the loop asks once per
+        cycle, just before it reads what changed)."""
+        with self._wake_lock:
+            other, self._wake_other = self._wake_other, False
+        return not other
 
 
 class Bus:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 from prometheus_client import Counter, Histogram
@@ -111,7 +112,6 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
             pending = []
         if not pending:
             continue  # backing off after a failure: offered again when its restart_at comes
-        sel = tt.get("requested_resources", {}).get("node_selection") or {}
         excluded = []
         for ref in tt.get("datavolume_refs") or []:
             d = drives.get((run.workspace_id, ref["name"]))
@@ -124,23 +124,7 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                 why = drive_rules.unreachable(ref["name"], src, d.spec.get("transport", "Auto"), facts[m.name], keeper)
                 if why:
                     excluded.append((m.name, why))
-        # one object per distinct selection: the scheduler keeps a selection's answer (its machines, buckets,
-        # never-fits) and settles the runs behind the head by the object, so equal selections share it
-        selection = sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
-                                        labels=tuple(sorted((sel.get("labels") or {}).items())),
-                                        pools=tuple(sel.get("pools") or ()),
-                                        gpu_model=(tt.get("requested_resources", {}).get("gpu_requests")
-                                                   or {}).get("model"),
-                                        reservation=sel.get("reservation"))
-        selection = selections.setdefault(selection, selection)
-        waiting.append(sched.WaitingRun(
-            name=key(run), workspace=ns, priority=run.priority, submitted_at=run.created_at,
-            workers=tuple(sched.WorkerRequest(index=w.index, gpus=w.gpus, cpu_cores=w.cpu_cores,
-                                              memory_bytes=w.memory_bytes) for w in pending),
-            start="Independent" if independent else "Gang", time_limit_seconds=limit,
-            node_selection=selection,
-            excluded_machines=tuple(excluded), quota_noted=run.quota_noted,
-            array=run.array_job, array_max_running=run.array_max_running, dependency=deps.get(run.id)))
+        waiting.append(waiting_run(run, key(run), ns, pending, excluded, deps.get(run.id), selections))
     workspaces = []
     for a in accesses:
         ws = wss[a.workspace_id]
@@ -154,8 +138,10 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                           waiting=tuple(waiting), workspaces=tuple(workspaces), preemption=cluster.preemption,
                           pools=snap_pools, reservations=snap_reservations)
     # What the apply step needs to find the rows again (under the state lock, in its own session) and to write
-    # only what changed: ids, and the reasons and per-machine lines the snapshot saw.
+    # only what changed: ids, and the reasons and per-machine lines the snapshot saw. "selections" and
+    # "max_run_id": for Kept.extend.
     lookups = {"runs": {key(r): r.id for r in runs}, "machines": {m.name: m.id for m in machines},
+               "selections": selections, "max_run_id": max((r.id for r in runs), default=0),
                "renames": {key(r): r.name for r in runs if key(r) != r.name},
                "queue_reasons": {key(r): r.queue_reason for r in runs},
                # waiting workers by the scheduler's name for them ("<run key>-<index>"): their lines and ids
@@ -166,6 +152,96 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
     return snap, lookups
 
 
+def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependency: sched.Dependency | None,
+                selections: dict) -> sched.WaitingRun:
+    """A waiting run of the snapshot (its `pending` workers), from its row (live_runs)."""
+    tt = run.spec["task_template"]
+    sel = tt.get("requested_resources", {}).get("node_selection") or {}
+    # one object per distinct selection: the scheduler keeps a selection's answer (its machines, buckets,
+    # never-fits) and settles the runs behind the head by the object, so equal selections share it
+    selection = sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
+                                    labels=tuple(sorted((sel.get("labels") or {}).items())),
+                                    pools=tuple(sel.get("pools") or ()),
+                                    gpu_model=(tt.get("requested_resources", {}).get("gpu_requests")
+                                               or {}).get("model"),
+                                    reservation=sel.get("reservation"))
+    selection = selections.setdefault(selection, selection)
+    independent = run.spec.get("start") == "Independent"
+    return sched.WaitingRun(
+        name=key, workspace=ns, priority=run.priority, submitted_at=run.created_at,
+        workers=tuple(sched.WorkerRequest(index=w.index, gpus=w.gpus, cpu_cores=w.cpu_cores,
+                                          memory_bytes=w.memory_bytes) for w in pending),
+        start="Independent" if independent else "Gang", time_limit_seconds=tt.get("time_limit_seconds"),
+        node_selection=selection,
+        excluded_machines=tuple(excluded), quota_noted=run.quota_noted,
+        array=run.array_job, array_max_running=run.array_max_running, dependency=dependency)
+
+
+class Kept:
+    """A cluster's snapshot kept after a cycle whose plan changed nothing but the queue's words (no start, stop,
+    failure or quota note), so that the next cycle woken only by plain submits made here (Notifier.
+    woken_by_submits_only) plans on it plus the new runs (`extend`), instead of reading the whole queue again: with
+    a long queue that read was most of a cycle's cost, and a burst of submits woke a cycle per group commit. Plans
+    are the same as on a snapshot read afresh: nothing it holds has changed (anything else that changes state wakes
+    the loop another way, and the next cycle reads everything), the new runs are read in full and added in id
+    order as build_snapshot adds them, and a run the kept snapshot cannot take as is (a dependency, drives, a name
+    already in the snapshot, not plainly waiting) means a full read. It is read afresh at least every MAX_AGE
+    seconds and when a reservation's window opened or closed since it was read."""
+
+    MAX_AGE = 5.0
+
+    def __init__(self, snap: sched.Snapshot, lookups: dict, built_at: float):
+        self.snap, self.lookups, self.built_at = snap, lookups, built_at
+        self.names = {lookups["renames"].get(k, k) for k in lookups["runs"]}
+        self.wss: dict[int, str] | None = None
+
+    def fresh(self, at: float) -> bool:
+        if at - self.built_at > min(self.MAX_AGE, 15.0) or at < self.built_at:
+            return False
+        return not any(self.built_at < t <= at for r in self.snap.reservations for t in (r.start, r.end)
+                       if t is not None)
+
+    def extend(self, session: Session, cluster_id: int) -> tuple[sched.Snapshot, dict] | None:
+        """The kept snapshot plus the runs submitted since (those of ids above the last it holds), or None when one
+        of them needs a full read. The same (snapshot, lookups) when there is none."""
+        lookups = self.lookups
+        new = live_runs(session, cluster_id, after_id=lookups["max_run_id"])
+        if not new:
+            return self.snap, lookups
+        if self.wss is None:
+            self.wss = {w.id: w.ns for w in self.snap_workspaces(session)}
+        waiting = []
+        names = set()
+        for run in new:
+            ns = self.wss.get(run.workspace_id)
+            tt = run.spec["task_template"]
+            if (ns is None or run.deleting or run.state != lifecycle.RunState.PENDING or run.spec.get("dependency")
+                    or tt.get("datavolume_refs") or run.name in self.names or run.name in names or not run.workers
+                    or any(w.state != lifecycle.WorkerState.PENDING or w.restart_at for w in run.workers)):
+                return None
+            names.add(run.name)
+            waiting.append(waiting_run(run, run.name, ns, run.workers, [], None, lookups["selections"]))
+        lookups = dict(lookups)
+        lookups["runs"] = {**lookups["runs"], **{r.name: r.id for r in new}}
+        lookups["queue_reasons"] = {**lookups["queue_reasons"], **{r.name: r.queue_reason for r in new}}
+        lookups["why_not"] = {**lookups["why_not"], **{f"{r.name}-{w.index}": w.why_not for r in new
+                                                       for w in r.workers}}
+        lookups["workers"] = {**lookups["workers"], **{f"{r.name}-{w.index}": w.id for r in new for w in r.workers}}
+        lookups["max_run_id"] = new[-1].id
+        return replace(self.snap, waiting=self.snap.waiting + tuple(waiting)), lookups
+
+    @staticmethod
+    def snap_workspaces(session: Session):
+        return session.execute(select(Workspace.id, Workspace.ns)).all()
+
+    def kept(self, snap: sched.Snapshot, lookups: dict) -> Kept:
+        """This kept snapshot moved on to `snap` (the same read, new runs added), its lookups as applied."""
+        k = Kept.__new__(Kept)
+        k.snap, k.lookups, k.built_at, k.wss = snap, lookups, self.built_at, self.wss
+        k.names = self.names | {n for n in lookups["runs"] if n not in self.lookups["runs"]}
+        return k
+
+
 _RUN = (Run.id, Run.workspace_id, Run.name, Run.spec, Run.priority, Run.state, Run.created_at, Run.deleting,
         Run.queue_reason, Run.quota_noted, Run.array_job, Run.array_max_running)
 _WORKER = (Worker.id, Worker.run_id, Worker.name, Worker.index, Worker.state, Worker.machine_id, Worker.gpu_indices,
@@ -173,12 +249,14 @@ _WORKER = (Worker.id, Worker.run_id, Worker.name, Worker.index, Worker.state, Wo
            Worker.restart_at, Worker.why_not)
 
 
-def live_runs(session: Session, cluster_id: int) -> list[SimpleNamespace]:
+def live_runs(session: Session, cluster_id: int, after_id: int = 0) -> list[SimpleNamespace]:
     """The cluster's runs that have not ended, each with its `workers` by index, as plain rows (the columns the
     snapshot reads), not ORM objects: the loop reads the whole queue every cycle, and loading it as objects was
     most of a cycle's CPU with a long queue (every submit shares the cores with it). Runs first, then their workers:
     a run is written with its workers in one transaction, so each run read has its workers in the second read."""
     live = (Run.cluster_id == cluster_id, Run.state.not_in(lifecycle.RUN_ENDED))
+    if after_id:  # only those submitted since (Kept.extend)
+        live = (*live, Run.id > after_id)
     conn = session.connection()  # Core rows: no ORM loading
     runs = conn.execute(select(*_RUN).where(*live).order_by(Run.id)).all()
     workers: dict[int, list] = {}
@@ -296,6 +374,9 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
     lifecycle.set_queue_reasons(session, {ids[n]: r for n, r in reasons.items() if n not in wanted and n in ids},
                   {lookups["workers"][w]: lines for w, lines in why_not.items()
                    if w.rpartition("-")[0] not in wanted and w in lookups["workers"]}, at)
+    # the lookups now say what the rows say (a kept snapshot's next apply writes only what changes again)
+    seen_reasons.update((n, r) for n, r in reasons.items() if n in ids)
+    seen_why_not.update((w, lines) for w, lines in why_not.items() if w in lookups["workers"])
     want_ids = sorted({ids[k] for k in wanted if k in ids})
     for k in range(0, len(want_ids), 500):
         chunk = want_ids[k:k + 500]
@@ -435,15 +516,46 @@ def duty(cp: ControlPlane, term: Term, at: float, due, act, what: str) -> set[in
         return set()
 
 
-def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -> set[int]:
+def _timers(cp: ControlPlane, term: Term, lease: float, at: float) -> set[int]:
+    """The cycle's timed duties, before it plans. Returns the machines touched."""
+    with STATE_LOCK, cp.sessions() as session, session.begin():
+        fence(session, term, lease)
+        touched = detect_lost_machines(session, at)
+        touched |= enforce_time_limits(session, at)
+    # Replica groups keep their count (server/replica_groups.py); reservations' windows open and close, their
+    # events once each (server/reservations.py): each a fenced transaction, only when one is due. A bad group or
+    # reservation never stops scheduling.
+    touched |= duty(cp, term, at, replica_group_duty.any_group, replica_group_duty.keep_replicas,
+                    "replica groups")
+    try:  # schedules' ticks (server/schedules.py), each its own fenced transaction
+        touched |= schedule_ticks.make_ticks(cp, term, lease, at)
+    except NotLeader:
+        raise
+    except Exception:
+        log.exception("schedules: a tick failed this cycle")
+    touched |= duty(cp, term, at, lambda s: reservation_duty.any_due(s, at), reservation_duty.open_and_close,
+                    "reservations")
+    return touched
+
+
+def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None, kept: dict[int, Kept] | None = None,
+          submits_only: bool = False, timers: bool = True) -> set[int]:
     """One pass: timers, then a plan per cluster. Returns the machines to notify.
 
     Only the scheduling leader acts (astraeus.server.leader): `term` is its holding of the lease (None: this
     replica's current one, if it leads; a follower does nothing). Each transaction that writes is fenced: in that
     same transaction the lease is checked to be still this term's, else it writes nothing (NotLeader) and the pass
     ends. The snapshot is read and planned without the state lock, so API writes and agent reports are not held
-    up by a large queue; only the timers and the apply take it (see apply_plan)."""
+    up by a large queue; only the timers and the apply take it (see apply_plan).
+
+    `kept` (the loop's: cluster id -> Kept) is filled with each cluster's snapshot after a plan that changed nothing
+    but the queue's words; with `submits_only` (woken only by plain runs submitted here) the cycle plans on it plus
+    the new runs, and skips a cluster with none. Without `submits_only`, everything is read afresh. `timers=False`:
+    no lost machines, time limits, replica groups, schedules' ticks or reservations' windows this pass (the loop
+    looked at them less than a tick ago)."""
     at = time.time() if at is None else at
+    if kept is not None and not submits_only:
+        kept.clear()
     term = term or (cp.leader.current() if cp.leader is not None else None)
     if term is None:
         return set()
@@ -451,31 +563,31 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -
     t0 = time.perf_counter()
     touched: set[int] = set()
     try:
-        with STATE_LOCK, cp.sessions() as session, session.begin():
-            fence(session, term, lease)
-            touched = detect_lost_machines(session, at)
-            touched |= enforce_time_limits(session, at)
-        # Replica groups keep their count (server/replica_groups.py); reservations' windows open and close, their
-        # events once each (server/reservations.py): each a fenced transaction, only when one is due. A bad group or
-        # reservation never stops scheduling.
-        touched |= duty(cp, term, at, replica_group_duty.any_group, replica_group_duty.keep_replicas,
-                        "replica groups")
-        try:  # schedules' ticks (server/schedules.py), each its own fenced transaction
-            touched |= schedule_ticks.make_ticks(cp, term, lease, at)
-        except NotLeader:
-            raise
-        except Exception:
-            log.exception("schedules: a tick failed this cycle")
-        touched |= duty(cp, term, at, lambda s: reservation_duty.any_due(s, at), reservation_duty.open_and_close,
-                        "reservations")
+        if timers:
+            touched = _timers(cp, term, lease, at)
         replan = False
         with cp.sessions() as session:
             clusters = list(session.scalars(select(Cluster)))
+        if kept is not None and touched:  # a timer changed something: read everything
+            kept.clear()
         for cluster in clusters:
-            with cp.sessions() as session:
-                snap, lookups = build_snapshot(session, cluster, at)
+            k = kept.pop(cluster.id, None) if kept is not None else None
+            got = None
+            if k is not None and k.fresh(at):
+                with cp.sessions() as session:
+                    got = k.extend(session, cluster.id)
+                if got is not None and got[0] is k.snap:
+                    kept[cluster.id] = k  # nothing new: the plan would be the last one
+                    continue
+            if got is None:
+                k = None
+                with cp.sessions() as session:
+                    got = build_snapshot(session, cluster, at)
+            snap, lookups = got
             reserved = snap.running and any(r.start <= at for r in snap.reservations)  # others' work may stop
             if not snap.waiting and not any(u.stopping for u in snap.running) and not reserved:
+                if kept is not None:
+                    kept[cluster.id] = k.kept(snap, lookups) if k is not None else Kept(snap, lookups, at)
                 continue
             p0 = time.perf_counter()
             plan = sched.plan(snap, at)
@@ -485,6 +597,9 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -
                 applied, skipped = apply_plan(session, plan, lookups, at)
             touched |= applied
             replan = replan or skipped
+            if kept is not None and not (skipped or applied or plan.starts or plan.stops or plan.reservation_stops
+                                         or plan.fails or plan.quota_reached):
+                kept[cluster.id] = k.kept(snap, lookups) if k is not None else Kept(snap, lookups, at)
     except NotLeader as e:
         log.warning("applied nothing: %s", e)
         return touched
@@ -492,6 +607,9 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None) -
         cp.notifier.wake_scheduler()
     CYCLE_SECONDS.observe(time.perf_counter() - t0)
     return touched
+
+
+TIMERS_EVERY = 0.25  # the loop's tick: how often it looks at lost machines and time limits when it is not woken
 
 
 class SchedulingLoop:
@@ -503,6 +621,9 @@ class SchedulingLoop:
         self.last_cycle_end = 0.0  # time.perf_counter() when the last cycle ended
         self.next_restart: float | None = None  # when the earliest crash-loop backoff ends: a full cycle then
         self._stops_told: set[tuple[int, float]] = set()
+        self.kept: dict[int, Kept] = {}  # each cluster's snapshot, for cycles woken only by submits (Kept)
+        self._kept_term: Term | None = None
+        self._timers_at = 0.0  # time.monotonic() when a cycle last looked at the timers
 
     def start(self) -> None:
         """Start trying to lead (cp.leader), and the loop, which cycles only while this replica leads."""
@@ -526,7 +647,7 @@ class SchedulingLoop:
         s = self.cp.settings
         # The loop also checks lost machines and time limits: sleep no longer than a quarter second for those,
         # so a machine is lost within its timeout + 10 % even with a timeout of a few seconds.
-        tick = min(s.schedule_interval, 0.25)
+        tick = min(s.schedule_interval, TIMERS_EVERY)
         last_full = 0.0
         while not self._stop.is_set():
             woke = n.wait_scheduler(tick)
@@ -545,9 +666,12 @@ class SchedulingLoop:
             try:
                 c0 = time.perf_counter()
                 now = time.time()
-                full = (woke or now - last_full >= s.schedule_interval
-                        or (self.next_restart is not None and now >= self.next_restart))
-                touched = self.cycle_once(full=full, term=term)
+                due = now - last_full >= s.schedule_interval or (self.next_restart is not None
+                                                                   and now >= self.next_restart)
+                full = woke or due
+                # asked (and reset) just before the cycle reads: a wake after this is seen by the next cycle
+                submits_only = n.woken_by_submits_only() and woke and not due if full else False
+                touched = self.cycle_once(full=full, term=term, submits_only=submits_only)
                 self.last_cycle_end = time.perf_counter()
                 self.last_cycle_seconds = min(self.last_cycle_end - c0, 1.0)
                 if full:
@@ -558,12 +682,23 @@ class SchedulingLoop:
                 log.exception("scheduling cycle failed")
                 time.sleep(0.5)
 
-    def cycle_once(self, full: bool = True, term: Term | None = None) -> set[int]:
+    def cycle_once(self, full: bool = True, term: Term | None = None, submits_only: bool = False) -> set[int]:
+        """`submits_only`: woken only by plain runs submitted here, which start no timer and stop nothing: the cycle
+        plans on the kept snapshots (Kept), and the reads of what is due next are left to the next full cycle."""
         term = term or (self.cp.leader.current() if self.cp.leader is not None else None)
         if term is None:
             return set()
         if full:
-            touched = cycle(self.cp, term=term)
+            if self.kept and self._kept_term != term:  # led again: another leader may have planned meanwhile
+                self.kept.clear()
+            self._kept_term = term
+            # the timers at most once a tick while submits keep the loop busy (full cycles always look at them)
+            timers = not submits_only or time.monotonic() - self._timers_at >= TIMERS_EVERY
+            if timers:
+                self._timers_at = time.monotonic()
+            touched = cycle(self.cp, term=term, kept=self.kept, submits_only=submits_only, timers=timers)
+            if submits_only and not touched:
+                return set()
             if touched:  # the machines that got or lost workers hear it now, not after the reads below
                 self.cp.notifier.bump_machines(touched)
             now = time.time()

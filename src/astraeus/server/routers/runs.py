@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from anyio import to_thread
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Header, Query, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
@@ -13,9 +13,10 @@ from astraeus import spec as S
 from astraeus.server import bodies as B
 from astraeus.server import services, submits, whatif
 from astraeus.server.db import Cluster, Machine
-from astraeus.server.routers.deps import CP, Base, Sess, WsCaller, machine_names, now, tx
+from astraeus.server.routers.deps import CP, Base, Sess, WsCaller, machine_names, now, tx, ws_caller
 from astraeus.server.routers.events import PAGE_DEFAULT, Cursor, Limit, decode_cursor, page
 from astraeus.server.routers.workspace import PREFIX
+from astraeus.server.services import Caller
 
 router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
 
@@ -45,28 +46,40 @@ def document_run_body(app) -> None:
 
 @router.post("/runs", status_code=201, responses={200: {"description": "dry_run=true: what the run would do now "
                                                                          "(nothing is stored)"}})
-async def create_run(c: WsCaller, s: Sess, cp: CP, base: Base, body: Annotated[dict, Body()], response: Response,
+async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annotated[dict, Body()],
+                     response: Response,
                      dry_run: Annotated[bool, Query(description="Answer what the run would do if submitted now "
                                                                 "(starts where, preempts whom, starts by when, "
                                                                 "waits behind whom) and store nothing; refusals "
-                                                                "are the submit's")] = False):
-    """`async def`: the caller's lookup (WsCaller) is the request's one hop through the thread pool; the body is
-    checked here, a plain submit waits for its group commit on the event loop (submits.Batcher.submit_async),
-    and only what reads or writes the database besides goes to a worker thread."""
+                                                                "are the submit's")] = False,
+                     authorization: Annotated[str | None, Header()] = None):
+    """`async def`: the body is checked here, and a plain submit waits for its group commit on the event loop
+    (submits.Batcher.submit_async), authenticated by the writer with the rest of its batch: no hop through the
+    thread pool at all. Everything else finds its caller as WsCaller does (one hop), and only what reads or writes
+    the database besides goes to a worker thread."""
+
+    async def caller() -> Caller:
+        return await to_thread.run_sync(ws_caller, org, ws, s, authorization)
+
     if dry_run:
+        c = await caller()
         response.status_code = 200
         return await to_thread.run_sync(lambda: whatif.what_if(s, c, body, now()))
-    parsed = services.parse_run_body(body)  # checked before the state lock (None: names a template)
-    org, ws = c.org, c.workspace
-    if c.token is not None and submits.batchable(parsed):  # group commit (server/submits.py)
-        services.require(c, "editor")
-        if s.in_transaction():  # end this request's read: it waits for the writer's transaction with none open
-            await to_thread.run_sync(s.commit)
-        it = await cp.submits.submit_async(submits.Submit(ws.id, ws.name, ws.ns, parsed, now()))
+    try:
+        parsed = services.parse_run_body(body)  # checked before the state lock (None: names a template)
+    except Exception:
+        await caller()  # refused as unauthenticated (or not found) first, as before its body is judged
+        raise
+    if submits.batchable(parsed):  # group commit (server/submits.py)
+        it = await cp.submits.submit_async(submits.Submit(None, None, None, parsed, now(), authorization=authorization,
+                                                          org=org, ws=ws))
         if it.error is not None:
             raise it.error
+        c = it.caller
         if not it.fallback:  # plain JSON already: answered as is, without FastAPI's jsonable_encoder
-            return JSONResponse(services.run_view(it.run, org, ws, it.cluster, base, [], {}, c.role), 201)
+            return JSONResponse(services.run_view(it.run, c.org, c.workspace, it.cluster, base, [], {}, c.role), 201)
+    c = await caller()
+    org, ws = c.org, c.workspace
 
     def write():
         with tx(s, keep=(org, ws)):

@@ -30,6 +30,7 @@ so a restarted agent can adopt it. Stdlib + psutil only.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import selectors
@@ -41,6 +42,7 @@ import traceback
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 CAP_SYS_ADMIN = 21
 PARTIAL_FLUSH_SECONDS = 1.0
@@ -172,6 +174,39 @@ def reaper(ack: int, status: int, cmd: int) -> None:
         exec(REAPER, {"__name__": "reaper", "ARGS": [ack, status, cmd]})
     finally:
         os._exit(0)
+
+
+COMMAND_SIGDEF = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD,
+                  signal.SIGHUP)
+
+
+def spawn_command(argv: list[str], env: dict[str, str], out_w: int, err_w: int) -> int:
+    """In the worker's PID 1 (already the workspace's user, in the working folder): start the command with
+    posix_spawn (a vfork and exec: no copy of this Python process's memory map, which a fork of the shim cost each
+    worker) in its own session, stdin /dev/null, stdout and stderr the shim's pipes, default signal handling and
+    an empty signal mask; its pid. Found in the worker's PATH as os.execvpe finds it (a name with a slash as it
+    is; else the first folder of PATH where it is an executable file, for this user). One spawn only: a spawn
+    whose exec fails still takes a pid of the namespace, and the command must be its PID 2. An OSError (ENOENT,
+    EACCES, ENOEXEC ...) when it cannot start."""
+    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+               (os.POSIX_SPAWN_DUP2, err_w, 2), (os.POSIX_SPAWN_CLOSE, out_w), (os.POSIX_SPAWN_CLOSE, err_w)]
+    name = argv[0]
+    path = name
+    if not os.path.dirname(name):
+        found = denied = None
+        for d in os.get_exec_path(env):
+            p = os.path.join(d, name)
+            if os.path.isfile(p):
+                if os.access(p, os.X_OK):
+                    found = p
+                    break
+                denied = denied or p
+        if found is None:
+            e = errno.EACCES if denied else errno.ENOENT
+            raise OSError(e, os.strerror(e), name)
+        path = found
+    return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True, setsigmask=(),
+                          setsigdef=COMMAND_SIGDEF)
 
 
 class Shim:
@@ -494,29 +529,28 @@ class Shim:
                     except (mounts.MountError, OSError) as e:
                         os.write(res_w, b"FAIL:" + str(e).encode()[:4000])
                         os._exit(126)
-                    cmd = os.fork()
-                else:
-                    cmd = 0
-                if cmd == 0:  # the command
-                    os.setsid()
-                    null = os.open(os.devnull, os.O_RDONLY)
-                    os.dup2(null, 0)
-                    os.dup2(out_w, 1)
-                    os.dup2(err_w, 2)
-                    for fd in (null, out_w, err_w):
-                        if fd > 2:
-                            os.close(fd)
-                    if iso:  # the workspace's user: no capabilities at all, no_new_privs
-                        os.close(ack_r)
-                        os.close(status_w)
-                        mounts.drop_privileges(int(iso["uid"]), int(iso["gid"]))
-                    else:
-                        # an agent that is not root: no CAP_SYS_ADMIN after exec either
-                        libc.prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0)
+                    # PID 1 needs root no more: it becomes the workspace's user (no capabilities at all,
+                    # no_new_privs, not dumpable: the worker can neither ptrace it nor open its descriptors), and
+                    # spawns the command, which inherits all that, in the working folder
+                    mounts.drop_privileges(int(iso["uid"]), int(iso["gid"]))
+                    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
                     os.chdir(cwd)
-                    os.execvpe(argv[0], argv, env)
-                # PID 1: reports the command's wait status and how many processes it left, and reaps the rest
-                reaper(ack_r, status_w, cmd)
+                    cmd = spawn_command(argv, env, out_w, err_w)
+                    # PID 1: reports the command's wait status and how many processes it left, and reaps the rest
+                    reaper(ack_r, status_w, cmd)
+                # not isolated (an agent that is not root): this child is the command
+                os.setsid()
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                for fd in (null, out_w, err_w):
+                    if fd > 2:
+                        os.close(fd)
+                # no CAP_SYS_ADMIN after exec either
+                libc.prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0)
+                os.chdir(cwd)
+                os.execvpe(argv[0], argv, env)
             except BaseException as e:  # noqa: BLE001
                 msg = f"{argv[0]}: {e.strerror}" if isinstance(e, OSError) and e.strerror else f"{argv[0]}: {e!r}"
                 try:

@@ -102,17 +102,44 @@ def _write_json(path: str, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+# (pid, create time) -> that process's start time in clock ticks (field 22 of /proc/PID/stat), once psutil matched
+# it: the next checks read /proc/PID/stat once (the agent checks each live attempt's shim at every look at it).
+_START_TICKS: dict[tuple[int, float], int] = {}
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat's fields from the state on (field 3), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _alive(pid: int | None, ctime: float | None) -> bool:
-    """Is `pid` still the process that was started at `ctime` (guards against PID reuse)?"""
+    """Is `pid` still the process that was started at `ctime` (guards against PID reuse), and not a zombie?"""
     if not pid:
         return False
+    ticks = _START_TICKS.get((pid, ctime)) if ctime is not None else None
+    if ticks is not None:
+        fields = _stat_fields(pid)
+        return fields is not None and len(fields) > 19 and int(fields[19]) == ticks and fields[0] != b"Z"
     try:
         p = psutil.Process(pid)
         if ctime is not None and abs(p.create_time() - ctime) > 0.05:
             return False
-        return p.status() != psutil.STATUS_ZOMBIE
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
     except psutil.Error:
         return False
+    if ctime is not None:
+        fields = _stat_fields(pid)
+        if fields is not None and len(fields) > 19 and fields[0] != b"Z":
+            if len(_START_TICKS) >= 10_000:
+                _START_TICKS.clear()
+            # the same process as psutil's (its start time cannot change; a reused pid has another)
+            _START_TICKS[(pid, ctime)] = int(fields[19])
+    return True
 
 
 def _environ(pid: int) -> list[bytes]:
@@ -165,6 +192,8 @@ class ProcessRuntime(Runtime):
         self._gpu_minors: dict[int, int] | None = None
         self.start_timeout = start_timeout
         self._final: dict[tuple[str, int], WorkerStatus] = {}
+        self._specs: dict[tuple[str, int], dict] = {}  # a live attempt's environment and created_at (spec.json)
+        self._shims: dict[tuple[str, int], dict] = {}  # a live attempt's shim.json
         self._legacy: dict[tuple[str, int], str] = {}  # (identity, attempt) -> an older agent's folder name
         self._lock = threading.RLock()
         self._remover: threading.Thread | None = None  # deletes forgotten attempts' folders (_remove)
@@ -364,10 +393,16 @@ class ProcessRuntime(Runtime):
         if cached is not None:
             return cached
         d = self.dir(worker, attempt)
-        spec = _read_json(os.path.join(d, "spec.json"))
-        if spec is None and not os.path.isdir(d):
+        spec = self._specs.get(key)  # what status reads of spec.json, which an attempt never changes
+        if spec is None:
+            spec = _read_json(os.path.join(d, "spec.json"))
+            if spec is None and not os.path.isdir(d):
+                return None
+            spec = {"environment": spec.get("environment"), "created_at": spec.get("created_at")} if spec else {}
+            if spec.get("created_at") is not None:
+                self._specs[key] = spec
+        elif not os.path.isdir(d):
             return None
-        spec = spec or {}
         env_name = spec.get("environment")
         failed = _read_json(os.path.join(d, "failed.json"))
         if failed is not None:
@@ -383,7 +418,11 @@ class ProcessRuntime(Runtime):
                 started_at=started.get("started_at"), finished_at=exit_.get("finished_at"),
                 extra={"killed": exit_.get("killed"), "stop_requested": exit_.get("stop_requested"),
                        "oom": bool(exit_.get("oom")), "oom_limit_bytes": exit_.get("oom_limit_bytes")}))
-        shim = _read_json(os.path.join(d, "shim.json")) or {}
+        shim = self._shims.get(key)  # the shim's pid and start time: written once, again the same if wiped
+        if shim is None:
+            shim = _read_json(os.path.join(d, "shim.json")) or {}
+            if shim.get("shim_pid"):
+                self._shims[key] = shim
         shim_alive = _alive(shim.get("shim_pid"), shim.get("shim_create_time"))
         if started:
             if shim_alive:
@@ -422,6 +461,8 @@ class ProcessRuntime(Runtime):
 
     def _finalize(self, st: WorkerStatus) -> WorkerStatus:
         self._final[st.key] = st
+        self._specs.pop(st.key, None)
+        self._shims.pop(st.key, None)
         return st
 
     @staticmethod
@@ -557,6 +598,8 @@ class ProcessRuntime(Runtime):
         their folder within half a second; worker processes whose shim is gone (ASTRAEUS_WORKER_ID) are
         stopped, since nothing could report their exit."""
         self._final.clear()
+        self._specs.clear()
+        self._shims.clear()
         os.makedirs(self.workers_dir, exist_ok=True)
         shims = _scan_env(f"ASTRAEUS_SHIM_OWNER={self.owner}".encode())
         shim_ids: set[str] = set()
@@ -664,6 +707,8 @@ class ProcessRuntime(Runtime):
             raise RuntimeError(f"{worker} attempt {attempt} is still {st.state}")
         self._remove(self.dir(worker, attempt))
         self._final.pop((worker, int(attempt)), None)
+        self._specs.pop((worker, int(attempt)), None)
+        self._shims.pop((worker, int(attempt)), None)
         self._legacy.pop((worker, int(attempt)), None)
 
     def _remove(self, d: str) -> None:

@@ -5,6 +5,7 @@ worker user setting) or variants of what a `@both` test already covers."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -537,6 +538,51 @@ def test_the_workers_pid_1_holds_nothing_of_its_shim(rt, assignment):
     assert len([n for n in fds if n > 2]) == 2, fds
     end = rt.stop(a["worker"], 1, grace=2)
     assert end.signal == 15 and not pid_alive(init)
+
+
+PROBE_PID_1 = """
+import os, signal, sys, time
+out = {}
+for name, path in (("fd", "/proc/1/fd"), ("environ", "/proc/1/environ"), ("mem", "/proc/1/mem")):
+    try:
+        os.listdir(path) if name == "fd" else open(path, "rb").read(1)
+        out[name] = "read"
+    except OSError as e:
+        out[name] = e.errno
+for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):
+    try:
+        os.kill(1, sig)
+        out[sig.name] = "sent"
+    except OSError as e:
+        out[sig.name] = e.errno
+time.sleep(0.3)
+print(sorted(out.items()), flush=True)
+sys.exit(7)
+"""
+
+
+def test_the_worker_cannot_reach_its_pid_1(rt, assignment, tmp_path):
+    """PID 1 of the worker's namespace runs as the workspace's user once the view is built (it starts the command
+    with posix_spawn, which inherits that user), with no capabilities and not dumpable: the worker, the same user,
+    cannot open its descriptors, environment or memory, and its signals (SIGKILL, SIGSTOP, SIGTERM) do not touch
+    it (the kernel drops a namespace's signals to its init without a handler); the worker's own exit status is
+    what is reported."""
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE_PID_1)
+    a = assignment(command="python", args=[str(script)])
+    st = started(rt, a)
+    with open(f"/proc/{st.pid}/stat") as f:
+        init = int(f.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{init}/status") as f:
+        status = {ln.split(":")[0]: ln.split(":", 1)[1].split() for ln in f}
+    assert status["Uid"][0] != "0" and set(status["Uid"]) == {status["Uid"][0]}, status["Uid"]
+    assert int(status["CapEff"][0], 16) == 0 and int(status["CapBnd"][0], 16) == 0
+    assert status["NoNewPrivs"] == ["1"]
+    end = wait_for(lambda: (s := rt.status(a["worker"], 1)).final and s, timeout=30, what="the probe to end")
+    assert end.exit_code == 7, end
+    text = [ln.text for ln in rt.logs(a["worker"], 1)]
+    assert text == [str(sorted({"fd": errno.EACCES, "environ": errno.EACCES, "mem": errno.EACCES,
+                                "SIGKILL": "sent", "SIGSTOP": "sent", "SIGTERM": "sent"}.items()))], text
 
 
 def test_a_flooding_worker_keeps_at_most_its_log_bytes_on_the_machine(rt, assignment, monkeypatch):

@@ -566,16 +566,20 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None, k
         if timers:
             touched = _timers(cp, term, lease, at)
         replan = False
-        with cp.sessions() as session:
-            clusters = list(session.scalars(select(Cluster)))
         if kept is not None and touched:  # a timer changed something: read everything
             kept.clear()
+        extended: dict[int, tuple | None] = {}
+        with cp.sessions() as session:
+            clusters = list(session.scalars(select(Cluster)))
+            for cluster in clusters:  # the runs submitted since each kept snapshot, in the same read
+                k = kept.get(cluster.id) if kept is not None else None
+                if k is not None and k.fresh(at):
+                    extended[cluster.id] = k.extend(session, cluster.id)
         for cluster in clusters:
             k = kept.pop(cluster.id, None) if kept is not None else None
             got = None
-            if k is not None and k.fresh(at):
-                with cp.sessions() as session:
-                    got = k.extend(session, cluster.id)
+            if k is not None and cluster.id in extended:
+                got = extended[cluster.id]
                 if got is not None and got[0] is k.snap:
                     kept[cluster.id] = k  # nothing new: the plan would be the last one
                     continue
@@ -610,6 +614,9 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None, k
 
 
 TIMERS_EVERY = 0.25  # the loop's tick: how often it looks at lost machines and time limits when it is not woken
+# Cycles woken only by submits come at most this often: a burst's group commits (one wake each) are planned together.
+# A submit after a quiet spell is planned at once (the debounce only).
+SUBMITS_EVERY = 0.1
 
 
 class SchedulingLoop:
@@ -671,6 +678,11 @@ class SchedulingLoop:
                 full = woke or due
                 # asked (and reset) just before the cycle reads: a wake after this is seen by the next cycle
                 submits_only = n.woken_by_submits_only() and woke and not due if full else False
+                if submits_only:  # a burst of submits is planned at most every SUBMITS_EVERY seconds
+                    wait = SUBMITS_EVERY - (time.perf_counter() - self.last_cycle_end)
+                    if wait > 0:
+                        time.sleep(wait)
+                        submits_only = n.woken_by_submits_only()  # anything else meanwhile: a full read
                 touched = self.cycle_once(full=full, term=term, submits_only=submits_only)
                 self.last_cycle_end = time.perf_counter()
                 self.last_cycle_seconds = min(self.last_cycle_end - c0, 1.0)

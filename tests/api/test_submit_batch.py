@@ -101,3 +101,38 @@ def test_the_writer_ends_when_idle_and_the_next_submit_starts_another(app, monke
     assert w._thread is None
     assert app.client.post(f"{app.api}/runs", json=body("second"), headers=app.h()).status_code == 201
     assert app.client.get(f"{app.api}/runs/second", headers=app.h()).status_code == 200
+
+
+def test_submits_in_one_batch_are_each_authenticated_and_refused_as_the_request_alone_would_be(app):
+    """The writer authenticates its batch (submits.Batcher._authenticate): each request gets its own answer."""
+    admin = {"Authorization": f"Bearer {app.boot['admin_token']}"}
+    viewer = app.client.post("/api/v1/o/acme/tokens", json={"kind": "user", "workspace": "vision", "role": "viewer"},
+                             headers=admin).json()["token"]
+    callers = {"editor": (app.h(), app.api, 201, None),
+               "admin": (admin, app.api, 201, None),
+               "viewer": (app.h(viewer), app.api, 403, "FORBIDDEN"),
+               "machine": (app.h(app.boot["machine_token"]), app.api, 403, "FORBIDDEN"),
+               "bad": (app.h("ast_u_not-a-token"), app.api, 401, "UNAUTHENTICATED"),
+               "none": ({}, app.api, 401, "UNAUTHENTICATED"),
+               "elsewhere": (app.h(), "/api/v1/o/acme/w/nowhere", 404, "NOT_FOUND")}
+    got: dict[str, list] = {k: [] for k in callers}
+
+    def client(who: str) -> None:
+        headers, api, _, _ = callers[who]
+        for i in range(5):
+            r = app.client.post(f"{api}/runs", json=body(f"{who}-{i}"), headers=headers)
+            got[who].append((r.status_code, r.json().get("code") if r.status_code != 201 else None))
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in callers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for who, (_, _, status, code) in callers.items():
+        assert got[who] == [(status, code)] * 5, (who, got[who])
+    listed = app.client.get(f"{app.api}/runs", params={"limit": 1000}, headers=app.h()).json()["items"]
+    assert sorted(r["metadata"]["name"] for r in listed) == sorted(f"{w}-{i}" for w in ("editor", "admin")
+                                                                  for i in range(5))
+    # a bad body from a bad token is refused as unauthenticated first, as before
+    r = app.client.post(f"{app.api}/runs", json={"metadata": {}}, headers=app.h("ast_u_not-a-token"))
+    assert r.status_code == 401

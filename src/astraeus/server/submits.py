@@ -146,41 +146,43 @@ class Batcher:
             if any(it.run is not None for it in batch):  # only new plain runs: the loop may plan on what it kept
                 self.notifier.wake_scheduler(submits=not any(it.fallback for it in batch))
 
-    def _authenticate(self, batch: list[Submit]) -> list[Submit]:
+    def _authenticate(self, s, batch: list[Submit]) -> list[Submit]:
         """The callers of the submits not authenticated yet, as the request's WsCaller and require("editor") would
-        find them (the same refusals, each to its own submit), in one short read of the batch's own (the token and
-        the workspace once per distinct token and path in the batch), instead of one trip through the thread pool
-        and two statements per request. Returns the submits still to write."""
+        find them (the same refusals, each to its own submit), read in the batch's own session before its state
+        lock (the token and the workspace once per distinct token and path in the batch), instead of one trip
+        through the thread pool and two statements per request. Returns the submits still to write."""
         from astraeus.server.services import ApiError
 
         todo = [it for it in batch if it.ws_id is None]
         if todo:
             callers: dict[tuple, Caller | ApiError] = {}
-            with self.sessions() as s:
-                for it in todo:
-                    key = (it.authorization, it.org, it.ws)
-                    if key not in callers:
-                        try:
-                            callers[key] = editor(s, *key)
-                        except ApiError as e:
-                            callers[key] = e
-                    c = callers[key]
-                    if isinstance(c, ApiError):
-                        it.error = c
-                        continue
-                    it.caller = c
-                    it.ws_id, it.ws_name, it.ws_ns = c.workspace.id, c.workspace.name, c.workspace.ns
+            for it in todo:
+                key = (it.authorization, it.org, it.ws)
+                if key not in callers:
+                    try:
+                        callers[key] = editor(s, *key)
+                    except ApiError as e:
+                        callers[key] = e
+                c = callers[key]
+                if isinstance(c, ApiError):
+                    it.error = c
+                    continue
+                it.caller = c
+                it.ws_id, it.ws_name, it.ws_ns = c.workspace.id, c.workspace.name, c.workspace.ns
         return [it for it in batch if it.error is None]
 
     def _write(self, batch: list[Submit]) -> None:
         from astraeus.server.services import ApiError
 
-        batch = self._authenticate(batch)
-        if not batch:
-            return
         with self.sessions() as s, STATE_LOCK:
             try:
-                lock_state(s)
+                batch = self._authenticate(s, batch)
+                if not batch:
+                    s.rollback()
+                    return
+                # the callers' rows stay as read (the request answers with their names)
+                lock_state(s, keep=[x for it in batch if it.caller is not None
+                                    for x in (it.caller.token, it.caller.org, it.caller.workspace)])
                 targets: dict[tuple[int, str | None], tuple | ApiError] = {}
                 for it in batch:
                     key = (it.ws_id, it.parsed.spec.cluster)

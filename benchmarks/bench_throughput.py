@@ -11,6 +11,7 @@ command's stamp → finished (the agent reported the exit) → the next worker p
     python benchmarks/bench_throughput.py --jobs 200 --was /tmp/was   # also the code of another checkout (before)
     python benchmarks/bench_throughput.py --jobs 500 --no-slurm
     python benchmarks/bench_throughput.py --views 10   # only: 8 workers' views built at once, scratch vs prepared
+    python benchmarks/bench_throughput.py --runtime-starts 5 --repeat 4 --was /tmp/was   # only: the machine's side
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import shutil
 import sqlite3
 import statistics
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime
@@ -267,6 +270,57 @@ def _one_view(base: Path, template: tuple[int, str] | None, times: Path) -> None
     os._exit(0)
 
 
+def measure_runtime_starts(rounds: int, at_once: int = 8) -> dict:
+    """The machine's side alone, no control plane or agent: ProcessRuntime (as root: the worker's PID namespace,
+    view and user, as the agent runs it) starts `at_once` workers of `sh -c 'date +%s.%N'` at once, `rounds`
+    times; per worker, start() called → the shim's exit.json (its finished_at), p50 / p90 ms, and the shim's
+    started.json → finished_at (the command's run, end and reaping)."""
+    from astraeus.agent.runtime.process import ProcessRuntime
+
+    base = Path(tempfile.mkdtemp(prefix="astraeus-starts-"))
+    os.chmod(base, 0o777)
+    rt = ProcessRuntime(str(base / "state"), stop_grace=2)
+    share = {"host_path": str(base), "mount_path": str(base), "read_only": False, "create": False,
+             "granted_root": str(base)}
+    total: list[float] = []
+    ran: list[float] = []
+    t_all = time.time()
+    try:
+        for r in range(rounds):
+            t0: dict[int, float] = {}
+
+            def one(i: int, r: int = r, t0: dict = t0) -> None:
+                t0[i] = time.time()
+                rt.start({"worker": f"w-{r}-{i}", "attempt": 1, "run": "w", "desired": "Running", "image": "x",
+                          "command": "sh", "args": ["-c", "date +%s.%N"],
+                          "env": {"PATH": "/usr/local/bin:/usr/bin:/bin"}, "gpu_indices": [], "mounts": [share],
+                          "configs": []})
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(at_once)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for i in range(at_once):
+                while not (st := rt.status(f"w-{r}-{i}", 1)).final:
+                    time.sleep(0.002)
+                total.append((st.finished_at - t0[i]) * 1000)
+                if st.started_at:
+                    ran.append((st.finished_at - st.started_at) * 1000)
+                rt.forget(f"w-{r}-{i}", 1)
+        wall = time.time() - t_all
+    finally:
+        rt.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+    def q(v: list[float], f: float) -> float:
+        v = sorted(v)
+        return v[min(len(v) - 1, int(f * len(v)))] if v else float("nan")
+
+    return {"workers": len(total), "wall_s": wall, "p50_ms": q(total, 0.5), "p90_ms": q(total, 0.9),
+            "ran_p50_ms": q(ran, 0.5), "ran_p90_ms": q(ran, 0.9), "loadavg_1m": os.getloadavg()[0]}
+
+
 def print_side_by_side(results: list[dict]) -> None:
     floor = next((r for r in results if r["system"].startswith("xargs")), None)
     slurm = next((r for r in results if r["system"] == "slurm"), None)
@@ -294,7 +348,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--views", type=int, metavar="ROUNDS",
                     help="only measure the worker's view: ROUNDS rounds of 8 built at once, from scratch and from "
                          "the prepared one (as root)")
+    ap.add_argument("--runtime-starts", type=int, metavar="ROUNDS",
+                    help="only measure the machine's side (as root): ROUNDS rounds of 8 workers started at once "
+                         "through ProcessRuntime, start() → exit known; with --was, this code and each CHECKOUT's "
+                         "alternately, --repeat times")
+    ap.add_argument("--repeat", type=int, default=1, help="with --runtime-starts: how many alternations")
+    ap.add_argument("--runtime-starts-here", type=int, help=argparse.SUPPRESS)  # one measurement, in this process
     a = ap.parse_args(argv)
+    if a.runtime_starts_here:
+        print(json.dumps(measure_runtime_starts(a.runtime_starts_here)))
+        return
+    if a.runtime_starts:
+        here = Path(__file__).resolve().parent.parent
+        for _ in range(a.repeat):
+            for tree in [here, *map(Path, a.was)]:
+                env = dict(os.environ, PYTHONPATH=str(tree.resolve() / "src"))
+                out = subprocess.run([sys.executable, __file__, "--runtime-starts-here", str(a.runtime_starts)],
+                                     env=env, capture_output=True, text=True, check=True).stdout
+                r = json.loads(out.strip().splitlines()[-1])
+                name = "astraeus" if tree == here else f"was:{tree.name}"
+                print(f"{name}: {r['workers']} workers, 8 at once: start() → exit known {r['p50_ms']:.0f} / "
+                      f"{r['p90_ms']:.0f} ms p50 / p90, the command's run → exit known {r['ran_p50_ms']:.0f} / "
+                      f"{r['ran_p90_ms']:.0f} ms, {r['wall_s']:.2f} s in all (load average {r['loadavg_1m']:.1f})",
+                      flush=True)
+        return
     if a.views:
         for mode, r in measure_views(a.views).items():
             print(f"{mode}: {r['views']} views, 8 at once: {r['p50_ms']:.1f} / {r['p90_ms']:.1f} ms p50 / p90 "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import compress, filterfalse, repeat
-from operator import is_, itemgetter, not_
+from operator import is_, itemgetter
 
 from .cluster import Cluster, Shape, shape
 from .model import WaitingRun
@@ -139,9 +139,10 @@ class WhyNot:
             self._by_viewer = by
         return self._by_viewer.get(viewer, [])
 
-    def _open_lines(self, s, u: Unstarted, head_shown: str | None) -> tuple[list, object]:
+    def _open_lines(self, s, u: Unstarted, head_shown: str | None) -> tuple[list, object, tuple]:
         """The shape's lines in view B, with the machines where it would fit saying why it still waits: the
-        run's own reason, or that the room there is held for the head."""
+        run's own reason, or that the room there is held for the head; and what the lines depend on (equal for
+        equal lines: the grouped lines are made once per content, `_grouped_lines`)."""
         t, open_, named = self._template(s, True)
         out = list(t)
         names = self.cluster.names
@@ -154,7 +155,7 @@ class WhyNot:
             held_line = f"held for the head ({head_shown})"
             for i in open_:
                 out[i] = (names[i], held_line if i in held_short else fits)
-        return out, named
+        return out, named, (("open", s, fits, head_shown) if open_ else ("open", s))
 
     def lines(self, u: Unstarted, allowed_key: int) -> dict[str, tuple[tuple[str, str], ...]]:
         out = {}
@@ -173,9 +174,9 @@ class WhyNot:
             kv = (k, run.workspace)
             mine = self._lines.get(kv)
             if mine is None and self.grouped:
-                over = base[2] if len(base) > 2 else None  # grouped restricted lines: the overlay, not laid yet
+                # Grouped restricted lines come with their overlay, not laid yet.
                 mine = self._lines[kv] = self._grouped_lines(k, lines, named, allowed_key, u.avoid, run.workspace,
-                                                             over)
+                                                             base[2], base[3])
             elif mine is None:
                 # Lines are computed once with every holder unnamed; only machines where the viewer's own
                 # workspace holds GPUs (among the first three holders) are redone with names.
@@ -195,13 +196,17 @@ class WhyNot:
         return out
 
     def _grouped_lines(self, k: tuple, lines: tuple, named: dict, allowed_key: int, avoid: frozenset[int],
-                       viewer: str, over: dict[int, str] | None = None) -> tuple[tuple[str, str], ...]:
+                       viewer: str, over: dict[int, str] | None = None,
+                       content: tuple | None = None) -> tuple[tuple[str, str], ...]:
         """The worker's lines on a big cluster: the machines closest to fitting each with its line (holders named
         as `viewer` may see them), then one line per reason for all other machines. `over`: the reason of each
-        machine kept from the run, laid over `lines` (none of them keeps a line of its own)."""
-        hit = self._groups.get(k)
+        machine kept from the run, laid over `lines` (none of them keeps a line of its own). `content`: what
+        `lines` depend on, when known: workers with equal lines share their groups (on a full cluster the keys
+        that differ by view, quota or workers alone have the same lines)."""
+        gk = k if content is None else (content, allowed_key, avoid)
+        hit = self._groups.get(gk)
         if hit is None:
-            hit = self._groups[k] = self._group(lines, allowed_key, avoid, over)
+            hit = self._groups[gk] = self._group(lines, allowed_key, avoid, over)
         each, rest = hit
         names = self.cluster.names
         holders = self.holders
@@ -350,16 +355,16 @@ class WhyNot:
         else:
             t1, open1, _ = self._template(s, False)
             frees, short, _ = self._free_lines(s)
-            t = list(t1)
-            found = list(map(frees.__getitem__, open1))
-            still = list(map(is_, found, repeat(None)))
-            open_ = list(compress(open1, still))
-            closed = list(compress(open1, map(not_, still)))
-            for i in closed:
-                t[i] = (names[i], frees[i])
+            lines1 = list(map(_second, t1))  # None where open
+            # Each machine's line, or where it is None its free-room line, at C speed: a line found in `kept` is
+            # kept, None is not found there and gives the free-room line.
+            kept = {line: line for line in set(lines1) if line is not None}
+            lines = list(map(kept.get, lines1, frees))
+            t = list(zip(names, lines, strict=True))  # (name, None) where open: filled in by the caller
+            open_ = list(compress(range(len(lines)), map(is_, lines, repeat(None))))
             named: dict[int, str] = {}
-            if short:
-                gpus_short = list(filter(short.__contains__, closed))
+            if short:  # the machines short of GPUs have a free-room line: none of them is open
+                gpus_short = list(filter(short.__contains__, open1))
                 named = dict(zip(gpus_short, map(short.__getitem__, gpus_short), strict=True))
             hit = (t, open_, named)
         self._templates[k] = hit
@@ -367,7 +372,9 @@ class WhyNot:
 
     def _compute(
         self, run: WaitingRun, s: Shape, u: Unstarted, head_shown: str | None, allowed_key: int
-    ) -> tuple[tuple, dict]:
+    ) -> tuple[tuple, dict, dict | None, tuple | None]:
+        """(the lines, the machines short of GPUs (holders to name), on a grouped cluster the overlay of a
+        restricted run not laid yet, what the lines depend on or None)."""
         c = self.cluster
         excluded = dict(run.excluded_machines)
         selection = run.node_selection
@@ -383,9 +390,9 @@ class WhyNot:
                 out = list(t)
                 for i in open_:
                     out[i] = (names[i], quota)
-                return tuple(out), named
-            out, named = self._open_lines(s, u, head_shown)
-            return tuple(out), named
+                return tuple(out), named, None, (("quota", s, quota) if open_ else ("quota", s))
+            out, named, content = self._open_lines(s, u, head_shown)
+            return tuple(out), named, None, content
         chosen = c.selected_set(selection)
         if FROM_TEMPLATE and not excluded and quota is None and not avoid:
             return self._restricted(s, u, head_shown, allowed_key, None if any_machine else chosen, restricted)
@@ -424,7 +431,7 @@ class WhyNot:
                 else:
                     line = fits
             out.append((name, line))
-        return tuple(out), named
+        return tuple(out), named, None, None
 
     def _restricted(self, s: Shape, u: Unstarted, head_shown: str | None, allowed_key: int,
                     chosen: frozenset[int] | None, restricted: dict[int, str] | None) -> tuple:
@@ -442,18 +449,19 @@ class WhyNot:
                 idx = list(filterfalse(over.__contains__, filter(c.schedulable.__getitem__, restricted)))
                 over.update(zip(idx, map(restricted.__getitem__, idx), strict=True))
             self._overlays[allowed_key] = over
-        out, named_t = self._open_lines(s, u, head_shown)
+        out, named_t, content = self._open_lines(s, u, head_shown)
         if self.grouped:
             # Grouped: only the machines the run may use (none laid over) keep a line; `_group` reads the reasons
-            # of the others from the overlay (no (name, line) pair made for each of them).
-            return tuple(out), named_t, over
+            # of the others from the overlay (no (name, line) pair made for each of them). The overlay is the
+            # allowed key's, which keys the groups too.
+            return tuple(out), named_t, over, ("over", content)
         if not over:
-            return tuple(out), named_t
+            return tuple(out), named_t, None, None
         names = self.cluster.names
         for i, line in over.items():
             out[i] = (names[i], line)
         named = {i: p for i, p in named_t.items() if i not in over}
-        return tuple(out), named
+        return tuple(out), named, None, None
 
     @staticmethod
     def _fits_line(u: Unstarted) -> str:

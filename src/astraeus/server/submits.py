@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy import insert, select
+from sqlalchemy.orm.attributes import set_committed_value
 
 from astraeus import spec as S
 from astraeus.server import lifecycle
@@ -216,8 +217,8 @@ class Batcher:
 
 def _values(row, table) -> dict:
     """The row's column values as its INSERT writes them, as a flush would: what was set, else the column's default
-    (kept on the object too: the run is answered from it); a column left None is left out (SQL NULL: a JSON
-    column given None would store JSON's null)."""
+    (which the object then holds as its committed value, as after a flush: the run is answered from it); a column
+    left None is left out (SQL NULL: a JSON column given None would store JSON's null)."""
     out = {}
     state = row.__dict__
     for col in table.columns:
@@ -228,7 +229,7 @@ def _values(row, table) -> dict:
         if key not in state:
             d = col.default
             value = None if d is None else (d.arg(None) if d.is_callable else d.arg)
-            setattr(row, key, value)
+            set_committed_value(row, key, value)  # what the row holds once inserted (no change of its own)
         if value is not None:
             out[key] = value
     return out

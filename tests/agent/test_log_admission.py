@@ -47,30 +47,35 @@ def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path,
                 return any("log lines deferred" in r.getMessage() for r in caplog.records)
 
             refused: list[httpx.Response] = []
-            for _ in range(5):  # the agent's own batch may be one of those held: then again
-                # Stores on SQLite take the process's state lock: held here, the stores in flight wait for it and
-                # the batches behind them fill the admission; the agent's next batch is refused.
-                held: list[threading.Thread] = []
-                with STATE_LOCK:
-                    def filler():
-                        with httpx.Client(timeout=30) as fc:
-                            r = fc.post(f"{server['url']}/api/v1/agent/logs", json={"machine": "gpu-01", "lines": []},
-                                        headers={"Authorization": f"Bearer {agent.credential}"})
-                            if r.status_code == 429:
-                                refused.append(r)
-                    for _ in range(LOG_STORES_AT_ONCE + LOG_STORES_WAITING + 1):
-                        t = threading.Thread(target=filler)
-                        t.start()
-                        held.append(t)
-                    wait_for(lambda: refused, timeout=10, what="a batch refused: the admission full")
-                    try:
-                        wait_for(deferred, timeout=3, what="the agent's batch refused")
-                    except AssertionError:
-                        pass
+            # Stores on SQLite take the process's state lock: held here, the stores in flight wait for it and the
+            # batches behind them fill the admission; then the agent's next batch is refused. The agent's own
+            # shipping is held back (its ship lock, taken once its batch in flight is answered) until the
+            # admission is full, so that its next batch comes after the others, not among those held.
+            agent.ship_lock.acquire()
+            STATE_LOCK.acquire()
+            shipping_held = True
+            held: list[threading.Thread] = []
+            try:
+                def filler():
+                    with httpx.Client(timeout=60) as fc:
+                        r = fc.post(f"{server['url']}/api/v1/agent/logs", json={"machine": "gpu-01", "lines": []},
+                                    headers={"Authorization": f"Bearer {agent.credential}"})
+                        if r.status_code == 429:
+                            refused.append(r)
+                for _ in range(LOG_STORES_AT_ONCE + LOG_STORES_WAITING + 1):
+                    t = threading.Thread(target=filler)
+                    t.start()
+                    held.append(t)
+                wait_for(lambda: refused, timeout=20, what="a batch refused: the admission full")
+                agent.ship_lock.release()  # now the agent's next batch finds the admission full
+                shipping_held = False
+                wait_for(deferred, timeout=20, what="the agent's batch refused")
+            finally:
+                if shipping_held:
+                    agent.ship_lock.release()
+                STATE_LOCK.release()
                 for t in held:
-                    t.join(timeout=30)
-                if deferred():
-                    break
+                    t.join(timeout=60)
             assert deferred(), "the agent never had a batch refused"
             r = refused[0]
             assert r.headers["Retry-After"] == str(LOG_RETRY_AFTER)

@@ -157,6 +157,15 @@ def workspace_caller(session: Session, tok: Token, org_name: str, ws_name: str) 
     return Caller(tok, org, ws, tok.role)
 
 
+def user_caller(session: Session, authorization: str | None, org_name: str, ws_name: str) -> Caller:
+    """The caller of a workspace's user endpoint from its Authorization header (routers/deps.ws_caller, and the
+    group-commit writer for a batch's submits): a machine token is refused."""
+    tok = authenticate(session, authorization)
+    if tok.kind == "machine":
+        raise ApiError(403, "FORBIDDEN", "a machine token cannot call user endpoints")
+    return workspace_caller(session, tok, org_name, ws_name)
+
+
 def org_admin_caller(session: Session, tok: Token, org_name: str) -> Caller:
     org = session.scalar(select(Org).where(Org.name == org_name))
     if org is None or tok.org_id != org.id:

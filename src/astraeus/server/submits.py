@@ -277,12 +277,8 @@ def _insert(s, accepted: list[Submit]) -> None:
 def editor(s, authorization: str | None, org: str, ws: str) -> Caller:
     """The caller of a submit to workspace `org`/`ws` (routers/deps.ws_caller), who must be an editor."""
     from astraeus.server import services
-    from astraeus.server.services import ApiError
 
-    tok = services.authenticate(s, authorization)
-    if tok.kind == "machine":
-        raise ApiError(403, "FORBIDDEN", "a machine token cannot call user endpoints")
-    caller = services.workspace_caller(s, tok, org, ws)
+    caller = services.user_caller(s, authorization, org, ws)
     services.require(caller, "editor")
     return caller
 

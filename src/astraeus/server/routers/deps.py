@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from astraeus.server import agents, services
 from astraeus.server.core import ControlPlane
 from astraeus.server.db import Machine, Token
-from astraeus.server.services import ApiError, Caller, tx
+from astraeus.server.services import Caller, tx
 
 __all__ = ["CP", "AdminCaller", "AgentTok", "Base", "Sess", "Tok", "WsCaller", "control_plane", "machine_names",
            "now", "session", "tx"]
@@ -74,10 +74,7 @@ Tok = Annotated[Token, Depends(token)]
 
 
 def ws_caller(org: str, ws: str, s: Sess, authorization: Annotated[str | None, Header()] = None) -> Caller:
-    tok = services.authenticate(s, authorization)  # here, not as a dependency of its own: one thread hop, not two
-    if tok.kind == "machine":
-        raise ApiError(403, "FORBIDDEN", "a machine token cannot call user endpoints")
-    caller = services.workspace_caller(s, tok, org, ws)
+    caller = services.user_caller(s, authorization, org, ws)  # authenticated here: one thread hop, not two
     services.hand_back_connection(s)  # see machine_token in routers/agent.py
     return caller
 

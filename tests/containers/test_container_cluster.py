@@ -72,6 +72,10 @@ def test_pull_failures_are_start_failures_with_clear_reasons(ccluster, registry,
     w = ccluster.wait_for(lambda: (x := ccluster.worker("pull-retry-0"))["reason"].startswith("Restarting")
                           and x, 60, what="a restart")
     assert "failed to start: image" in w["reason"] and "restart 1 of 1" in w["reason"]
+    # the module's cluster is shared: a run left waiting to restart (priority 0) would preempt the next test's
+    # low-priority run itself, and that worker would read "pull-retry", not the run the test submitted
+    with ccluster.client() as h:
+        assert h.delete("/runs/pull-retry").json()["deleted"] is True
 
 
 def test_the_workspaces_registry_credentials_are_what_the_machine_pulls_with(ccluster, private_registry):

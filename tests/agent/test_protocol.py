@@ -3,6 +3,8 @@ assignment's way from the server's model, over HTTP, into the agent's."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -172,3 +174,36 @@ def test_the_log_loop_leaves_an_ended_attempts_last_lines_to_its_report(tmp_path
         assert [ln.text for ln in agent._collect_logs(None)[0]] == ["one", "two"]
     finally:
         rt.close()
+
+
+def test_an_exit_report_wakes_no_long_poll_of_its_own_machine(server, tmp_path):
+    """A worker's end, reported by its agent, does not answer that machine's long-poll (the answer would only
+    drop the worker the agent knows has ended): the next placement there does, else the next poll, after which
+    the agent forgets the attempt."""
+    from sqlalchemy import select
+
+    from astraeus.server.db import Machine
+
+    h = {"Authorization": f"Bearer {server['token']}"}
+    run = {"metadata": {"name": "quiet"}, "spec": {"task_template": {
+        "image": "python:3.11", "command": "sh", "args": ["-c", "sleep 1"], "restart_policy": "Never",
+        "requested_resources": {"cpu_cores": 1, "gpu_requests": {"count": 1}}}}}
+    assert httpx.post(server["api"] + "/runs", json=run, headers=h).status_code == 201
+    agent = Agent(server["url"], server["machine_token"], "gpu-01", gpus=1, cpu_cores=8, memory_bytes=64 << 30,
+                  state_dir=str(tmp_path / "agent"), stop_grace=0, poll_wait=3, stop_workers_on_exit=True)
+    agent.start()
+    try:
+        wait_for(lambda: httpx.get(server["api"] + "/workers/quiet-0", headers=h).json()["state"] == "Running",
+                 timeout=20, what="the worker running")
+        with server["cp"].sessions() as s:
+            mid = s.scalar(select(Machine.id).where(Machine.name == "gpu-01"))
+        seen = server["cp"].notifier.machine_version(mid)
+        wait_for(lambda: httpx.get(server["api"] + "/workers/quiet-0", headers=h).json()["state"] == "Succeeded",
+                 timeout=20, what="the worker's end")
+        time.sleep(0.3)
+        assert server["cp"].notifier.machine_version(mid) == seen
+        key = next(iter(agent.assignments or {}))
+        # the long-poll's own timeout answers it: the ended attempt is no longer assigned, and is forgotten
+        wait_for(lambda: agent.runtime.status(*key) is None, timeout=10, what="the ended attempt forgotten")
+    finally:
+        agent.shutdown()

@@ -107,11 +107,11 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
             # the last lines of the attempts it says ended, first: their end may release them from this machine
             stored = agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines) \
                 if body.lines else 0
-            keepers: set[int] = set()
-            changed = agents.report(s, m, body, time.time(), keepers)
-            mid = m.id
+            told: set[int] = set()  # the machines whose agents must hear now (agents.report)
+            changed = agents.report(s, m, body, time.time(), told)
+    if told:
+        cp.notifier.bump_machines(told)
     if changed:
-        cp.notifier.bump_machines([mid, *keepers])
         cp.notifier.wake_scheduler()
     if changed or stored:
         cp.notifier.bump_logs()

@@ -219,6 +219,7 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
                                      "unreachable): try again in a few seconds")
         raise exc
     app.add_middleware(RetryConflicts)
+    app.add_middleware(runs.PlainSubmits, cp=cp)  # a plain submit: answered here, ahead of routing and dependencies
     app.add_middleware(BodyLimit, limit=cp.settings.max_body_bytes)
     for module in ROUTERS:
         app.include_router(module.router)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated
 
+import anyio
 from anyio import to_thread
-from fastapi import APIRouter, Body, Header, Query, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
@@ -47,7 +50,7 @@ def document_run_body(app) -> None:
 @router.post("/runs", status_code=201, responses={200: {"description": "dry_run=true: what the run would do now "
                                                                          "(nothing is stored)"}})
 async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annotated[dict, Body()],
-                     response: Response,
+                     response: Response, request: Request,
                      dry_run: Annotated[bool, Query(description="Answer what the run would do if submitted now "
                                                                 "(starts where, preempts whom, starts by when, "
                                                                 "waits behind whom) and store nothing; refusals "
@@ -70,14 +73,13 @@ async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annot
     except Exception:
         await caller()  # refused as unauthenticated (or not found) first, as before its body is judged
         raise
-    if submits.batchable(parsed):  # group commit (server/submits.py)
+    if submits.batchable(parsed) and not request.scope.get(UNBATCHED):  # group commit (server/submits.py)
         it = await cp.submits.submit_async(submits.Submit(None, None, None, parsed, now(), authorization=authorization,
                                                           org=org, ws=ws))
         if it.error is not None:
             raise it.error
-        c = it.caller
-        if not it.fallback:  # plain JSON already: answered as is, without FastAPI's jsonable_encoder
-            return JSONResponse(services.run_view(it.run, c.org, c.workspace, it.cluster, base, [], {}, c.role), 201)
+        if not it.fallback:
+            return submitted(it, base)
     c = await caller()
     org, ws = c.org, c.workspace
 
@@ -89,6 +91,81 @@ async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annot
     out = await to_thread.run_sync(write)
     cp.notifier.wake_scheduler()
     return out
+
+
+def submitted(it: submits.Submit, base: str) -> JSONResponse:
+    """A plain submit's 201, once its batch committed: plain JSON already, answered as is, without FastAPI's
+    jsonable_encoder."""
+    c = it.caller
+    return JSONResponse(services.run_view(it.run, c.org, c.workspace, it.cluster, base, [], {}, c.role), 201)
+
+
+UNBATCHED = "astraeus.unbatched"  # in a request's scope: its group commit fell back, submit it on its own
+SUBMIT_PATH = re.compile(r"/api/v1/o/([^/]+)/w/([^/]+)/runs")
+assert PREFIX + "/runs" == "/api/v1/o/{org}/w/{ws}/runs", "SUBMIT_PATH follows the route's path"
+
+
+class PlainSubmits:
+    """POST /runs for a plain submit (what create_run sends to the group commit), answered ahead of FastAPI's
+    middlewares, routing and dependency solving: the body is read, decoded and checked as create_run's `Body()`
+    and parse_run_body would, the submit waits for its batch on the event loop, and the answer is create_run's
+    (the run's 201, or the refusal's {"code", "message"}). Everything else goes on to the app as it came (the
+    body replayed): another path or method, a query (dry_run), a body that is not a JSON object of a valid plain
+    run (its 422 is create_run's, after authentication), a template, drives, pools..., and a submit whose batch
+    could not be written (then submitted on its own, UNBATCHED). Pure ASGI, inside BodyLimit."""
+
+    def __init__(self, app, cp):
+        self.app, self.cp = app, cp
+
+    async def __call__(self, scope, receive, send):
+        if (scope["type"] != "http" or scope["method"] != "POST" or scope.get("query_string")
+                or scope.get("root_path") or not scope["path"].endswith("/runs")):
+            return await self.app(scope, receive, send)
+        m = SUBMIT_PATH.fullmatch(scope["path"])
+        if m is None:
+            return await self.app(scope, receive, send)
+        authorization, plain = None, True
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                if authorization is None:
+                    authorization = v.decode("latin-1")
+            elif k == b"content-type":
+                plain = plain and v == b"application/json"
+        messages, more = [], True
+        while more:
+            msg = await receive()
+            messages.append(msg)
+            if msg["type"] != "http.request":
+                return await self.app(scope, _replay(messages), send)
+            more = msg.get("more_body", False)
+        parsed = None
+        if plain:
+            try:
+                parsed = services.parse_run_body(json.loads(b"".join(msg.get("body", b"") for msg in messages)))
+            except Exception:  # not JSON, not an object, not a valid run: create_run says why, as it always has
+                parsed = None
+        if parsed is None or not submits.batchable(parsed):
+            return await self.app(scope, _replay(messages), send)
+        it = await self.cp.submits.submit_async(submits.Submit(None, None, None, parsed, now(),
+                                                               authorization=authorization,
+                                                               org=m.group(1), ws=m.group(2)))
+        if it.fallback:
+            return await self.app({**scope, UNBATCHED: True}, _replay(messages), send)
+        if isinstance(it.error, services.ApiError):
+            answer = JSONResponse({"code": it.error.code, "message": it.error.message}, it.error.status)
+        elif it.error is not None:
+            raise it.error
+        else:
+            answer = submitted(it, self.cp.settings.console_base())
+        await answer(scope, receive, send)
+
+
+def _replay(messages: list):
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await anyio.sleep_forever()  # only a disconnect could come after the body; none will
+    return receive
 
 
 @router.get("/runs")

@@ -84,6 +84,7 @@ class Batcher:
         self._q: queue.Queue[Submit] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
+        self._conn = None  # the writer's own connection, kept from batch to batch while its thread lives
         self.batches = 0  # how many transactions, and how many submits in them (for the benchmark)
         self.submits = 0
 
@@ -123,6 +124,7 @@ class Batcher:
                 with self._start:  # idle: the thread ends (the next submit starts another)
                     if self._q.empty():
                         self._thread = None
+                        self._hand_back()
                         return
                 continue
             batch = [first]
@@ -136,6 +138,7 @@ class Batcher:
             except BaseException:  # nothing of the batch was kept: each submits on its own (and is checked again
                 for it in batch:     # there: a refusal may have come from a batch-mate that was not written)
                     it.run, it.cluster, it.error, it.fallback = None, None, None, True
+                self._hand_back()  # it may be the connection that failed: the next batch takes another
             finally:
                 for it in batch:
                     it.done.set()
@@ -146,6 +149,22 @@ class Batcher:
                             pass
             if any(it.run is not None for it in batch):  # only new plain runs: the loop may plan on what it kept
                 self.notifier.wake_scheduler(submits=not any(it.fallback for it in batch))
+
+    def _session(self):
+        """A session on the writer's own connection: taken from the pool once, not per batch (a checkout pings
+        PostgreSQL first, a round trip per batch). Each batch is its own transaction on it, committed or rolled
+        back before the next."""
+        if self._conn is None:
+            self._conn = self.sessions.kw["bind"].connect()
+        return self.sessions(bind=self._conn)
+
+    def _hand_back(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a broken connection: the pool drops it
+                pass
 
     def _authenticate(self, s, batch: list[Submit]) -> list[Submit]:
         """The callers of the submits not authenticated yet, as the request's WsCaller and require("editor") would
@@ -175,7 +194,7 @@ class Batcher:
     def _write(self, batch: list[Submit]) -> None:
         from astraeus.server.services import ApiError
 
-        with self.sessions() as s, STATE_LOCK:
+        with self._session() as s, STATE_LOCK:
             try:
                 batch = self._authenticate(s, batch)
                 if not batch:

@@ -14,7 +14,11 @@ the latency of each submit (p50/p99).
 - The server's CPU time per submit (psutil: user + system of the server process over the measured submits) is
   printed beside the rate: what a submit costs, whatever else shares the cores.
 
+- `--processes N`: PostgreSQL also measured with `astraeus server --processes N` (SO_REUSEPORT replicas; the CPU
+  is that of all N).
+
     .venv/bin/python benchmarks/bench_submit.py [--runs 1000] [--clients 8] [--slurm-jobs 500] [--was SRC]
+                                                [--processes N]
 
 Prints a table and the ratios to Slurm. It asserts nothing.
 """
@@ -64,11 +68,19 @@ def figures(system: str, latencies: list[float], wall: float, cpu_s: float | Non
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time of a process so far (user + system): what it costs, whatever else shares the machine's cores."""
+    """CPU time of a process and its children so far (user + system; `--processes`: the server's other processes):
+    what it costs, whatever else shares the machine's cores."""
     import psutil
 
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
+    p = psutil.Process(pid)
+    total = 0.0
+    for q in [p, *p.children(recursive=True)]:
+        try:
+            t = q.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def hammer(n: int, clients: int, submit_factory) -> tuple[list[float], float]:
@@ -111,7 +123,8 @@ def hammer(n: int, clients: int, submit_factory) -> tuple[list[float], float]:
 # ------------------------------------------------------------------------------------------------ Astraeus
 
 
-def start_server(home: Path, database_url: str | None, src: str | None) -> tuple[subprocess.Popen, dict]:
+def start_server(home: Path, database_url: str | None, src: str | None,
+                 processes: int = 1) -> tuple[subprocess.Popen, dict]:
     env = dict(os.environ)
     if database_url:
         env["ASTRAEUS_DATABASE_URL"] = database_url
@@ -122,7 +135,8 @@ def start_server(home: Path, database_url: str | None, src: str | None) -> tuple
             # (uvicorn's "auto" would pick them up from this virtualenv), on asyncio's loop and h11
             env["PYTHONPATH"] = f"{_without_uvloop()}{os.pathsep}{src}"
     port = free_port()
-    proc = subprocess.Popen([str(BIN / "astraeus"), "server", "--home", str(home), "--port", str(port)], env=env,
+    more = ["--processes", str(processes)] if processes > 1 else []
+    proc = subprocess.Popen([str(BIN / "astraeus"), "server", "--home", str(home), "--port", str(port), *more], env=env,
                             stdout=subprocess.DEVNULL, stderr=open(os.environ.get("BENCH_SERVER_LOG", os.devnull), "a"))
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -150,7 +164,8 @@ def _without_uvloop() -> str:
     return str(d)
 
 
-def measure_astraeus(database: str, runs: int, clients: int, src: str | None = None, label: str = "") -> dict:
+def measure_astraeus(database: str, runs: int, clients: int, src: str | None = None, label: str = "",
+                     processes: int = 1) -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"bench-submit-{database}-"))
     url = None
     if database == "postgresql":
@@ -160,7 +175,7 @@ def measure_astraeus(database: str, runs: int, clients: int, src: str | None = N
         with psycopg.connect(PG_ADMIN, autocommit=True) as c:
             c.execute(f"CREATE DATABASE {name}")
         url = f"postgresql://postgres@127.0.0.1:5432/{name}"
-    proc, v = start_server(home, url, src)
+    proc, v = start_server(home, url, src, processes if database == "postgresql" else 1)
     try:
         # One machine joins (through the agent API, as an agent would), so runs queue on a real cluster.
         httpx.post(v["ASTRAEUS_SERVER"] + "/api/v1/agent/register", timeout=10,
@@ -242,6 +257,8 @@ def main() -> None:
     ap.add_argument("--slurm-jobs", type=int, default=500, help="0: no Slurm (e.g. not root)")
     ap.add_argument("--databases", default="sqlite,postgresql")
     ap.add_argument("--was", help="also measure a server started from this checkout's src (before/after)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="PostgreSQL: also measure `astraeus server --processes N` (this checkout), after the rest")
     a = ap.parse_args()
     load = os.getloadavg()[0]
     print(f"Submit rate: {a.runs} runs (Slurm: {a.slurm_jobs} held jobs) from {a.clients} concurrent clients, "
@@ -262,6 +279,9 @@ def main() -> None:
             results += [mean_of(pair[0], pair[3]), mean_of(pair[1], pair[2])]
         else:
             results.append(measure_astraeus(db, a.runs, a.clients))
+        if db == "postgresql" and a.processes > 1:
+            results.append(measure_astraeus(db, a.runs, a.clients, label=f" ({a.processes} processes)",
+                                            processes=a.processes))
     if a.slurm_jobs:  # again at the end: the load on a shared machine drifts
         slurm.append(measure_slurm(a.slurm_jobs, a.clients))
         results.append(slurm[-1])

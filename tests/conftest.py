@@ -4,6 +4,7 @@ PostgreSQL for the API tests."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -265,6 +266,16 @@ def postgres_url() -> str:
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
 
 
+def postgres_copy(template_url: str) -> str:
+    """A fresh database on the local PostgreSQL made as a copy of `template_url`'s (CREATE DATABASE ... TEMPLATE)."""
+    import psycopg
+
+    name = "astraeus_test_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_url.rsplit('/', 1)[1]}")
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+
+
 def drop_postgres(url: str) -> None:
     import psycopg
 
@@ -301,10 +312,43 @@ def make_app(tmp_path: Path, database_url: str | None, run_loop: bool = True):
     return TestClient(create_app(settings, cp, run_loop=run_loop)), boot, cp, settings.url()
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory) -> Path:
+    """A SQLite database migrated to the newest revision once per session, for the in-process apps to copy (each
+    test's control plane still opens it with db.migrate, which finds it at head). tests/migrations start from
+    empty databases and older revisions instead."""
+    from astraeus.server import db
+
+    path = tmp_path_factory.mktemp("migrated") / "astraeus.db"
+    engine = db.make_engine(f"sqlite:///{path}")
+    db.migrate(engine)
+    engine.dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres():
+    """A PostgreSQL database migrated once per session: the template each in-process app's database is copied from."""
+    from astraeus.server import db
+
+    url = postgres_url()
+    engine = db.make_engine(url)
+    db.migrate(engine)
+    engine.dispose()  # CREATE DATABASE ... TEMPLATE needs the template without connections
+    yield url
+    drop_postgres(url)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def app(request, tmp_path):
-    """The control plane in process, on SQLite and on PostgreSQL."""
-    url = postgres_url() if request.param == "postgresql" else None
+    """The control plane in process, on SQLite and on PostgreSQL, each test on a database of its own (a copy of
+    one migrated once per session)."""
+    if request.param == "postgresql":
+        url = postgres_copy(request.getfixturevalue("migrated_postgres"))
+    else:
+        url = None
+        (tmp_path / "home").mkdir()
+        shutil.copyfile(request.getfixturevalue("migrated_sqlite"), tmp_path / "home" / "astraeus.db")
     client, boot, cp, real_url = make_app(tmp_path, url)
     with client:
         yield App(client, boot, cp, real_url)

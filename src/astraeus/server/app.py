@@ -13,6 +13,7 @@ import anyio
 import anyio.to_thread
 from fastapi import FastAPI
 
+from astraeus.server.asgi import replay
 from astraeus.server.core import ControlPlane, Settings
 from astraeus.server.loop import SchedulingLoop
 from astraeus.server.routers import (
@@ -146,7 +147,7 @@ class RetryConflicts:
         while more:
             msg = await receive()
             if msg["type"] != "http.request":
-                return await self.app(scope, _replay([msg]), send)
+                return await self.app(scope, replay([msg]), send)
             body.append(msg)
             more = msg.get("more_body", False)
         for attempt in range(self.tries):
@@ -158,7 +159,7 @@ class RetryConflicts:
                 await send(msg)
 
             try:
-                return await self.app(scope, _replay(list(body)), guarded)
+                return await self.app(scope, replay(list(body)), guarded)
             except Exception as e:
                 if started or attempt == self.tries - 1 or not _conflict(e):
                     raise
@@ -174,14 +175,6 @@ def _unreachable(exc: BaseException) -> bool:
     code = getattr(exc.orig, "sqlstate", None) or ""
     return exc.connection_invalidated or code.startswith("08") or code in ("57P01", "57P02", "57P03") or (
         not code and type(exc.orig).__name__ == "OperationalError")
-
-
-def _replay(messages: list):
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await anyio.sleep_forever()  # only a disconnect could come after the body; none will
-    return receive
 
 
 def create_app(settings: Settings | None = None, cp: ControlPlane | None = None, run_loop: bool = True) -> FastAPI:

@@ -6,7 +6,6 @@ import json
 import re
 from typing import Annotated
 
-import anyio
 from anyio import to_thread
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -15,8 +14,10 @@ from sqlalchemy import select
 from astraeus import spec as S
 from astraeus.server import bodies as B
 from astraeus.server import services, submits, whatif
+from astraeus.server.asgi import replay
 from astraeus.server.db import Cluster, Machine
 from astraeus.server.routers.deps import CP, Base, Sess, WsCaller, machine_names, now, tx, ws_caller
+from astraeus.server.routers.errors import error_json
 from astraeus.server.routers.events import PAGE_DEFAULT, Cursor, Limit, decode_cursor, page
 from astraeus.server.routers.workspace import PREFIX
 from astraeus.server.services import Caller
@@ -136,7 +137,7 @@ class PlainSubmits:
             msg = await receive()
             messages.append(msg)
             if msg["type"] != "http.request":
-                return await self.app(scope, _replay(messages), send)
+                return await self.app(scope, replay(messages), send)
             more = msg.get("more_body", False)
         parsed = None
         if plain:
@@ -145,27 +146,19 @@ class PlainSubmits:
             except Exception:  # not JSON, not an object, not a valid run: create_run says why, as it always has
                 parsed = None
         if parsed is None or not submits.batchable(parsed):
-            return await self.app(scope, _replay(messages), send)
+            return await self.app(scope, replay(messages), send)
         it = await self.cp.submits.submit_async(submits.Submit(None, None, None, parsed, now(),
                                                                authorization=authorization,
                                                                org=m.group(1), ws=m.group(2)))
         if it.fallback:
-            return await self.app({**scope, UNBATCHED: True}, _replay(messages), send)
+            return await self.app({**scope, UNBATCHED: True}, replay(messages), send)
         if isinstance(it.error, services.ApiError):
-            answer = JSONResponse({"code": it.error.code, "message": it.error.message}, it.error.status)
+            answer = error_json(it.error.status, it.error.code, it.error.message)  # as errors.install answers
         elif it.error is not None:
             raise it.error
         else:
             answer = submitted(it, self.cp.settings.console_base())
         await answer(scope, receive, send)
-
-
-def _replay(messages: list):
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await anyio.sleep_forever()  # only a disconnect could come after the body; none will
-    return receive
 
 
 @router.get("/runs")

@@ -44,10 +44,13 @@ install: $(STAMP)
 demo: install demo-deps
 	$(BIN)/python -m astraeus.demo
 
-# Starts PostgreSQL if it is not up (dev machines and CI have it installed), then the whole suite.
+# Starts PostgreSQL if it is not up (dev machines and CI have it installed), then the whole suite, its files side
+# by side on TEST_WORKERS processes (most tests wait on real processes, not on the CPU; each file's tests run in
+# order on one of them: tests/conftest.py's SHARED_GROUPS). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 4
 test: install system-deps
 	@pg_isready -h 127.0.0.1 -p 5432 -q || (pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start && sleep 2) || true
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m 'not faults and not browser' -x

@@ -24,6 +24,20 @@ settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+# `make test` runs the suite's files side by side (pytest-xdist: -n 4 --dist loadgroup), each file's tests in
+# order on one worker. Files that share something outside their tmp_path are one group, run one after the other
+# on the same worker: the page's checkpoint folder /data/astraeus/ft-ckpt, which the recipe and the sbatch
+# template remove and write, and the CLI's and the console's drive tests create.
+SHARED_GROUPS = {"tests/e2e/test_recipe.py": "ft-ckpt", "tests/e2e/test_sbatch_template.py": "ft-ckpt",
+                 "tests/cli/test_commands.py": "ft-ckpt", "tests/console/test_browser.py": "ft-ckpt"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(path, path)))
+
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"

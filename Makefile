@@ -44,13 +44,17 @@ install: $(STAMP)
 demo: install demo-deps
 	$(BIN)/python -m astraeus.demo
 
-# Starts PostgreSQL if it is not up (dev machines and CI have it installed), then the whole suite, its files side
+# Starts PostgreSQL if it is not up (dev machines and CI have it installed), then the whole suite: its files side
 # by side on TEST_WORKERS processes (most tests wait on real processes, not on the CPU; each file's tests run in
-# order on one of them: tests/conftest.py's SHARED_GROUPS). TEST_WORKERS=0 runs everything in one process.
+# order on one of them, tests/conftest.py's SHARED_GROUPS together), then the tests marked `serial` alone.
+# TEST_WORKERS=0 runs the first part in one process.
 TEST_WORKERS ?= 4
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 test: install system-deps
 	@pg_isready -h 127.0.0.1 -p 5432 -q || (pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start && sleep 2) || true
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+	@$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m 'not serial'; side=$$?; \
+	  $(PYTEST) -m serial; alone=$$?; \
+	  echo "make test: side by side exit $$side, serial exit $$alone"; test $$side = 0 -a $$alone = 0
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m 'not faults and not browser' -x

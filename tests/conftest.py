@@ -24,18 +24,29 @@ settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-# `make test` runs the suite's files side by side (pytest-xdist: -n 4 --dist loadgroup), each file's tests in
+# `make test` runs the suite's files side by side (pytest-xdist: -n 4 --dist loadfile), each file's tests in
 # order on one worker. Files that share something outside their tmp_path are one group, run one after the other
 # on the same worker: the page's checkpoint folder /data/astraeus/ft-ckpt, which the recipe and the sbatch
-# template remove and write, and the CLI's and the console's drive tests create.
+# template remove and write, and the CLI's and the console's drive tests create. A test that touches what every
+# test uses (it restarts the local PostgreSQL) is marked `serial`: `make test` runs those after, alone.
 SHARED_GROUPS = {"tests/e2e/test_recipe.py": "ft-ckpt", "tests/e2e/test_sbatch_template.py": "ft-ckpt",
                  "tests/cli/test_commands.py": "ft-ckpt", "tests/console/test_browser.py": "ft-ckpt"}
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(path, path)))
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with SHARED_GROUPS' files as one scope (xdist's own loadgroup cannot read its marks from
+    pytest 9's node ids)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_GROUPS.get(path, path)
+
+    return FileGroups(config, log)
 
 
 ROOT = Path(__file__).resolve().parents[1]

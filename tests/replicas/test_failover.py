@@ -468,7 +468,7 @@ def test_state_machine_through_the_replicas(replicas):
 
 # ------------------------------------------------------------------------------------ PostgreSQL restarted
 # Last in this file, and short: `pg_ctlcluster 15 main restart` cuts every connection to the local PostgreSQL,
-# other tests' too.
+# other tests' too: marked `serial`, run by `make test` alone after the others.
 
 
 def _pg_restart() -> subprocess.CompletedProcess:
@@ -477,6 +477,7 @@ def _pg_restart() -> subprocess.CompletedProcess:
 
 @pytest.mark.faults
 @pytest.mark.postgres
+@pytest.mark.serial
 def test_postgresql_restarted_under_load(replicas):
     if subprocess.run(["which", "pg_ctlcluster"], capture_output=True).returncode:
         pytest.skip("pg_ctlcluster not installed: PostgreSQL is not the local Debian cluster")

@@ -281,6 +281,9 @@ def test_a_worker_no_longer_assigned_here_reads_so_before_sigterm(tmp_path, assi
         agent.set_assignments(1, [a])
         agent.reconcile()
         wait_for(lambda: (tmp_path / "ready").exists(), timeout=30, what="the worker to run")
+        # its start done: a worker still starting is not stopped by this pass (the agent's loop stops it at its
+        # next pass, which this test does not run; under load the start's thread can lag the worker's first lines)
+        wait_for(lambda: not agent.starting, timeout=30, what="the agent to finish starting it")
         agent.set_assignments(2, [])  # the control plane no longer puts it here
         agent.reconcile()
         got = json.loads(wait_for(lambda: (tmp_path / "why").exists() and (tmp_path / "why").read_text(),

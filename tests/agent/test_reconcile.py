@@ -75,6 +75,7 @@ def test_unassigned_worker_is_stopped_and_new_attempt_waits_for_it(tmp_path, ass
     agent.reconcile()
     p1 = wait_for(lambda: (s := _status(agent, ("w-0", 1))) and s.state == RUNNING and s).pid
     wait_for(lambda: (tmp_path / "ignoring").exists())
+    wait_for(lambda: not agent.starting)  # its start done: a worker still starting is left to the loop's next pass
     # a partition heals: attempt 1 is no longer assigned here, attempt 2 is
     a2 = assignment(command="python", args=["-c", "import time; time.sleep(30)"], worker="w-0", attempt=2)
     _assign(agent, 2, a2)

@@ -148,8 +148,9 @@ class Cluster:
 
 def start_cluster(home: Path, *, gpus: int = 8, machines: int = 1, stop_grace: float = 2.0,
                   extra_args: list[str] | None = None, env: dict | None = None, timeout: float = 60) -> Cluster:
-    """`astraeus up` in a fresh home: the real control plane and real agents, with a short stop grace."""
-    port = free_port()
+    """`astraeus up` in a fresh home: the real control plane and real agents, with a short stop grace. A port that
+    another process took between free_port() and the server's bind (the suite runs its files side by side) is
+    tried again with another."""
     e = dict(os.environ)
     e["ASTRAEUS_STOP_GRACE"] = str(stop_grace)
     e["ASTRAEUS_HEARTBEAT"] = "1"
@@ -158,7 +159,22 @@ def start_cluster(home: Path, *, gpus: int = 8, machines: int = 1, stop_grace: f
     e.setdefault("ASTRAEUS_RUNTIME", "process")
     e.update(env or {})
     home.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):
+        try:
+            return _up(home, e, gpus, machines, extra_args, timeout)
+        except PortTaken:
+            (home / "env").unlink(missing_ok=True)
+    raise RuntimeError("astraeus up found its port taken three times")
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def _up(home: Path, e: dict, gpus: int, machines: int, extra_args: list[str] | None, timeout: float) -> Cluster:
+    port = free_port()
     log = open(home / "up.log", "ab")
+    start = log.tell()
     cmd = [str(VENV_BIN / "astraeus"), "up", "--home", str(home), "--port", str(port), "--gpus", str(gpus),
            "--machines", str(machines), *(extra_args or [])]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
@@ -166,7 +182,10 @@ def start_cluster(home: Path, *, gpus: int = 8, machines: int = 1, stop_grace: f
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"astraeus up exited with {proc.returncode}: {(home / 'up.log').read_text()[-3000:]}")
+            said = (home / "up.log").read_bytes()[start:].decode(errors="replace")
+            if f"address ('127.0.0.1', {port}): address already in use" in said:
+                raise PortTaken(port)
+            raise RuntimeError(f"astraeus up exited with {proc.returncode}: {said[-3000:]}")
         if (home / "env").exists():
             c.vars = read_env(home / "env")
             if "API" in c.vars:

@@ -106,8 +106,10 @@ def test_the_lease_is_taken_renewed_and_expires_by_the_database_clock(pg, tmp_pa
 def test_a_replica_whose_lease_was_taken_applies_nothing(pg, tmp_path):
     """Fencing, deterministically: replica A leads at epoch 1, replica B takes the lease (epoch 2); A's cycle in
     its old term places nothing and its fence refuses; B's places the run."""
-    a = _cp(tmp_path, pg, "a")
-    b = _cp(tmp_path, pg, "b")
+    # leases long enough that B's own does not run out before its cycle on a loaded machine (A's is released
+    # by hand, as if it had run out)
+    a = _cp(tmp_path, pg, "a", lease=30.0)
+    b = _cp(tmp_path, pg, "b", lease=30.0)
     boot = bootstrap(a, "acme", "vision", "main", ["/data/astraeus"])
     client = TestClient(create_app(a.settings, a, run_loop=False))
     api = "/api/v1/o/acme/w/vision"

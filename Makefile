@@ -54,7 +54,7 @@ test: install system-deps
 	@pg_isready -h 127.0.0.1 -p 5432 -q || (pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start && sleep 2) || true
 	@$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m 'not serial'; side=$$?; \
 	  $(PYTEST) -m serial; alone=$$?; \
-	  echo "make test: side by side exit $$side, serial exit $$alone"; test $$side = 0 -a $$alone = 0
+	  echo "make test: the suite exit $$side, the serial tests exit $$alone"; test $$side = 0 -a $$alone = 0
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m 'not faults and not browser' -x

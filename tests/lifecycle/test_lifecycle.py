@@ -119,12 +119,20 @@ def test_a_crash_looping_worker_backs_off_and_says_when_it_restarts(cluster):
     assert max(shown[2]) <= 20 and shown[2] == sorted(shown[2], reverse=True) and len(set(shown[2])) > 5, shown
     # In History: each failure with its delay, and the next start no sooner than that delay (and not at the loop's
     # next 15 s pass: the loop wakes when the backoff ends).
+    # (On a loaded machine the 60 s may end while restart 2 still waits out its 20 s: then it has no start yet.)
     hist = run["status"]["history"]
+    restarts = run["status"]["workers"][0]["restarts"]
     at = [datetime.fromisoformat(h["time"].replace("Z", "+00:00")).timestamp() for h in hist]
+    lines = [h["reason"] for h in hist]
     for n, delay in ((1, 10), (2, 20)):
-        i = next(i for i, h in enumerate(hist) if h["reason"] == f"Failed (exit code 3); restart {n} of 10 in {delay}s")
-        j = next(j for j in range(i, len(hist)) if hist[j]["state"] == "Starting")
-        assert delay <= at[j] - at[i] <= delay + 4, (n, hist)
+        line = f"Failed (exit code 3); restart {n} of 10 in {delay}s"
+        assert line in lines, (line, hist)
+        i = lines.index(line)
+        j = next((j for j in range(i, len(hist)) if hist[j]["state"] == "Starting"), None)
+        if j is None:
+            assert n == restarts, (n, hist)  # only the last failure may still be waiting
+            continue
+        assert delay <= at[j] - at[i] <= delay + 6, (n, hist)
 
 
 def test_never_does_not_restart(shared_cluster):

@@ -188,6 +188,11 @@ def history(session: Session, run: Run, state: str, reason: str, at: float) -> N
     session.add(History(run_id=run.id, time=at, state=str(state), reason=reason))
 
 
+def submitted_message(name: str, priority: int) -> str:
+    """The RunSubmitted event's words (services.submit_run, and the group-commit writer's batches)."""
+    return f"{name} submitted at priority {priority}"
+
+
 def event(session: Session, workspace_id: int | None, kind: str, obj: str, message: str, at: float) -> None:
     session.add(Event(workspace_id=workspace_id, time=at, kind=kind, object=obj, message=message))
 

@@ -196,7 +196,7 @@ class Kept:
         self.wss: dict[int, str] | None = None
 
     def fresh(self, at: float) -> bool:
-        if at - self.built_at > min(self.MAX_AGE, 15.0) or at < self.built_at:
+        if at - self.built_at > self.MAX_AGE or at < self.built_at:
             return False
         return not any(self.built_at < t <= at for r in self.snap.reservations for t in (r.start, r.end)
                        if t is not None)

@@ -537,7 +537,8 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float, *
     session.add(run)
     session.flush()  # the run's id, for its history line
     lifecycle.history(session, run, "Pending", "Submitted", at)
-    lifecycle.event(session, ws.id, "RunSubmitted", name, f"{name} submitted at priority {body.spec.priority}", at)
+    lifecycle.event(session, ws.id, "RunSubmitted", name, lifecycle.submitted_message(name, body.spec.priority),
+                    at)
     session.flush()
     run.cluster_row = cluster
     return run

@@ -289,7 +289,7 @@ def _insert(s, accepted: list[Submit]) -> None:
                                            "reason": "Submitted"} for it in accepted])
     s.execute(insert(Event.__table__), [
         {"workspace_id": it.ws_id, "time": it.at, "kind": "RunSubmitted", "object": it.parsed.metadata.name,
-         "message": f"{it.parsed.metadata.name} submitted at priority {it.parsed.spec.priority}"}
+         "message": lifecycle.submitted_message(it.parsed.metadata.name, it.parsed.spec.priority)}
         for it in accepted])
 
 

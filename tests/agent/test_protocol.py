@@ -176,6 +176,30 @@ def test_the_log_loop_leaves_an_ended_attempts_last_lines_to_its_report(tmp_path
         rt.close()
 
 
+def test_an_agent_that_shuts_down_stops_its_shim_launcher_and_its_workers_run_on(tmp_path):
+    """The shim launcher is the agent's own idle interpreter: it ends with the agent's shutdown (not only when the
+    agent's process exits), while a worker it started runs on (the agent, started again, adopts it)."""
+    from astraeus.agent.runtime.process import ProcessRuntime
+
+    rt = ProcessRuntime(str(tmp_path / "state"), stop_grace=1)
+    agent = Agent("http://127.0.0.1:9", "token", "gpu-01", runtime=rt, gpus=1, cpu_cores=1, memory_bytes=1 << 30,
+                  state_dir=str(tmp_path / "state"), stop_grace=1)
+    a = Assignment(worker="ws-0123456789ab.long-0", name="long-0", attempt=1, run="long",
+                   workspace="ws-0123456789ab", workspace_number=5, image="python:3.11", command="sleep",
+                   args=["60"], env={"ASTRAEUS_JOB_NAME": "ws-0123456789ab.long"})
+    try:
+        rt.start(a)
+        wait_for(lambda: rt.status(a.worker, 1).state == "Running", what="the worker running")
+        launcher = rt.launcher.proc
+        assert launcher is not None and launcher.poll() is None
+        agent.shutdown()
+        assert launcher.wait(timeout=5) is not None  # the launcher has exited
+        assert rt.status(a.worker, 1).state == "Running"
+    finally:
+        rt.stop(a.worker, 1, grace=0)
+        rt.close()
+
+
 def test_an_exit_report_wakes_no_long_poll_of_its_own_machine(server, tmp_path):
     """A worker's end, reported by its agent, does not answer that machine's long-poll (the answer would only
     drop the worker the agent knows has ended): the next placement there does, else the next poll, after which

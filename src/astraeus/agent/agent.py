@@ -929,6 +929,7 @@ class Agent:
         for t in self.threads:
             t.join(timeout=0.2 if t.name == "agent-poll" else 5)  # a long-poll may hold the poll thread
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.runtime.close()  # e.g. the process runtime's shim launcher (an idle interpreter; the shims run on)
         if self.exporter is not None:  # nothing is exported by an agent that is not running
             try:
                 self.exporter.stop()

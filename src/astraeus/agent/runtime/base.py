@@ -107,3 +107,6 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def forget(self, worker: str, attempt: int) -> None:
         """Drop an ended attempt's records and logs."""
+
+    def close(self) -> None:  # noqa: B027 (a runtime with nothing of its own to stop has nothing to do)
+        """The agent is shutting down: stop what the runtime runs for itself (not the workers, which run on)."""

@@ -593,10 +593,12 @@ def test_a_flooding_worker_keeps_at_most_its_log_bytes_on_the_machine(rt, assign
     rt.start(a)
     shipped, offset = [], 0
     while True:  # read as the agent does, while the worker writes
+        # (its state before the read: ended then, nothing it wrote comes after the read; read after, a loaded
+        # machine could let it write its last lines and end between the two)
+        final = rt.status(a["worker"], 1).final
         batch, offset = rt.read_logs(a["worker"], 1, offset, limit=200)
         shipped += batch
-        st = rt.status(a["worker"], 1)
-        if st.final and not batch:
+        if final and not batch:
             break
         if not batch:
             time.sleep(0.01)

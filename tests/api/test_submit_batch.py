@@ -65,12 +65,47 @@ def test_one_batch_refuses_each_submit_for_its_own_reason_and_writes_the_rest_in
     assert got == [("a", None), (None, "ALREADY_EXISTS"), (None, "PRIORITY_NOT_ALLOWED"), (None, "ALREADY_EXISTS"),
                    ("c", None)]
     assert "namespace" in batch[2].error.message and "maximum of 0" in batch[2].error.message
+    # a name taken before the batch (found by the runs' INSERT) and one taken by a batch-mate: submit_run's words
+    assert batch[1].error.status == batch[3].error.status == 409
+    assert batch[1].error.message == ("a run named before already exists in workspace vision: choose another "
+                                      "metadata.name, or delete it first")
     for n in ("a", "c"):
         run = app.client.get(f"{app.api}/runs/{n}", headers=app.h()).json()
         assert run["status"]["state"] == "Pending" or run["status"]["state"] == "Running"
         assert run["status"]["history"][0]["reason"] == "Submitted"
         assert [w["index"] for w in run["status"]["workers"]] == [0]
     assert app.client.get(f"{app.api}/runs/b", headers=app.h()).status_code == 404
+
+
+def test_a_batch_whose_every_name_is_taken_writes_nothing(app):
+    for n in ("x", "y"):
+        assert app.client.post(f"{app.api}/runs", json=body(n), headers=app.h()).status_code == 201
+    events = len(app.client.get(f"{app.api}/events", params={"limit": 1000}, headers=app.h()).json()["items"])
+    w = app.cp.submits
+    n0 = w.batches
+    batch = [item(app, "x"), item(app, "y", priority=-5)]
+    w._write(batch)
+    assert w.batches == n0 and [it.run for it in batch] == [None, None]
+    assert [it.error.code for it in batch] == ["ALREADY_EXISTS", "ALREADY_EXISTS"]
+    assert len(app.client.get(f"{app.api}/events", params={"limit": 1000}, headers=app.h()).json()["items"]) == events
+    assert app.client.get(f"{app.api}/runs/y", headers=app.h()).json()["spec"]["priority"] == 0  # the first one
+    # once deleted, the name is free again, in a batch too
+    assert app.client.delete(f"{app.api}/runs/x", headers=app.h()).status_code == 200
+    again = [item(app, "x", priority=-5)]
+    w._write(again)
+    assert again[0].error is None and again[0].run.name == "x"
+    assert app.client.get(f"{app.api}/runs/x", headers=app.h()).json()["spec"]["priority"] == -5
+
+
+def test_too_much_memory_is_refused_after_a_taken_name_as_submit_run_does(app):
+    huge = body("big")
+    huge["spec"]["task_template"]["requested_resources"]["memory_bytes"] = 2**63
+    assert not submits.batchable(S.RunCreate.model_validate(huge))  # the usual way: its checks in their order
+    r = app.client.post(f"{app.api}/runs", json=huge, headers=app.h())
+    assert r.status_code == 422 and "memory_bytes: too large" in r.json()["message"]
+    assert app.client.post(f"{app.api}/runs", json=body("big"), headers=app.h()).status_code == 201
+    r = app.client.post(f"{app.api}/runs", json=huge, headers=app.h())
+    assert r.status_code == 409 and r.json()["code"] == "ALREADY_EXISTS"
 
 
 def test_a_run_that_names_a_template_or_a_drive_goes_the_usual_way():

@@ -355,6 +355,12 @@ def _cluster_for(session: Session, caller: Caller, name: str | None) -> tuple[Cl
     return cluster_for(session, caller.workspace.id, caller.workspace.name, name)
 
 
+def name_taken(name: str, ws_name: str) -> ApiError:
+    """The refusal of a run whose name a live run of the workspace has (submit_run, the group-commit writer)."""
+    return ApiError(409, "ALREADY_EXISTS", f"a run named {name} already exists in workspace {ws_name}: "
+                                           f"choose another metadata.name, or delete it first")
+
+
 def cluster_for(session: Session, ws_id: int, ws_name: str, name: str | None) -> tuple[Cluster, Access]:
     """The cluster a run goes to (the one named, else the workspace's first) and the workspace's access to it."""
     q = select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id).where(Access.workspace_id == ws_id)
@@ -518,9 +524,7 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float, *
     check_node_selection(session, caller, cluster, access, tt.requested_resources, at)
     name = body.metadata.name
     if session.scalar(select(Run.id).where(Run.workspace_id == ws.id, Run.name == name, Run.live_key == "")):
-        raise ApiError(409, "ALREADY_EXISTS",
-                       f"a run named {name} already exists in workspace {ws.name}: "
-                       f"choose another metadata.name, or delete it first")
+        raise name_taken(name, ws.name)
     gpus, cpu, mem = S.worker_resources(tt)
     if mem > 2**63 - 1:  # what the database holds (and far beyond any machine)
         raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "

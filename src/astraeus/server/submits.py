@@ -4,11 +4,11 @@ thread, and each is answered once that transaction has committed.
 Each submit costs, on its own, a transaction: the state lock (and on PostgreSQL the advisory lock, a round trip),
 its checks, four INSERTs and a commit (a WAL flush on PostgreSQL). Submitted at once by several clients, they
 queue on the state lock one behind the other. Here the writer takes every submit waiting (up to MAX_BATCH), takes
-the locks once, reads each workspace's cluster and access once and the names taken once, then checks each submit
-in the order it arrived as submit_run would (the same refusals, each to its own request: a name taken by an
-earlier submit of the same batch is a 409 as it would have been one after the other), writes the accepted runs
-and their workers in one flush (one multi-row INSERT per table), their history lines and events in a second, and
-commits once.
+the locks once, reads each workspace's cluster and access once, then checks each submit in the order it arrived
+as submit_run would (the same refusals, each to its own request: a name taken by an earlier submit of the same
+batch is a 409 as it would have been one after the other), writes the accepted runs (one multi-row INSERT that
+skips a name a live run already has: that submit's 409), their workers, history lines and events (one INSERT per
+table), and commits once.
 
 Only plain submits come here: a run that names a template, drives, pools, a reservation, a dependency or a job
 array goes the usual way (services.submit_run_body in its own transaction), as does everything else that submits
@@ -26,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm.attributes import set_committed_value
 
 from astraeus import spec as S
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from astraeus.server.services import Caller
 
 MAX_BATCH = 256
+MAX_MEMORY_BYTES = 2**63 - 1  # what the database holds per worker (services.submit_run refuses more)
 IDLE_SECONDS = 5.0  # the writer thread ends after this long without a submit
 FALLBACK = object()  # the batch could not be written: submit this one on its own
 
@@ -54,7 +57,11 @@ def batchable(parsed: S.RunCreate | None) -> bool:
         return False
     rr = tt.requested_resources
     sel = rr.node_selection if rr is not None else None
-    return not (sel is not None and (sel.pools or sel.reservation))
+    if sel is not None and (sel.pools or sel.reservation):
+        return False
+    # too much memory for the database: submit_run refuses it after the name check, which a batch makes only
+    # when it writes (the refusals would come in another order)
+    return rr is None or S.worker_resources(tt)[2] <= MAX_MEMORY_BYTES
 
 
 @dataclass
@@ -208,24 +215,22 @@ class Batcher:
                     key = (it.ws_id, it.parsed.spec.cluster)
                     if key not in targets:
                         targets[key] = _cluster_for(s, it.ws_id, it.ws_name, it.parsed.spec.cluster)
+                # the names this batch takes, per workspace (a name taken before it is found by the runs' INSERT)
                 taken: dict[int, set[str]] = {}
-                for ws_id in {it.ws_id for it in batch}:
-                    names = [it.parsed.metadata.name for it in batch if it.ws_id == ws_id]
-                    taken[ws_id] = set(s.scalars(select(Run.name).where(
-                        Run.workspace_id == ws_id, Run.live_key == "", Run.name.in_(names))))
                 accepted: list[Submit] = []
                 for it in batch:
                     try:
                         it.run, it.cluster = _check_and_build(it, targets[(it.ws_id, it.parsed.spec.cluster)],
-                                                              taken[it.ws_id])
+                                                              taken.setdefault(it.ws_id, set()))
                     except ApiError as e:
                         it.error = e
                         continue
                     accepted.append(it)
+                if accepted:
+                    accepted = _insert(s, accepted)
                 if not accepted:
                     s.rollback()
                     return
-                _insert(s, accepted)
                 s.commit()
                 self.batches += 1
                 self.submits += len(accepted)
@@ -262,19 +267,37 @@ def _groups(rows: list[dict]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _insert(s, accepted: list[Submit]) -> None:
+def _insert(s, accepted: list[Submit]) -> list[Submit]:
     """The accepted runs, their workers, history lines and events, as Core INSERTs (one multi-row statement per
-    table, no ORM unit of work): the runs' ids come back in order (RETURNING) and are set on the objects, which
-    stay out of the session (transient: each request answers from its own; its workers' ids are not read)."""
+    table, no ORM unit of work): the runs' ids come back (RETURNING) and are set on the objects, which stay out of
+    the session (transient: each request answers from its own; its workers' ids are not read).
+
+    A run whose name a live run of its workspace already has is not inserted (ON CONFLICT DO NOTHING on the
+    unique workspace, name and live key: the check and the write in one statement, under the state lock): its
+    submit is refused as submit_run refuses it, and nothing of it is written. Returns the submits written."""
     from astraeus.server.db import Event, History, Worker
+    from astraeus.server.services import name_taken
 
     runs_t, workers_t = Run.__table__, Worker.__table__
     rows = [_values(it.run, runs_t) for it in accepted]
+    upsert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+    got: dict[tuple[int, str], int] = {}
     for group in _groups(rows):
-        ids = s.execute(insert(runs_t).returning(runs_t.c.id, sort_by_parameter_order=True),
-                        [rows[i] for i in group]).scalars().all()
-        for i, rid in zip(group, ids, strict=True):
-            accepted[i].run.id = rid
+        stmt = upsert(runs_t).on_conflict_do_nothing(index_elements=["workspace_id", "name", "live_key"])
+        got.update(((ws, name), rid) for rid, ws, name in s.execute(
+            stmt.returning(runs_t.c.id, runs_t.c.workspace_id, runs_t.c.name), [rows[i] for i in group]))
+    written = []
+    for it in accepted:
+        rid = got.get((it.ws_id, it.run.name))
+        if rid is None:
+            it.run, it.cluster = None, None
+            it.error = name_taken(it.parsed.metadata.name, it.ws_name)
+            continue
+        it.run.id = rid
+        written.append(it)
+    accepted = written
+    if not accepted:
+        return accepted
     workers = []
     for it in accepted:
         for w in it.run.workers:
@@ -291,6 +314,7 @@ def _insert(s, accepted: list[Submit]) -> None:
         {"workspace_id": it.ws_id, "time": it.at, "kind": "RunSubmitted", "object": it.parsed.metadata.name,
          "message": lifecycle.submitted_message(it.parsed.metadata.name, it.parsed.spec.priority)}
         for it in accepted])
+    return accepted
 
 
 def editor(s, authorization: str | None, org: str, ws: str) -> Caller:
@@ -314,8 +338,8 @@ def _cluster_for(s, ws_id: int, ws_name: str, name: str | None):
 
 def _check_and_build(it: Submit, target, taken: set[str]) -> tuple[Run, Cluster]:
     """submit_run's checks, in its order (the role was checked by the request), and the new run with its
-    workers; `taken` gains its name."""
-    from astraeus.server.services import ApiError
+    workers; `taken` gains its name. (A name taken before the batch is found by its INSERT: _insert.)"""
+    from astraeus.server.services import ApiError, name_taken
 
     if isinstance(target, ApiError):
         raise target
@@ -328,13 +352,8 @@ def _check_and_build(it: Submit, target, taken: set[str]) -> tuple[Run, Cluster]
     tt = body.spec.task_template
     name = body.metadata.name
     if name in taken:
-        raise ApiError(409, "ALREADY_EXISTS",
-                       f"a run named {name} already exists in workspace {it.ws_name}: "
-                       f"choose another metadata.name, or delete it first")
+        raise name_taken(name, it.ws_name)
     gpus, cpu, mem = S.worker_resources(tt)
-    if mem > 2**63 - 1:
-        raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
-                                       "ask for at most 2^63-1 bytes per worker")
     taken.add(name)
     spec = body.spec.model_dump(mode="json")
     if spec.get("template") is None:

@@ -44,16 +44,23 @@ install: $(STAMP)
 demo: install demo-deps
 	$(BIN)/python -m astraeus.demo
 
-# Starts PostgreSQL if it is not up (dev machines and CI have it installed), then the whole suite, then the tests
-# marked `serial` alone. TEST_WORKERS=4 runs the files side by side (most tests wait on real processes, not on the
-# CPU; each file's tests in order on one worker, tests/conftest.py's SHARED_GROUPS together): ~15 min instead of
-# ~58 here, but a few timing-sensitive tests still fail now and then under that load, so one process is the default.
-TEST_WORKERS ?= 0
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+# Starts PostgreSQL if it is not up (dev machines and CI have it installed), then the whole suite with the files
+# side by side (TEST_WORKERS processes; most tests wait on real processes, not on the CPU; each file's tests in
+# order on one worker, tests/conftest.py's SHARED_GROUPS together): ~20 min on 2 cores instead of ~58 in one
+# process (TEST_WORKERS=0). Under that load a timing-sensitive test may fail now and then: the tests that failed
+# side by side run again, alone, in one process, and the output names them (a test that fails alone too fails
+# make test). Then the tests marked `serial` (they restart PostgreSQL under everyone) alone.
+TEST_WORKERS ?= 4
+TEST_CACHE := build/pytest-cache
+PYTEST := $(BIN)/python -m pytest -q
 test: install system-deps
 	@pg_isready -h 127.0.0.1 -p 5432 -q || (pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start && sleep 2) || true
-	@$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m 'not serial'; side=$$?; \
-	  $(PYTEST) -m serial; alone=$$?; \
+	@rm -rf $(TEST_CACHE); \
+	  $(PYTEST) -o cache_dir=$(TEST_CACHE) -n $(TEST_WORKERS) --dist loadfile -m 'not serial'; side=$$?; \
+	  if [ $$side = 1 ] && [ "$(TEST_WORKERS)" != 0 ]; then \
+	    echo "make test: the tests that failed side by side, again alone in one process:"; \
+	    $(PYTEST) -o cache_dir=$(TEST_CACHE) -rfEp --lf --lfnf=none -m 'not serial'; side=$$?; fi; \
+	  $(PYTEST) -p no:cacheprovider -m serial; alone=$$?; \
 	  echo "make test: the suite exit $$side, the serial tests exit $$alone"; test $$side = 0 -a $$alone = 0
 
 test-fast: install

@@ -188,15 +188,16 @@ def max_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def constrained_table(machines: int, running: int, sizes: list[int], cycles: int) -> None:
-    """Per size: plan() with a third of the runs constrained, and the same runs unconstrained, side by side."""
+def constrained_table(machines: int, running: int, sizes: list[int], cycles: int, fixed: int | None = None) -> None:
+    """Per size: plan() with a third of the runs constrained, and the same runs unconstrained, side by side
+    (`fixed`: that many timed cycles at every size)."""
     print(f"cluster: {machines:,} machines x 8 GPUs, {running:,} running units; a third of the waiting runs "
           "constrained (label, names, pool, GPU model); the same runs unconstrained for the ratio")
     print(f"{'waiting':>8} {'cycles':>6} {'p50 ms':>8} {'p99 ms':>8} {'cpu p50':>8} {'peak MiB':>9} {'starts':>7} "
           f"{'| plain p50':>11} {'plain cpu':>10} {'plain MiB':>10} {'cpu ratio':>10}")
     for n in sizes:
         snap = make_cluster(machines, running, n, constrained=True)
-        k = cycles if n <= 10_000 else max(3, cycles // 4)
+        k = fixed or (cycles if n <= 10_000 else max(3, cycles // 4))
         f = cycle_figures(snap, k)
         b = cycle_figures(unconstrained(snap), k)
         print(f"{n:>8,} {k:>6} {f['p50_ms']:>8.1f} {f['p99_ms']:>8.1f} {f['cpu_p50_ms']:>8.1f} {f['peak_mib']:>9.1f} "
@@ -262,9 +263,15 @@ def main() -> None:
                     help="10,000 machines x 8 GPUs, 10k/50k/100k waiting runs, a third constrained")
     ap.add_argument("--against", metavar="SRC",
                     help="with --scale: another checkout's src/ folder, its plan() interleaved with this one's")
+    ap.add_argument("--cycles", type=int, metavar="N",
+                    help="with --scale: N timed cycles at every size (default 5 at 10k and 3 above, 5 each with "
+                         "--against): more cycles, a steadier p50")
     args = ap.parse_args()
+    if args.cycles is not None and args.cycles < 1:
+        ap.error("--cycles: give a number of cycles >= 1")
     if args.scale and args.against:
         sizes, cycles = ([1_000, 5_000, 10_000], 3) if args.quick else ([10_000, 50_000, 100_000], 5)
+        cycles = args.cycles or cycles
         paired_table(load_against(args.against), 1_000 if args.quick else 10_000, 5_000 if args.quick else 50_000,
                      sizes, cycles)
         return
@@ -272,7 +279,7 @@ def main() -> None:
         if args.quick:
             constrained_table(1_000, 5_000, [1_000, 5_000, 10_000], 3)
         else:
-            constrained_table(10_000, 50_000, [10_000, 50_000, 100_000], 5)
+            constrained_table(10_000, 50_000, [10_000, 50_000, 100_000], 5, args.cycles)
         return
     if args.constrained:
         if args.quick:

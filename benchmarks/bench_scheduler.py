@@ -277,7 +277,7 @@ def main() -> None:
         return
     if args.scale:
         if args.quick:
-            constrained_table(1_000, 5_000, [1_000, 5_000, 10_000], 3)
+            constrained_table(1_000, 5_000, [1_000, 5_000, 10_000], 3, args.cycles)
         else:
             constrained_table(10_000, 50_000, [10_000, 50_000, 100_000], 5, args.cycles)
         return

@@ -211,6 +211,7 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
             return errors.error_json(503, "UNAVAILABLE", "the database is not answering (restarting or "
                                      "unreachable): try again in a few seconds")
         raise exc
+    app.add_middleware(agent.PlainReports, cp=cp)  # an agent's report: answered here (inside RetryConflicts)
     app.add_middleware(RetryConflicts)
     app.add_middleware(runs.PlainSubmits, cp=cp)  # a plain submit: answered here, ahead of routing and dependencies
     app.add_middleware(BodyLimit, limit=cp.settings.max_body_bytes)

@@ -7,6 +7,7 @@ models, shared with the agent.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 from astraeus import protocol as P
 from astraeus.server import agents, heartbeats, leader, services
 from astraeus.server import bodies as B
+from astraeus.server.asgi import replay
 from astraeus.server.db import Machine, Token
 from astraeus.server.routers import errors
 from astraeus.server.routers.deps import CP, Sess, tx
@@ -89,6 +91,60 @@ async def agent_report(request: Request, body: P.Report,
     300 agents the event loop spent more on those hops than the reports' own work (py-spy; bench_agents.py)."""
     await anyio.to_thread.run_sync(report, request.app.state.cp, authorization, body)
     return P.Ack()
+
+
+REPORT_PATH = "/api/v1/agent/report"
+ACK = b'{"ok":true}'  # P.Ack() as FastAPI answers it
+
+
+class PlainReports:
+    """POST /api/v1/agent/report (most of a fleet's requests: every agent, every heartbeat), answered ahead of
+    FastAPI's routing, dependency solving and response model, as agent_report would: the body is read and checked
+    as its `body: P.Report` is (a JSON object, with `Content-Type: application/json`), the report runs in the
+    thread pool, and the answer is agent_report's (200 `{"ok":true}`, or an ApiError's {"code", "message"}).
+    Anything else goes on to the app as it came (the body replayed): another path or method, a query, a body that
+    is not a valid report (its 422 is FastAPI's), and a report that failed on something other than an ApiError
+    (a database error: nothing of it was kept, and the app runs it again with its usual handling: RetryConflicts
+    for a conflict, a 503 for a database that does not answer). Pure ASGI, inside BodyLimit."""
+
+    def __init__(self, app, cp):
+        self.app, self.cp = app, cp
+
+    async def __call__(self, scope, receive, send):
+        if (scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != REPORT_PATH
+                or scope.get("query_string") or scope.get("root_path")):
+            return await self.app(scope, receive, send)
+        authorization, plain = None, False
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                if authorization is None:
+                    authorization = v.decode("latin-1")
+            elif k == b"content-type":
+                plain = v == b"application/json"
+        messages, more = [], True
+        while more:
+            msg = await receive()
+            messages.append(msg)
+            if msg["type"] != "http.request":
+                return await self.app(scope, replay(messages), send)
+            more = msg.get("more_body", False)
+        body = None
+        if plain:
+            try:
+                body = P.Report.model_validate(json.loads(b"".join(m.get("body", b"") for m in messages)))
+            except (ValueError, ValidationError):  # not JSON, not an object, not a valid report: FastAPI says why
+                body = None
+        if body is None:
+            return await self.app(scope, replay(messages), send)
+        try:
+            await anyio.to_thread.run_sync(report, self.cp, authorization, body)
+        except ApiError as e:
+            return await errors.error_json(e.status, e.code, e.message)(scope, receive, send)
+        except Exception:  # nothing of it was kept (its transaction rolled back): the usual way, with its handling
+            return await self.app(scope, replay(messages), send)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(ACK)).encode()), (b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": ACK})
 
 
 def caller_machine(s, authorization: str | None, machine: str) -> Machine:

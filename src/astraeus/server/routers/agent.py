@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from astraeus import protocol as P
 from astraeus.server import agents, heartbeats, leader, services
 from astraeus.server import bodies as B
-from astraeus.server.asgi import replay
+from astraeus.server.asgi import read_request, replay
 from astraeus.server.db import Machine, Token
 from astraeus.server.routers import errors
 from astraeus.server.routers.deps import CP, Sess, tx
@@ -114,20 +114,10 @@ class PlainReports:
         if (scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != REPORT_PATH
                 or scope.get("query_string") or scope.get("root_path")):
             return await self.app(scope, receive, send)
-        authorization, plain = None, False
-        for k, v in scope["headers"]:
-            if k == b"authorization":
-                if authorization is None:
-                    authorization = v.decode("latin-1")
-            elif k == b"content-type":
-                plain = v == b"application/json"
-        messages, more = [], True
-        while more:
-            msg = await receive()
-            messages.append(msg)
-            if msg["type"] != "http.request":
-                return await self.app(scope, replay(messages), send)
-            more = msg.get("more_body", False)
+        authorization, json_body, messages, whole = await read_request(scope, receive)
+        if not whole:
+            return await self.app(scope, replay(messages), send)
+        plain = json_body is True
         body = None
         if plain:
             try:

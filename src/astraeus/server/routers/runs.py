@@ -14,7 +14,7 @@ from sqlalchemy import select
 from astraeus import spec as S
 from astraeus.server import bodies as B
 from astraeus.server import services, submits, whatif
-from astraeus.server.asgi import replay
+from astraeus.server.asgi import read_request, replay
 from astraeus.server.db import Cluster, Machine
 from astraeus.server.routers.deps import CP, Base, Sess, WsCaller, machine_names, now, tx, ws_caller
 from astraeus.server.routers.errors import error_json
@@ -125,20 +125,10 @@ class PlainSubmits:
         m = SUBMIT_PATH.fullmatch(scope["path"])
         if m is None:
             return await self.app(scope, receive, send)
-        authorization, plain = None, True
-        for k, v in scope["headers"]:
-            if k == b"authorization":
-                if authorization is None:
-                    authorization = v.decode("latin-1")
-            elif k == b"content-type":
-                plain = plain and v == b"application/json"
-        messages, more = [], True
-        while more:
-            msg = await receive()
-            messages.append(msg)
-            if msg["type"] != "http.request":
-                return await self.app(scope, replay(messages), send)
-            more = msg.get("more_body", False)
+        authorization, json_body, messages, whole = await read_request(scope, receive)
+        if not whole:
+            return await self.app(scope, replay(messages), send)
+        plain = json_body is not False
         parsed = None
         if plain:
             try:

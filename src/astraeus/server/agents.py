@@ -9,8 +9,6 @@ its own machine only. Workers are named by their identity (`astraeus.protocol.wo
 from __future__ import annotations
 
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, selectinload
 
 from astraeus import drives as drive_rules
@@ -356,7 +354,7 @@ def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine], max_b
     if not rows:
         return 0
     t = LogLine.__table__
-    ins = (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)(t)
+    ins = services.dialect_insert(session, t)
     # one statement run for many rows (the driver's executemany): compiling a VALUES list of 10,000 rows cost
     # more than storing them
     session.execute(ins.on_conflict_do_nothing(index_elements=["worker_id", "attempt", "seq"]), rows)

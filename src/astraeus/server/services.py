@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from astraeus import spec as S
 from astraeus import templates
 from astraeus.server import lifecycle
+from astraeus.server.bodies import INT64
 from astraeus.server.core import STATE_LOCK, lock_state
 from astraeus.server.db import (
     Access,
@@ -150,13 +151,10 @@ def authenticate(session: Session, authorization: str | None) -> Token:
 
 def _in_workspace(tok: Token, org: Org | None, ws: Workspace | None, org_name: str, ws_name: str) -> Caller:
     """The caller `tok` is in workspace `ws` of `org` (as found by their names; None: no such one)."""
-    if tok.kind == "machine" or ws is None or org is None or tok.org_id != org.id:
+    if tok.kind == "machine" or ws is None or org is None or tok.org_id != org.id or (
+            tok.kind != "org_admin" and tok.workspace_id != ws.id):
         raise ApiError(404, "NOT_FOUND", f"workspace {org_name}/{ws_name} not found (or this token has no access)")
-    if tok.kind == "org_admin":
-        return Caller(tok, org, ws, "admin")
-    if tok.workspace_id != ws.id:
-        raise ApiError(404, "NOT_FOUND", f"workspace {org_name}/{ws_name} not found (or this token has no access)")
-    return Caller(tok, org, ws, tok.role)
+    return Caller(tok, org, ws, "admin" if tok.kind == "org_admin" else tok.role)
 
 
 def workspace_caller(session: Session, tok: Token, org_name: str, ws_name: str) -> Caller:
@@ -526,7 +524,7 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float, *
     if session.scalar(select(Run.id).where(Run.workspace_id == ws.id, Run.name == name, Run.live_key == "")):
         raise name_taken(name, ws.name)
     gpus, cpu, mem = S.worker_resources(tt)
-    if mem > 2**63 - 1:  # what the database holds (and far beyond any machine)
+    if mem > INT64:  # what the database holds (and far beyond any machine)
         raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
                                        "ask for at most 2^63-1 bytes per worker")
     spec = body.spec.model_dump(mode="json")
@@ -685,12 +683,17 @@ def over_log_limits(usage: dict[int, tuple[int, int]], max_bytes: int, max_lines
     return sorted(w for w, (n, b) in usage.items() if n > max_lines or b > max_bytes)
 
 
+def dialect_insert(session: Session, table):
+    """An INSERT of `table` in the session's database's own dialect (for its ON CONFLICT clauses)."""
+    return (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)(table)
+
+
 def add_log_usage(session: Session, added: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
     """Add (lines, bytes) to workers' running counts; returns their counts now."""
     if not added:
         return {}
     t = LogUsage.__table__
-    ins = (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)(t)
+    ins = dialect_insert(session, t)
     session.execute(ins.on_conflict_do_update(index_elements=[t.c.worker_id], set_={
         "lines": t.c.lines + ins.excluded.lines, "bytes": t.c.bytes + ins.excluded.bytes}),
         [{"worker_id": w, "lines": n, "bytes": b} for w, (n, b) in sorted(added.items())])

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy import insert
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm.attributes import set_committed_value
 
 from astraeus import spec as S
 from astraeus.server import lifecycle
+from astraeus.server.bodies import INT64
 from astraeus.server.core import STATE_LOCK, lock_state
 from astraeus.server.db import Cluster, Run
 
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
     from astraeus.server.services import Caller
 
 MAX_BATCH = 256
-MAX_MEMORY_BYTES = 2**63 - 1  # what the database holds per worker (services.submit_run refuses more)
 IDLE_SECONDS = 5.0  # the writer thread ends after this long without a submit
 FALLBACK = object()  # the batch could not be written: submit this one on its own
 
@@ -61,7 +59,7 @@ def batchable(parsed: S.RunCreate | None) -> bool:
         return False
     # too much memory for the database: submit_run refuses it after the name check, which a batch makes only
     # when it writes (the refusals would come in another order)
-    return rr is None or S.worker_resources(tt)[2] <= MAX_MEMORY_BYTES
+    return rr is None or S.worker_resources(tt)[2] <= INT64
 
 
 @dataclass
@@ -276,14 +274,13 @@ def _insert(s, accepted: list[Submit]) -> list[Submit]:
     unique workspace, name and live key: the check and the write in one statement, under the state lock): its
     submit is refused as submit_run refuses it, and nothing of it is written. Returns the submits written."""
     from astraeus.server.db import Event, History, Worker
-    from astraeus.server.services import name_taken
+    from astraeus.server.services import dialect_insert, name_taken
 
     runs_t, workers_t = Run.__table__, Worker.__table__
     rows = [_values(it.run, runs_t) for it in accepted]
-    upsert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
     got: dict[tuple[int, str], int] = {}
     for group in _groups(rows):
-        stmt = upsert(runs_t).on_conflict_do_nothing(index_elements=["workspace_id", "name", "live_key"])
+        stmt = dialect_insert(s, runs_t).on_conflict_do_nothing(index_elements=["workspace_id", "name", "live_key"])
         got.update(((ws, name), rid) for rid, ws, name in s.execute(
             stmt.returning(runs_t.c.id, runs_t.c.workspace_id, runs_t.c.name), [rows[i] for i in group]))
     written = []

@@ -9,7 +9,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sqlalchemy import LargeBinary, and_, cast, delete, event, func, or_, select
+from sqlalchemy import LargeBinary, and_, bindparam, cast, delete, event, func, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -163,17 +163,21 @@ def workspace_caller(session: Session, tok: Token, org_name: str, ws_name: str) 
     return _in_workspace(tok, *(row or (None, None)), org_name, ws_name)
 
 
+# The statements each API call runs, built once (each call binds its values): building a statement anew per call
+# (its clauses, their coercions) cost as much CPU as running it.
+_USER_CALLER = (select(Token, Org, Workspace).select_from(Token)
+                .outerjoin(Org, Org.name == bindparam("org"))
+                .outerjoin(Workspace, and_(Workspace.org_id == Org.id, Workspace.name == bindparam("ws")))
+                .where(Token.digest == bindparam("digest")))
+
+
 def user_caller(session: Session, authorization: str | None, org_name: str, ws_name: str) -> Caller:
     """The caller of a workspace's user endpoint from its Authorization header (routers/deps.ws_caller, and the
     group-commit writer for a batch's submits): a machine token is refused. The token, the organisation and the
     workspace are read in one statement (each API call's first round trip, and on PostgreSQL its only one for
     this), with the same refusals in the same order as authenticate() then workspace_caller()."""
     secret = _bearer(authorization)
-    row = session.execute(
-        select(Token, Org, Workspace).select_from(Token)
-        .outerjoin(Org, Org.name == org_name)
-        .outerjoin(Workspace, and_(Workspace.org_id == Org.id, Workspace.name == ws_name))
-        .where(Token.digest == digest(secret))).first()
+    row = session.execute(_USER_CALLER, {"org": org_name, "ws": ws_name, "digest": digest(secret)}).first()
     tok = _valid(row[0] if row is not None else None)
     if tok.kind == "machine":
         raise ApiError(403, "FORBIDDEN", "a machine token cannot call user endpoints")
@@ -359,15 +363,20 @@ def name_taken(name: str, ws_name: str) -> ApiError:
                                            f"choose another metadata.name, or delete it first")
 
 
+_CLUSTERS = select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id).where(
+    Access.workspace_id == bindparam("ws_id"))
+_CLUSTER_NAMED = _CLUSTERS.where(Cluster.name == bindparam("name"))
+_FIRST_CLUSTER = _CLUSTERS.order_by(Cluster.id).limit(1)
+
+
 def cluster_for(session: Session, ws_id: int, ws_name: str, name: str | None) -> tuple[Cluster, Access]:
     """The cluster a run goes to (the one named, else the workspace's first) and the workspace's access to it."""
-    q = select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id).where(Access.workspace_id == ws_id)
     if name:
-        row = session.execute(q.where(Cluster.name == name)).first()
+        row = session.execute(_CLUSTER_NAMED, {"ws_id": ws_id, "name": name}).first()
         if row is None:
             raise ApiError(404, "CLUSTER_NOT_FOUND", f"cluster {name} not found or not granted to workspace {ws_name}")
         return row[0], row[1]
-    row = session.execute(q.order_by(Cluster.id)).first()
+    row = session.execute(_FIRST_CLUSTER, {"ws_id": ws_id}).first()
     if row is None:
         raise ApiError(409, "NO_CLUSTER", f"workspace {ws_name} has access to no cluster: "
                                           "ask an organisation admin to grant one")

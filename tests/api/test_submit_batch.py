@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from astraeus import spec as S
 from astraeus.server import submits
 
@@ -171,3 +173,40 @@ def test_submits_in_one_batch_are_each_authenticated_and_refused_as_the_request_
     # a bad body from a bad token is refused as unauthenticated first, as before
     r = app.client.post(f"{app.api}/runs", json={"metadata": {}}, headers=app.h("ast_u_not-a-token"))
     assert r.status_code == 401
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("app", ["postgresql"], indirect=True)
+def test_a_batch_whose_write_fails_keeps_nothing_and_each_submit_is_written_on_its_own(app):
+    """On PostgreSQL the batch's INSERTs go through psycopg (submits._Driver: the workers', history lines' and
+    events' in one pipeline). Should one fail, the whole batch is rolled back and each submit is written the usual
+    way, on its own: every run, worker, history line and event once."""
+    import psycopg
+
+    conn = psycopg.connect(app.url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
+    try:
+        # the first events INSERT fails (the batch's, in its pipeline); nextval is not rolled back with it
+        conn.execute("CREATE SEQUENCE boom")
+        conn.execute("CREATE FUNCTION boom() RETURNS trigger AS $$ BEGIN IF nextval('boom') = 1 THEN "
+                     "RAISE EXCEPTION 'boom'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql")
+        conn.execute("CREATE TRIGGER boom BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION boom()")
+        w = app.cp.submits
+        n0 = w.batches
+        batch = [item(app, "p"), item(app, "q")]
+        w._write_or_fall_back(batch)
+        assert w.batches == n0 and [it.fallback for it in batch] == [True, True]
+        assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0  # nothing of the batch kept
+        assert conn.execute("SELECT count(*) FROM workers").fetchone()[0] == 0
+        # as a request whose batch fell back: it is submitted on its own
+        for n in ("p", "q"):
+            r = app.client.post(f"{app.api}/runs", json=body(n), headers=app.h())
+            assert r.status_code == 201, r.text
+        assert conn.execute("SELECT nextval('boom')").fetchone()[0] > 2  # the trigger ran again, and let them be
+    finally:
+        conn.close()
+    for n in ("p", "q"):
+        run = app.client.get(f"{app.api}/runs/{n}", headers=app.h()).json()
+        assert [h["reason"] for h in run["status"]["history"]] == ["Submitted"]
+        assert [x["name"] for x in run["status"]["workers"]] == [f"{n}-0"]
+    events = app.client.get(f"{app.api}/events", params={"limit": 1000}, headers=app.h()).json()["items"]
+    assert sorted(e["object"] for e in events if e["kind"] == "RunSubmitted") == ["p", "q"]

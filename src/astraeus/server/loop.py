@@ -10,14 +10,16 @@ transactions is fenced by the lease (server/leader.py): a replica that lost the 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+import weakref
 from dataclasses import replace
 from types import SimpleNamespace
 
 from prometheus_client import Counter, Histogram
-from sqlalchemy import func, or_, select
+from sqlalchemy import Text, cast, func, or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from astraeus import drives as drive_rules
@@ -242,31 +244,68 @@ class Kept:
         return k
 
 
-_RUN = (Run.id, Run.workspace_id, Run.name, Run.spec, Run.priority, Run.state, Run.created_at, Run.deleting,
+_RUN = (Run.id, Run.workspace_id, Run.name, Run.uid, Run.priority, Run.state, Run.created_at, Run.deleting,
         Run.queue_reason, Run.quota_noted, Run.array_job, Run.array_max_running)
-_WORKER = (Worker.id, Worker.run_id, Worker.name, Worker.index, Worker.state, Worker.machine_id, Worker.gpu_indices,
-           Worker.gpus, Worker.cpu_cores, Worker.memory_bytes, Worker.placed_at, Worker.preempted_for,
-           Worker.restart_at, Worker.why_not)
+# A worker's two JSON columns are read as their text and decoded here (_json): most are "[]" (a waiting worker has no
+# GPUs, and only the first runs of the queue have why-not lines), decoded without json.loads' cost per row.
+_WORKER = (Worker.id, Worker.run_id, Worker.name, Worker.index, Worker.state, Worker.machine_id,
+           cast(Worker.gpu_indices, Text).label("gpu_indices"), Worker.gpus, Worker.cpu_cores, Worker.memory_bytes,
+           Worker.placed_at, Worker.preempted_for, Worker.restart_at, cast(Worker.why_not, Text).label("why_not"))
+
+
+def _json(text: str | None):
+    if text is None:
+        return None
+    return [] if text == "[]" else json.loads(text)
+# Per engine (database) and cluster: the specs of the runs its last full read found, by run uid. A run's spec never changes once written
+# and a uid is never given twice, so a full read decodes only the specs of the runs it had not seen (decoding every
+# live run's JSON spec on every cycle was the largest part of a full read with a long queue).
+_SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {cluster id: {uid: spec}}
+_SPECS_CHUNK = 500  # uids per IN (...) of the specs not kept
 
 
 def live_runs(session: Session, cluster_id: int, after_id: int = 0) -> list[SimpleNamespace]:
     """The cluster's runs that have not ended, each with its `workers` by index, as plain rows (the columns the
-    snapshot reads), not ORM objects: the loop reads the whole queue every cycle, and loading it as objects was
-    most of a cycle's CPU with a long queue (every submit shares the cores with it). Runs first, then their workers:
-    a run is written with its workers in one transaction, so each run read has its workers in the second read."""
+    snapshot reads; `spec` decoded once per run, see _SPECS), in id order; with `after_id`, only those above it.
+    Each run read is a Core row, not an ORM object: loading every live run and worker as ORM objects was most of a
+    cycle's CPU with a long queue (every submit shares the cores with it). Runs first, then their workers: a run is
+    written with its workers in one transaction, so each run read has its workers in the second read."""
     live = (Run.cluster_id == cluster_id, Run.state.not_in(lifecycle.RUN_ENDED))
-    if after_id:  # only those submitted since (Kept.extend)
+    if after_id:  # only those submitted since (Kept.extend): new runs, read with their specs
         live = (*live, Run.id > after_id)
     conn = session.connection()  # Core rows: no ORM loading
-    runs = conn.execute(select(*_RUN).where(*live).order_by(Run.id)).all()
+    cols = (*_RUN, Run.spec) if after_id else _RUN
+    runs = conn.execute(select(*cols).where(*live).order_by(Run.id)).all()
     workers: dict[int, list] = {}
     names = [c.key for c in _WORKER]
     for row in conn.execute(select(*_WORKER).join(Run, Worker.run_id == Run.id).where(*live)
                             .order_by(Worker.run_id, Worker.index)):
         w = SimpleNamespace(**dict(zip(names, row, strict=True)))
+        w.gpu_indices, w.why_not = _json(w.gpu_indices), _json(w.why_not)
         workers.setdefault(w.run_id, []).append(w)
-    names = [c.key for c in _RUN]
-    return [SimpleNamespace(**dict(zip(names, r, strict=True)), workers=workers.get(r[0], [])) for r in runs]
+    names = [c.key for c in cols]
+    out = [SimpleNamespace(**dict(zip(names, r, strict=True)), workers=workers.get(r[0], [])) for r in runs]
+    if not after_id:
+        specs = _specs(conn, cluster_id, out)
+        out = [r for r in out if r.uid in specs]  # (a run is never removed: a guard, not a case)
+        for r in out:
+            r.spec = specs[r.uid]
+    return out
+
+
+def _specs(conn, cluster_id: int, runs: list[SimpleNamespace]) -> dict[str, dict]:
+    """The specs of `runs` by uid: those kept from the cluster's last full read, the others read now (and kept
+    for the next, in place of the last's)."""
+    by_cluster = _SPECS.get(conn.engine)
+    if by_cluster is None:
+        by_cluster = _SPECS.setdefault(conn.engine, {})
+    kept = by_cluster.get(cluster_id, {})
+    specs = {r.uid: kept[r.uid] for r in runs if r.uid in kept}
+    missing = [r.id for r in runs if r.uid not in specs]
+    for i in range(0, len(missing), _SPECS_CHUNK):
+        specs.update(conn.execute(select(Run.uid, Run.spec).where(Run.id.in_(missing[i:i + _SPECS_CHUNK]))).all())
+    by_cluster[cluster_id] = specs
+    return specs
 
 
 def dependencies(session: Session, runs: list[Run]) -> dict[int, sched.Dependency]:

@@ -8,7 +8,7 @@ its own machine only. Workers are named by their identity (`astraeus.protocol.wo
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session, selectinload
 
 from astraeus import drives as drive_rules
@@ -273,6 +273,14 @@ def keepers_of(session: Session, runs) -> set[int]:
         Machine.name.in_({n[1] for n in nodes}))) if (cid, name) in nodes}
 
 
+# built once (services._USER_CALLER says why)
+_PLACED_HERE = (select(Worker, Workspace.ns).join(Run, Worker.run_id == Run.id)
+                .join(Workspace, Run.workspace_id == Workspace.id)
+                .where(Worker.machine_id == bindparam("machine"), Worker.state.in_(lifecycle.ACTIVE),
+                       Worker.name.in_(bindparam("names", expanding=True)))
+                .options(selectinload(Worker.run).selectinload(Run.workers)))
+
+
 def _placed_here(session: Session, m: Machine, identities: set[str]) -> dict[str, Worker]:
     """The active workers placed on machine `m` among `identities`, by identity. Only those a report names: every
     worker the machine ever ran (and its run's workers) read at each report made reports cost more as the machine
@@ -280,10 +288,7 @@ def _placed_here(session: Session, m: Machine, identities: set[str]) -> dict[str
     names = {i.partition(".")[2] for i in identities}
     if not names:
         return {}
-    rows = session.execute(select(Worker, Workspace.ns).join(Run, Worker.run_id == Run.id)
-                           .join(Workspace, Run.workspace_id == Workspace.id)
-                           .where(Worker.machine_id == m.id, Worker.state.in_(lifecycle.ACTIVE), Worker.name.in_(names))
-                           .options(selectinload(Worker.run).selectinload(Run.workers))).all()
+    rows = session.execute(_PLACED_HERE, {"machine": m.id, "names": list(names)}).all()
     return {k: w for w, ns in rows if (k := P.worker_identity(ns, w.name)) in identities}
 
 

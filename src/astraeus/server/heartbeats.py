@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from astraeus import protocol as P
@@ -54,15 +54,20 @@ def changes_nothing(recorded: Mapping[str, Recorded], reports: Iterable[P.Worker
     return True
 
 
+# built once (services._USER_CALLER says why)
+_RECORDED = (select(Workspace.ns, Worker.name, Worker.attempt, Worker.state, Worker.pid, Worker.environment,
+                    Worker.reason)
+             .join(Run, Worker.run_id == Run.id).join(Workspace, Run.workspace_id == Workspace.id)
+             .where(Worker.machine_id == bindparam("machine"), Worker.state.in_(lifecycle.ACTIVE),
+                    Worker.name.in_(bindparam("names", expanding=True))))
+
+
 def recorded_here(session: Session, m: Machine, identities: set[str]) -> dict[str, Recorded]:
     """The active workers placed on `m` among `identities` (what a report names), by identity: plain rows."""
     names = {i.partition(".")[2] for i in identities}
     if not names:
         return {}
-    rows = session.execute(
-        select(Workspace.ns, Worker.name, Worker.attempt, Worker.state, Worker.pid, Worker.environment, Worker.reason)
-        .join(Run, Worker.run_id == Run.id).join(Workspace, Run.workspace_id == Workspace.id)
-        .where(Worker.machine_id == m.id, Worker.state.in_(lifecycle.ACTIVE), Worker.name.in_(names)))
+    rows = session.execute(_RECORDED, {"machine": m.id, "names": list(names)})
     return {k: row for row in rows if (k := P.worker_identity(row.ns, row.name)) in identities}
 
 

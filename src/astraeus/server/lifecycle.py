@@ -663,15 +663,19 @@ def machine_heartbeat(session: Session, machine: Machine, at: float) -> bool:
     return returned
 
 
+_HEARTBEAT_SEEN = (update(Machine.__table__)
+                   .where(Machine.__table__.c.id == bindparam("machine_id"),
+                          Machine.__table__.c.state == MachineState.READY.value)
+                   .values(last_heartbeat=bindparam("at")))  # built once: each bare heartbeat runs it
+
+
 def machine_heartbeat_seen(session: Session, machine_id: int, at: float) -> bool:
     """A heartbeat that changes nothing but the time of the machine's last one (server/heartbeats.py), written
     without the state lock: one UPDATE, only while the machine is Ready. Returns False when it is not (it was
     lost: its return is a state change, made by machine_heartbeat under the lock). The loop's lost-machine check
     reads a machine it would lose again, locking its row (loop.detect_lost_machines), so a heartbeat is either
     seen there or waits for it and then finds the machine Lost."""
-    done = session.execute(update(Machine.__table__).where(Machine.__table__.c.id == machine_id,
-                                                           Machine.__table__.c.state == MachineState.READY.value)
-                           .values(last_heartbeat=at))
+    done = session.execute(_HEARTBEAT_SEEN, {"machine_id": machine_id, "at": at})
     return done.rowcount == 1
 
 

@@ -144,9 +144,12 @@ def _valid(tok: Token | None) -> Token:
     return tok
 
 
+_TOKEN = select(Token).where(Token.digest == bindparam("digest"))  # built once (see _USER_CALLER)
+
+
 def authenticate(session: Session, authorization: str | None) -> Token:
     secret = _bearer(authorization)
-    return _valid(session.scalar(select(Token).where(Token.digest == digest(secret))))
+    return _valid(session.scalar(_TOKEN, {"digest": digest(secret)}))
 
 
 def _in_workspace(tok: Token, org: Org | None, ws: Workspace | None, org_name: str, ws_name: str) -> Caller:
@@ -163,8 +166,8 @@ def workspace_caller(session: Session, tok: Token, org_name: str, ws_name: str) 
     return _in_workspace(tok, *(row or (None, None)), org_name, ws_name)
 
 
-# The statements each API call runs, built once (each call binds its values): building a statement anew per call
-# (its clauses, their coercions) cost as much CPU as running it.
+# The statements each API call (and each agent's report) runs, built once, each call binding its values: building
+# a statement anew per call (its clauses, their coercions) cost as much CPU as running it.
 _USER_CALLER = (select(Token, Org, Workspace).select_from(Token)
                 .outerjoin(Org, Org.name == bindparam("org"))
                 .outerjoin(Workspace, and_(Workspace.org_id == Org.id, Workspace.name == bindparam("ws")))

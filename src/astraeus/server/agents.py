@@ -9,7 +9,7 @@ its own machine only. Workers are named by their identity (`astraeus.protocol.wo
 from __future__ import annotations
 
 from sqlalchemy import bindparam, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload
 
 from astraeus import drives as drive_rules
 from astraeus import protocol as P
@@ -126,7 +126,8 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     if m.state != lifecycle.MachineState.READY:
         return []  # a lost machine's workers have been handled elsewhere: the agent stops what it still runs
     workers = list(session.scalars(select(Worker).where(Worker.machine_id == m.id, Worker.state.in_(lifecycle.ACTIVE))
-                                   .options(selectinload(Worker.run).selectinload(Run.workers))))
+                                   # its run in the same statement (one row each), the run's workers in one more
+                .options(joinedload(Worker.run).selectinload(Run.workers))))
     # Every long-poll answer reads these: load each kind once, not once per worker.
     ws_ids = {w.run.workspace_id for w in workers}
     spaces = {x.id: x for x in session.scalars(select(Workspace).where(Workspace.id.in_(ws_ids)))}
@@ -278,7 +279,8 @@ _PLACED_HERE = (select(Worker, Workspace.ns).join(Run, Worker.run_id == Run.id)
                 .join(Workspace, Run.workspace_id == Workspace.id)
                 .where(Worker.machine_id == bindparam("machine"), Worker.state.in_(lifecycle.ACTIVE),
                        Worker.name.in_(bindparam("names", expanding=True)))
-                .options(selectinload(Worker.run).selectinload(Run.workers)))
+                # its run in the same statement (one row each), the run's workers in one more
+                .options(joinedload(Worker.run).selectinload(Run.workers)))
 
 
 def _placed_here(session: Session, m: Machine, identities: set[str]) -> dict[str, Worker]:

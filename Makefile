@@ -52,7 +52,7 @@ demo: install demo-deps
 # make test). Then the tests marked `serial` (they restart PostgreSQL under everyone) alone.
 TEST_WORKERS ?= 4
 TEST_CACHE := build/pytest-cache
-PYTEST := $(BIN)/python -m pytest -q
+PYTEST := $(BIN)/python -m pytest -q -rs  # -rs: each skipped test named, with its reason
 test: install system-deps
 	@pg_isready -h 127.0.0.1 -p 5432 -q || (pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start && sleep 2) || true
 	@rm -rf $(TEST_CACHE); \

@@ -125,9 +125,9 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     """The workers that should be on this machine now, each with all the agent needs to run or stop it."""
     if m.state != lifecycle.MachineState.READY:
         return []  # a lost machine's workers have been handled elsewhere: the agent stops what it still runs
+    # each worker's run in the same statement (one row each), the runs' workers in one more
     workers = list(session.scalars(select(Worker).where(Worker.machine_id == m.id, Worker.state.in_(lifecycle.ACTIVE))
-                                   # its run in the same statement (one row each), the run's workers in one more
-                .options(joinedload(Worker.run).selectinload(Run.workers))))
+                                   .options(joinedload(Worker.run).selectinload(Run.workers))))
     # Every long-poll answer reads these: load each kind once, not once per worker.
     ws_ids = {w.run.workspace_id for w in workers}
     spaces = {x.id: x for x in session.scalars(select(Workspace).where(Workspace.id.in_(ws_ids)))}

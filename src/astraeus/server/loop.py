@@ -257,9 +257,11 @@ def _json(text: str | None):
     if text is None:
         return None
     return [] if text == "[]" else json.loads(text)
-# Per engine (database) and cluster: the specs of the runs its last full read found, by run uid. A run's spec never changes once written
-# and a uid is never given twice, so a full read decodes only the specs of the runs it had not seen (decoding every
-# live run's JSON spec on every cycle was the largest part of a full read with a long queue).
+
+
+# Per engine (database) and cluster: the specs of the runs its last full read found, by run uid. A run's spec never
+# changes once written and a uid is never given twice, so a full read decodes only the specs of the runs it had not
+# seen (decoding every live run's JSON spec on every cycle was the largest part of a full read with a long queue).
 _SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {cluster id: {uid: spec}}
 _SPECS_CHUNK = 500  # uids per IN (...) of the specs not kept
 

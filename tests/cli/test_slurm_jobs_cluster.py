@@ -76,7 +76,9 @@ def test_an_array_of_20_with_at_most_4_at_once_completes_all(c, tmp_path):
 def test_afterok_waits_for_its_job_and_fails_when_it_fails(c, tmp_path):
     img = "--container-image=busybox"
     try:
-        ok(astra(c, "slurm", "sbatch", "-J", "prep", img, "--wrap", "sleep 3"))
+        # long enough that `after` is still held when squeue looks, however loaded the machine (it was 3 s: side
+        # by side with other test files, prep could end between the two looks and `after` be running already)
+        ok(astra(c, "slurm", "sbatch", "-J", "prep", img, "--wrap", "sleep 8"))
         r = astra(c, "slurm", "sbatch", "-J", "after", img, "--dependency=afterok:prep", "--wrap", "echo after")
         assert ok(r) == "Submitted batch job after\n"
         c.wait_for(lambda: c.run("after")["status"].get("reason") == "Waiting for prep to complete (afterok)",

@@ -18,7 +18,7 @@ the latency of each submit (p50/p99).
   is that of all N).
 
     .venv/bin/python benchmarks/bench_submit.py [--runs 1000] [--clients 8] [--slurm-jobs 500] [--was SRC]
-                                                [--processes N]
+                                                [--processes N] [--rounds N]
 
 Prints a table and the ratios to Slurm. It asserts nothing.
 """
@@ -250,20 +250,9 @@ def measure_slurm(jobs: int, clients: int) -> dict:
     return figures("Slurm sbatch --hold", lat, wall)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=1000)
-    ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--slurm-jobs", type=int, default=500, help="0: no Slurm (e.g. not root)")
-    ap.add_argument("--databases", default="sqlite,postgresql")
-    ap.add_argument("--was", help="also measure a server started from this checkout's src (before/after)")
-    ap.add_argument("--processes", type=int, default=1,
-                    help="PostgreSQL: also measure `astraeus server --processes N` (this checkout), after the rest")
-    a = ap.parse_args()
-    load = os.getloadavg()[0]
-    print(f"Submit rate: {a.runs} runs (Slurm: {a.slurm_jobs} held jobs) from {a.clients} concurrent clients, "
-          f"{os.cpu_count()} cores, load average {load:.1f} at the start", flush=True)
-    dbs = [d for d in a.databases.split(",") if d]
+def one_round(a, dbs: list[str]) -> tuple[list[dict], list[dict]]:
+    """Slurm, each database (with --was: was, now, now, was), Slurm again; prints the table and the ratios.
+    Returns (every row, Slurm's rows)."""
     results: list[dict] = []
     slurm = []
     if a.slurm_jobs:
@@ -296,7 +285,47 @@ def main() -> None:
         for r in results:
             if not r["system"].startswith("Slurm"):
                 print(f"  {r['system']:<28}{r['rate'] / ref:>6.2f}x")
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end", flush=True)
+    return results, slurm
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--slurm-jobs", type=int, default=500, help="0: no Slurm (e.g. not root)")
+    ap.add_argument("--databases", default="sqlite,postgresql")
+    ap.add_argument("--was", help="also measure a server started from this checkout's src (before/after)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="PostgreSQL: also measure `astraeus server --processes N` (this checkout), after the rest")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="the whole measurement N times, one after the other; then each system's ratio to sbatch "
+                         "(its round's) and p99, median and range over the rounds (this machine's speed moves)")
+    a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds: give a number of rounds >= 1")
+    load = os.getloadavg()[0]
+    print(f"Submit rate: {a.runs} runs (Slurm: {a.slurm_jobs} held jobs) from {a.clients} concurrent clients, "
+          f"{os.cpu_count()} cores, load average {load:.1f} at the start", flush=True)
+    dbs = [d for d in a.databases.split(",") if d]
+    ratios: dict[str, list[float]] = {}
+    p99s: dict[str, list[float]] = {}
+    for k in range(a.rounds):
+        if a.rounds > 1:
+            print(f"-- round {k + 1} of {a.rounds}", flush=True)
+        results, slurm = one_round(a, dbs)
+        ref = statistics.mean(s["rate"] for s in slurm) if slurm else None
+        for r in results:
+            if not r["system"].startswith("Slurm"):
+                p99s.setdefault(r["system"], []).append(r["p99_ms"])
+                if ref:
+                    ratios.setdefault(r["system"], []).append(r["rate"] / ref)
+    if a.rounds > 1:
+        print(f"over {a.rounds} rounds, median (range): ratio to its round's sbatch; p99 ms")
+        for system, ps in p99s.items():
+            rs = ratios.get(system, [])
+            ratio = f"{statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})" if rs else "-"
+            print(f"  {system:<28} {ratio:<22} {statistics.median(ps):.1f} ({min(ps):.1f}-{max(ps):.1f})")
 
 
 if __name__ == "__main__":

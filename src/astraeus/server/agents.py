@@ -36,8 +36,8 @@ def authenticate(session: Session, authorization: str | None) -> Token:
         tok = services.authenticate(session, authorization)
     except ApiError as e:
         if e.status == 401 and authorization and len(authorization.split(None, 1)) == 2:
-            t = session.scalar(select(Token).where(Token.digest == services.digest(authorization.split(None, 1)[1]
-                                                                                   .strip())))
+            secret = authorization.split(None, 1)[1].strip()
+            t = session.scalar(services.TOKEN_BY_DIGEST, {"digest": services.digest(secret)})
             if t is not None and t.kind == "machine" and t.machine_id is not None and t.revoked:
                 raise ApiError(401, "CREDENTIAL_REVOKED",
                                "this machine's credential was revoked by an admin: the machine stays out of the "

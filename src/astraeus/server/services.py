@@ -144,12 +144,12 @@ def _valid(tok: Token | None) -> Token:
     return tok
 
 
-_TOKEN = select(Token).where(Token.digest == bindparam("digest"))  # built once (see _USER_CALLER)
+TOKEN_BY_DIGEST = select(Token).where(Token.digest == bindparam("digest"))  # built once (see _USER_CALLER)
 
 
 def authenticate(session: Session, authorization: str | None) -> Token:
     secret = _bearer(authorization)
-    return _valid(session.scalar(_TOKEN, {"digest": digest(secret)}))
+    return _valid(session.scalar(TOKEN_BY_DIGEST, {"digest": digest(secret)}))
 
 
 def _in_workspace(tok: Token, org: Org | None, ws: Workspace | None, org_name: str, ws_name: str) -> Caller:

@@ -210,3 +210,48 @@ def test_a_batch_whose_write_fails_keeps_nothing_and_each_submit_is_written_on_i
         assert [x["name"] for x in run["status"]["workers"]] == [f"{n}-0"]
     events = app.client.get(f"{app.api}/events", params={"limit": 1000}, headers=app.h()).json()["items"]
     assert sorted(e["object"] for e in events if e["kind"] == "RunSubmitted") == ["p", "q"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("app", ["postgresql"], indirect=True)
+def test_the_writers_first_caller_read_also_takes_the_state_lock(app):
+    """On PostgreSQL the batch's first caller is read by the statement that also takes the state lock (one round
+    trip for both): once it has found the token, another connection sees the lock held until the transaction
+    ends; a token not found takes no lock (the writer then takes it with core.lock_state)."""
+    import psycopg
+    from sqlalchemy import text
+
+    from astraeus.server import services
+    from astraeus.server.core import STATE_LOCK_KEY
+
+    org, ws = app.api.split("/o/")[1].split("/w/")
+    other = psycopg.connect(app.url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
+
+    def held(pid: int) -> bool:
+        """By that backend (this control plane's loop takes it too); a 64-bit key's high half is classid."""
+        return other.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+                             "pid = %s AND classid::bigint = %s AND objid::bigint = %s",
+                             (pid, STATE_LOCK_KEY >> 32, STATE_LOCK_KEY & 0xFFFFFFFF)).fetchone()[0] > 0
+
+    try:
+        with app.cp.sessions() as s:
+            pid = s.execute(text("SELECT pg_backend_pid()")).scalar()
+            with pytest.raises(services.ApiError) as e:
+                services.user_caller(s, "Bearer ast_u_not-a-token", org, ws, lock=True)
+            assert e.value.code == "UNAUTHENTICATED" and not held(pid)
+            caller = services.user_caller(s, app.h()["Authorization"], org, ws, lock=True)
+            assert caller.workspace.name == ws and caller.role == "editor"
+            assert held(pid)
+            s.rollback()
+            assert not held(pid)
+        # a batch whose first caller is refused is still written under the lock, its refused submit answered
+        first = submits.Submit(None, None, None, S.RunCreate.model_validate(body("l0")), time.time(),
+                               authorization="Bearer ast_u_not-a-token", org=org, ws=ws)
+        second = submits.Submit(None, None, None, S.RunCreate.model_validate(body("l1")), time.time(),
+                                authorization=app.h()["Authorization"], org=org, ws=ws)
+        app.cp.submits._write([first, second])
+        assert first.error.code == "UNAUTHENTICATED" and first.run is None
+        assert second.error is None and second.run.name == "l1"
+    finally:
+        other.close()
+    assert app.client.get(f"{app.api}/runs/l1", headers=app.h()).json()["status"]["state"] in ("Pending", "Running")

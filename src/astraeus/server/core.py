@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, func, text, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from astraeus.server import db
@@ -86,6 +86,13 @@ STATE_LOCK_KEY = 0x6173747261535441
 # A state change idle in its transaction this long (its process paused, SIGSTOP, or hung) is ended by PostgreSQL,
 # which releases the lock for the other replicas; the changes themselves never wait that long between statements.
 STATE_IDLE_TIMEOUT_MS = 10_000
+
+
+# lock_state's statement, as columns to add to a session's first read (the read and the lock in one round trip:
+# the group-commit writer's caller); their values bound by STATE_LOCK_PARAMS
+STATE_LOCK_COLUMNS = (func.set_config("idle_in_transaction_session_timeout", bindparam("state_lock_t"), true()),
+                      func.pg_advisory_xact_lock(bindparam("state_lock_k")))
+STATE_LOCK_PARAMS = {"state_lock_t": str(int(STATE_IDLE_TIMEOUT_MS)), "state_lock_k": STATE_LOCK_KEY}
 
 
 def lock_state(session: Session, keep=()) -> None:

@@ -18,7 +18,7 @@ from astraeus import spec as S
 from astraeus import templates
 from astraeus.server import lifecycle
 from astraeus.server.bodies import INT64
-from astraeus.server.core import STATE_LOCK, lock_state
+from astraeus.server.core import STATE_LOCK, STATE_LOCK_COLUMNS, STATE_LOCK_PARAMS, lock_state
 from astraeus.server.db import (
     Access,
     Cluster,
@@ -174,13 +174,23 @@ _USER_CALLER = (select(Token, Org, Workspace).select_from(Token)
                 .where(Token.digest == bindparam("digest")))
 
 
-def user_caller(session: Session, authorization: str | None, org_name: str, ws_name: str) -> Caller:
+_USER_CALLER_LOCKING = _USER_CALLER.add_columns(*STATE_LOCK_COLUMNS)
+
+
+def user_caller(session: Session, authorization: str | None, org_name: str, ws_name: str,
+                lock: bool = False) -> Caller:
     """The caller of a workspace's user endpoint from its Authorization header (routers/deps.ws_caller, and the
     group-commit writer for a batch's submits): a machine token is refused. The token, the organisation and the
     workspace are read in one statement (each API call's first round trip, and on PostgreSQL its only one for
-    this), with the same refusals in the same order as authenticate() then workspace_caller()."""
+    this), with the same refusals in the same order as authenticate() then workspace_caller().
+
+    `lock` (PostgreSQL): the same statement also takes the state lock (core.lock_state's) when it finds the token,
+    whether or not the caller is then refused; not found, no lock is taken."""
     secret = _bearer(authorization)
-    row = session.execute(_USER_CALLER, {"org": org_name, "ws": ws_name, "digest": digest(secret)}).first()
+    params = {"org": org_name, "ws": ws_name, "digest": digest(secret)}
+    if lock:
+        params.update(STATE_LOCK_PARAMS)
+    row = session.execute(_USER_CALLER_LOCKING if lock else _USER_CALLER, params).first()
     tok = _valid(row[0] if row is not None else None)
     if tok.kind == "machine":
         raise ApiError(403, "FORBIDDEN", "a machine token cannot call user endpoints")

@@ -175,21 +175,25 @@ class Batcher:
             except Exception:  # a broken connection: the pool drops it
                 pass
 
-    def _authenticate(self, s, batch: list[Submit]) -> list[Submit]:
+    def _authenticate(self, s, batch: list[Submit], lock: bool) -> tuple[list[Submit], bool]:
         """The callers of the submits not authenticated yet, as the request's WsCaller and require("editor") would
-        find them (the same refusals, each to its own submit), read in the batch's own session before its state
-        lock (the token and the workspace once per distinct token and path in the batch), instead of one trip
-        through the thread pool and two statements per request. Returns the submits still to write."""
+        find them (the same refusals, each to its own submit), read in the batch's own session (the token and the
+        workspace once per distinct token and path in the batch), instead of one trip through the thread pool and
+        two statements per request. `lock` (PostgreSQL): the first caller's read also takes the state lock.
+        Returns the submits still to write, and whether the state lock is surely held (its caller was found)."""
         from astraeus.server.services import ApiError
 
+        locked = False
         todo = [it for it in batch if it.ws_id is None]
         if todo:
             callers: dict[tuple, Caller | ApiError] = {}
             for it in todo:
                 key = (it.authorization, it.org, it.ws)
                 if key not in callers:
+                    first = lock and not callers
                     try:
-                        callers[key] = editor(s, *key)
+                        callers[key] = editor(s, *key, lock=first)
+                        locked = locked or first
                     except ApiError as e:
                         callers[key] = e
                 c = callers[key]
@@ -198,20 +202,21 @@ class Batcher:
                     continue
                 it.caller = c
                 it.ws_id, it.ws_name, it.ws_ns = c.workspace.id, c.workspace.name, c.workspace.ns
-        return [it for it in batch if it.error is None]
+        return [it for it in batch if it.error is None], locked
 
     def _write(self, batch: list[Submit]) -> None:
         from astraeus.server.services import ApiError
 
         with self._session() as s, STATE_LOCK:
             try:
-                batch = self._authenticate(s, batch)
+                batch, locked = self._authenticate(s, batch, lock=s.get_bind().dialect.name == "postgresql")
                 if not batch:
                     s.rollback()
                     return
-                # the callers' rows stay as read (the request answers with their names)
-                lock_state(s, keep=[x for it in batch if it.caller is not None
-                                    for x in (it.caller.token, it.caller.org, it.caller.workspace)])
+                if not locked:
+                    # the callers' rows stay as read (the request answers with their names)
+                    lock_state(s, keep=[x for it in batch if it.caller is not None
+                                        for x in (it.caller.token, it.caller.org, it.caller.workspace)])
                 targets: dict[tuple[int, str | None], tuple | ApiError] = {}
                 for it in batch:
                     key = (it.ws_id, it.parsed.spec.cluster)
@@ -277,21 +282,31 @@ def _insert(s, accepted: list[Submit]) -> list[Submit]:
     A run whose name a live run of its workspace already has is not inserted (ON CONFLICT DO NOTHING on the
     unique workspace, name and live key: the check and the write in one statement, under the state lock): its
     submit is refused as submit_run refuses it, and nothing of it is written. Returns the submits written."""
-    from astraeus.server.db import Event, History, Worker
+    from astraeus.server.db import Worker
     from astraeus.server.services import dialect_insert, name_taken
 
     runs_t, workers_t = Run.__table__, Worker.__table__
     rows = [_values(it.run, runs_t) for it in accepted]
+    # what belongs to each run: its workers, its history line, its event (the run's id is not known yet: on
+    # PostgreSQL they are written in the runs' own round trip, each finding its run by uid; elsewhere once the ids
+    # are back, for the runs written)
+    owned = {id(it): ([_values(w, workers_t) for w in it.run.workers],
+                      {"time": it.at, "state": "Pending", "reason": "Submitted"},
+                      {"workspace_id": it.ws_id, "time": it.at, "kind": "RunSubmitted",
+                       "object": it.parsed.metadata.name,
+                       "message": lifecycle.submitted_message(it.parsed.metadata.name, it.parsed.spec.priority)})
+             for it in accepted}
     pg = _Driver.of(s)
-    got: dict[tuple[int, str], int] = {}
-    for group in _groups(rows):
-        params = [rows[i] for i in group]
-        if pg is not None:
-            got.update(((ws, name), rid) for rid, ws, name in pg.insert_runs(params))
-            continue
-        stmt = dialect_insert(s, runs_t).on_conflict_do_nothing(index_elements=["workspace_id", "name", "live_key"])
-        got.update(((ws, name), rid) for rid, ws, name in s.execute(
-            stmt.returning(runs_t.c.id, runs_t.c.workspace_id, runs_t.c.name), params))
+    if pg is not None:
+        got = {(ws, name): rid for rid, ws, name in pg.write(
+            [[rows[i] for i in g] for g in _groups(rows)], _owned_rows(accepted, owned, "run_uid"))}
+    else:
+        got = {}
+        for group in _groups(rows):
+            stmt = dialect_insert(s, runs_t).on_conflict_do_nothing(
+                index_elements=["workspace_id", "name", "live_key"])
+            got.update(((ws, name), rid) for rid, ws, name in s.execute(
+                stmt.returning(runs_t.c.id, runs_t.c.workspace_id, runs_t.c.name), [rows[i] for i in group]))
     written = []
     for it in accepted:
         rid = got.get((it.ws_id, it.run.name))
@@ -300,30 +315,32 @@ def _insert(s, accepted: list[Submit]) -> list[Submit]:
             it.error = name_taken(it.parsed.metadata.name, it.ws_name)
             continue
         it.run.id = rid
-        written.append(it)
-    accepted = written
-    if not accepted:
-        return accepted
-    workers = []
-    for it in accepted:
         for w in it.run.workers:
-            w.run_id = it.run.id
-            workers.append(w)
-    rows = [_values(w, workers_t) for w in workers]
-    many = [(workers_t, [rows[i] for i in group]) for group in _groups(rows)]
-    many.append((History.__table__, [{"run_id": it.run.id, "time": it.at, "state": "Pending", "reason": "Submitted"}
-                                     for it in accepted]))
-    many.append((Event.__table__, [
-        {"workspace_id": it.ws_id, "time": it.at, "kind": "RunSubmitted", "object": it.parsed.metadata.name,
-         "message": lifecycle.submitted_message(it.parsed.metadata.name, it.parsed.spec.priority)}
-        for it in accepted]))
-    if pg is not None:
-        pg.insert_many(many)
-    else:
+            w.run_id = rid
+        written.append(it)
+    if pg is None and written:
         # the workers' ids are not needed (nothing answers them): no RETURNING, an executemany per table
-        for table, params in many:
+        for table, params in _owned_rows(written, owned, "run_id"):
             s.execute(insert(table), params)
-    return accepted
+    return written
+
+
+def _owned_rows(accepted: list[Submit], owned: dict, key: str) -> list[tuple]:
+    """(table, rows) to insert for what belongs to the accepted runs (`owned`, by submit), each row naming its run
+    by `key`: run_id (the run's id) or run_uid (its uid, which _Driver's statements look up)."""
+    from astraeus.server.db import Event, History, Worker
+
+    workers, history, events = [], [], []
+    for it in accepted:
+        ref = it.run.id if key == "run_id" else it.run.uid
+        ws, h, e = owned[id(it)]
+        workers.extend(dict(w, **{key: ref}) for w in ws)
+        history.append(dict(h, **{key: ref}))
+        events.append(e if key == "run_id" else dict(e, run_uid=ref))
+    many = [(Worker.__table__, [workers[i] for i in group]) for group in _groups(workers)]
+    many.append((History.__table__, history))
+    many.append((Event.__table__, events))
+    return many
 
 
 class _Driver:
@@ -338,23 +355,36 @@ class _Driver:
     _sql: dict[tuple, str] = {}  # (table, columns, suffix) -> the statement
     _json: dict[str, list[str]] = {}  # table -> its JSON columns
 
-    def __init__(self, conn, quote) -> None:
-        self.conn, self.quote = conn, quote
+    def __init__(self, conn, dialect) -> None:
+        self.conn, self.dialect = conn, dialect
 
     @classmethod
     def of(cls, s) -> _Driver | None:
         bind = s.get_bind()
         if bind.dialect.name != "postgresql":
             return None
-        return cls(s.connection().connection.driver_connection, bind.dialect.identifier_preparer.quote)
+        return cls(s.connection().connection.driver_connection, bind.dialect)
 
-    def _statement(self, table, columns: tuple[str, ...], suffix: str = "") -> str:
-        key = (table.name, columns, suffix)
+    def _statement(self, table, columns: tuple[str, ...]) -> str:
+        """The runs' INSERT (a name a live run has is skipped; the id, workspace and name of each run written come
+        back), or a row that belongs to a run (`run_uid` among the columns: its run found by uid, and nothing
+        written when that run was not)."""
+        key = (table.name, columns)
         sql = self._sql.get(key)
         if sql is None:
-            q = self.quote
-            sql = self._sql[key] = (f"INSERT INTO {q(table.name)} ({', '.join(q(c) for c in columns)}) "
-                                    f"VALUES ({', '.join(f'%({c})s' for c in columns)}){suffix}")
+            q = self.dialect.identifier_preparer.quote
+            if table.name == Run.__tablename__:
+                sql = (f"INSERT INTO {q(table.name)} ({', '.join(q(c) for c in columns)}) "
+                       f"VALUES ({', '.join(f'%({c})s' for c in columns)})"
+                       " ON CONFLICT (workspace_id, name, live_key) DO NOTHING RETURNING id, workspace_id, name")
+            else:  # a SELECT's values have no target types: each is cast to its column's
+                cols = [c for c in columns if c != "run_uid"]
+                values = [f"CAST(%({c})s AS {table.c[c].type.compile(dialect=self.dialect)})" for c in cols]
+                if "run_id" in table.c:
+                    cols, values = ["run_id", *cols], ["r.id", *values]
+                sql = (f"INSERT INTO {q(table.name)} ({', '.join(q(c) for c in cols)}) SELECT {', '.join(values)} "
+                       f"FROM {q(Run.__tablename__)} AS r WHERE r.uid = %(run_uid)s")
+            self._sql[key] = sql
         return sql
 
     @classmethod
@@ -375,30 +405,36 @@ class _Driver:
             out.append(r)
         return out
 
-    def insert_runs(self, rows: list[dict]) -> list[tuple[int, int, str]]:
-        """(id, workspace id, name) of each run written; a run whose name a live run has is skipped."""
-        sql = self._statement(Run.__table__, tuple(rows[0]), " ON CONFLICT (workspace_id, name, live_key) DO NOTHING"
-                                                              " RETURNING id, workspace_id, name")
-        got = []
-        with self.conn.cursor() as cur:
-            cur.executemany(sql, self._params(Run.__table__, rows), returning=True)
-            while True:
-                got.extend(cur.fetchall())
-                if not cur.nextset():
-                    break
+    def write(self, runs: list[list[dict]], many: list[tuple]) -> list[tuple[int, int, str]]:
+        """The runs (groups of rows alike) and the rows that belong to them, in one pipeline (one round trip);
+        (id, workspace id, name) of each run written."""
+        curs = []
+        with self.conn.pipeline():
+            for rows in runs:
+                cur = self.conn.cursor()
+                curs.append(cur)
+                cur.executemany(self._statement(Run.__table__, tuple(rows[0])), self._params(Run.__table__, rows),
+                                returning=True)
+            with self.conn.cursor() as other:
+                for table, rows in many:
+                    if rows:
+                        other.executemany(self._statement(table, tuple(rows[0])), self._params(table, rows))
+            got = []
+            for cur in curs:
+                with cur:
+                    while True:
+                        got.extend(cur.fetchall())
+                        if not cur.nextset():
+                            break
         return got
 
-    def insert_many(self, many: list[tuple]) -> None:
-        with self.conn.cursor() as cur, self.conn.pipeline():
-            for table, rows in many:
-                cur.executemany(self._statement(table, tuple(rows[0])), self._params(table, rows))
 
-
-def editor(s, authorization: str | None, org: str, ws: str) -> Caller:
-    """The caller of a submit to workspace `org`/`ws` (routers/deps.ws_caller), who must be an editor."""
+def editor(s, authorization: str | None, org: str, ws: str, lock: bool = False) -> Caller:
+    """The caller of a submit to workspace `org`/`ws` (routers/deps.ws_caller), who must be an editor; `lock`:
+    services.user_caller's."""
     from astraeus.server import services
 
-    caller = services.user_caller(s, authorization, org, ws)
+    caller = services.user_caller(s, authorization, org, ws, lock=lock)
     services.require(caller, "editor")
     return caller
 

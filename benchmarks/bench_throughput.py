@@ -73,16 +73,16 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
             for i in range(n):
                 ax.submit(f"tput-{tag}-{i}", ["sh", "-c", "date +%s.%N"], gpus=1)
             t_submitted = time.time()
-            # Until every run has ended. The API is asked every second only, so that the check adds little load
-            # to the control plane being measured; the figure is the last stamp, not when this loop noticed.
+            # Until every run has ended, read from the control plane's SQLite file (a count, every 0.1 s, as the
+            # Slurm side looks at its stamp files): the control plane being measured spends nothing on it (listing
+            # the runs through the API each second was ~7 % of its CPU in a run of 400). The figure is the last
+            # stamp, not when this loop noticed. The runs' views are read once, at the end.
             deadline = time.time() + 3600
-            while True:
-                time.sleep(1.0)
-                items = ax.get(f"/runs?limit={min(max(n, 1), 1000)}")["items"]
-                if len(items) >= n and all(r["status"]["state"] in FINAL for r in items):
-                    break
+            while finished(ax.home / "astraeus.db", tag) < n:
+                time.sleep(0.1)
                 if time.time() > deadline:
                     raise TimeoutError(f"{n} runs did not finish in an hour")
+            items = ax.get(f"/runs?limit={min(max(n, 1), 1000)}")["items"]
             failed = [r for r in items if r["status"]["state"] != "Completed"]
             stamps_by_run: dict[str, float] = {}
             for i in range(n):
@@ -114,6 +114,18 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
 
 
 FINAL = ("Completed", "Failed", "Cancelled")
+
+
+def finished(db: Path, tag: str) -> int:
+    """How many of this measurement's runs have ended, read from the control plane's SQLite file (read-only)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        return con.execute(f"SELECT count(*) FROM runs WHERE name LIKE ? AND state IN ({', '.join('?' * len(FINAL))})",
+                           (f"tput-{tag}-%", *FINAL)).fetchone()[0]
+    except sqlite3.OperationalError:  # the file not there yet, or busy: look again
+        return 0
+    finally:
+        con.close()
 
 
 class SlurmDisturbed(RuntimeError):

@@ -194,8 +194,11 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
             loop.stop()  # gives the lease up: another replica leads at once
             cp.stop_bus()
 
+    # telemetry off: Astraeus exports Prometheus metrics (/metrics), not OpenTelemetry; FastAPI's native telemetry
+    # otherwise asks OpenTelemetry's global providers whether it is configured on every request
     app = FastAPI(title="Astraeus", version="0.1.0", lifespan=lifespan,
-                  description="GPU cluster workload manager: runs, workers, drives, machines.")
+                  description="GPU cluster workload manager: runs, workers, drives, machines.",
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.cp = cp
     app.state.loop = loop
     errors.install(app)

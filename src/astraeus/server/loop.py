@@ -653,6 +653,9 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None, k
     return touched
 
 
+# Woken back to back, the loop waits this share of its last cycle's time since that cycle ended (1.0, half the
+# control plane's time at most, made 200 trivial runs on 8 GPUs ~11 % slower: each exit's GPU waited for the pacing).
+CYCLE_PACING = 0.5
 TIMERS_EVERY = 0.25  # the loop's tick: how often it looks at lost machines and time limits when it is not woken
 # Cycles woken only by submits come at most this often: a burst's group commits (one wake each) are planned together.
 # A submit after a quiet spell is planned at once (the debounce only).
@@ -701,12 +704,12 @@ class SchedulingLoop:
             if self._stop.is_set():
                 return
             if woke:
-                # Batch a burst of changes into one cycle: wait the debounce, and until as long as the last cycle
-                # took has passed since it ended, so that scheduling never takes more than about half of the
-                # control plane's time (a change long after the last cycle, such as an exit freeing GPUs, waits
-                # only the debounce, not the whole last cycle's time again).
+                # Batch a burst of changes into one cycle: wait the debounce, and until half as long as the last
+                # cycle took has passed since it ended, so that scheduling never takes more than about two thirds
+                # of the control plane's time (a change long after the last cycle, such as an exit freeing GPUs,
+                # waits only the debounce). Bursts of submits are paced further (SUBMITS_EVERY).
                 idle = time.perf_counter() - self.last_cycle_end
-                time.sleep(max(s.schedule_debounce, self.last_cycle_seconds - idle))
+                time.sleep(max(s.schedule_debounce, CYCLE_PACING * self.last_cycle_seconds - idle))
             term = self.cp.leader.term() if self.cp.leader is not None else None
             if term is None:
                 continue  # a follower: the leader plans; the lease thread wakes this loop when it leads

@@ -347,12 +347,13 @@ class _Driver:
     """The batch's INSERTs on PostgreSQL, sent through psycopg itself on the session's connection (in its
     transaction): SQLAlchemy's part of each statement (building it, its multi-row VALUES for RETURNING, converted
     anew by psycopg for each batch size; its result) cost more CPU than the statements themselves. Each statement
-    is short and the same for every batch, so psycopg prepares it once; the runs come back one result per row
-    (executemany with RETURNING), the workers', history lines' and events' rows go in one pipeline, one round trip.
+    is short and the same for every batch, so psycopg prepares it once; the runs (executemany with RETURNING: one
+    result per row) and the workers', history lines' and events' rows (each finding its run by uid) go in one
+    pipeline, one round trip.
     JSON columns are sent as psycopg's Json (json.dumps, as SQLAlchemy's JSON type sends them); other values as
     they are. The columns and their values are _values' (what the ORM would insert)."""
 
-    _sql: dict[tuple, str] = {}  # (table, columns, suffix) -> the statement
+    _sql: dict[tuple, str] = {}  # (table, columns) -> the statement
     _json: dict[str, list[str]] = {}  # table -> its JSON columns
 
     def __init__(self, conn, dialect) -> None:

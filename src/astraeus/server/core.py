@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import bindparam, func, text, true
+from sqlalchemy import bindparam, func, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from astraeus.server import db
@@ -88,11 +88,12 @@ STATE_LOCK_KEY = 0x6173747261535441
 STATE_IDLE_TIMEOUT_MS = 10_000
 
 
-# lock_state's statement, as columns to add to a session's first read (the read and the lock in one round trip:
-# the group-commit writer's caller); their values bound by STATE_LOCK_PARAMS
+# The state lock as columns of a SELECT (lock_state's statement), which a session's first read may also carry (the
+# read and the lock in one round trip: the group-commit writer's caller); their values bound by STATE_LOCK_PARAMS
 STATE_LOCK_COLUMNS = (func.set_config("idle_in_transaction_session_timeout", bindparam("state_lock_t"), true()),
                       func.pg_advisory_xact_lock(bindparam("state_lock_k")))
 STATE_LOCK_PARAMS = {"state_lock_t": str(int(STATE_IDLE_TIMEOUT_MS)), "state_lock_k": STATE_LOCK_KEY}
+_LOCK_STATE = select(*STATE_LOCK_COLUMNS)
 
 
 def lock_state(session: Session, keep=()) -> None:
@@ -104,8 +105,7 @@ def lock_state(session: Session, keep=()) -> None:
     cut off by PostgreSQL (nothing of it is written). SQLite: one process, whose STATE_LOCK the caller holds;
     nothing to do."""
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT set_config('idle_in_transaction_session_timeout', :t, true), "
-                             "pg_advisory_xact_lock(:k)"), {"t": str(int(STATE_IDLE_TIMEOUT_MS)), "k": STATE_LOCK_KEY})
+        session.execute(_LOCK_STATE, STATE_LOCK_PARAMS)
         if keep:
             kept = {id(o) for o in keep}
             for o in list(session.identity_map.values()):

@@ -250,9 +250,9 @@ def measure_slurm(jobs: int, clients: int) -> dict:
     return figures("Slurm sbatch --hold", lat, wall)
 
 
-def one_round(a, dbs: list[str]) -> tuple[list[dict], list[dict]]:
+def one_round(a, dbs: list[str]) -> tuple[list[dict], float | None]:
     """Slurm, each database (with --was: was, now, now, was), Slurm again; prints the table and the ratios.
-    Returns (every row, Slurm's rows)."""
+    Returns (every row, Slurm's mean rate: None without Slurm)."""
     results: list[dict] = []
     slurm = []
     if a.slurm_jobs:
@@ -279,14 +279,14 @@ def one_round(a, dbs: list[str]) -> tuple[list[dict], list[dict]]:
         cpu = "" if r.get("cpu_ms") is None else f"{r['cpu_ms']:.1f}"
         print(f"{r['system']:<30}{r['n']:>6}{r['rate']:>9.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
               f"{r['wall_s']:>8.1f}{cpu:>15}")
-    if slurm:
-        ref = statistics.mean(s["rate"] for s in slurm)
+    ref = statistics.mean(s["rate"] for s in slurm) if slurm else None
+    if ref:
         print(f"ratio to Slurm's sbatch ({ref:.0f}/s, the mean of its two measurements):")
         for r in results:
             if not r["system"].startswith("Slurm"):
                 print(f"  {r['system']:<28}{r['rate'] / ref:>6.2f}x")
     print(f"load average {os.getloadavg()[0]:.1f} at the end", flush=True)
-    return results, slurm
+    return results, ref
 
 
 def main() -> None:
@@ -313,8 +313,7 @@ def main() -> None:
     for k in range(a.rounds):
         if a.rounds > 1:
             print(f"-- round {k + 1} of {a.rounds}", flush=True)
-        results, slurm = one_round(a, dbs)
-        ref = statistics.mean(s["rate"] for s in slurm) if slurm else None
+        results, ref = one_round(a, dbs)
         for r in results:
             if not r["system"].startswith("Slurm"):
                 p99s.setdefault(r["system"], []).append(r["p99_ms"])

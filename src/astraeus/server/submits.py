@@ -19,6 +19,7 @@ it is kept and each of its submits is answered FALLBACK: its request then submit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import uuid
@@ -409,24 +410,22 @@ class _Driver:
     def write(self, runs: list[list[dict]], many: list[tuple]) -> list[tuple[int, int, str]]:
         """The runs (groups of rows alike) and the rows that belong to them, in one pipeline (one round trip);
         (id, workspace id, name) of each run written."""
-        curs = []
-        with self.conn.pipeline():
-            for rows in runs:
-                cur = self.conn.cursor()
-                curs.append(cur)
+        with contextlib.ExitStack() as stack, self.conn.pipeline():
+            # one cursor per group of runs (its results read once all is sent), closed whatever happens
+            curs = [stack.enter_context(self.conn.cursor()) for _ in runs]
+            for cur, rows in zip(curs, runs, strict=True):
                 cur.executemany(self._statement(Run.__table__, tuple(rows[0])), self._params(Run.__table__, rows),
                                 returning=True)
-            with self.conn.cursor() as other:
-                for table, rows in many:
-                    if rows:
-                        other.executemany(self._statement(table, tuple(rows[0])), self._params(table, rows))
+            other = stack.enter_context(self.conn.cursor())
+            for table, rows in many:
+                if rows:
+                    other.executemany(self._statement(table, tuple(rows[0])), self._params(table, rows))
             got = []
             for cur in curs:
-                with cur:
-                    while True:
-                        got.extend(cur.fetchall())
-                        if not cur.nextset():
-                            break
+                while True:
+                    got.extend(cur.fetchall())
+                    if not cur.nextset():
+                        break
         return got
 
 

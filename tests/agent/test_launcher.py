@@ -186,3 +186,49 @@ def test_the_view_prepared_once_follows_the_hosts_mounts(tmp_path, make_rt, assi
         if mounted:
             subprocess.run(["umount", "-l", host], check=False)
         os.rmdir(host)
+
+
+def test_the_launcher_holds_only_what_the_shims_need(tmp_path):
+    """Every module the launcher holds makes each fork, and each forked process's exit, dearer for the machine
+    (psutil alone doubled it): the launcher of a process runtime imports the shim's modules and no heavier ones; a
+    container runtime's adds the container shim."""
+    import subprocess
+    import sys
+
+    probe = ("import importlib, sys\nfrom astraeus.agent.runtime import launcher\n"
+             "for m in (*launcher.SHIM_MODULES, *sys.argv[1:]): importlib.import_module(m)\n"
+             "print(' '.join(sorted(sys.modules)))\n")
+    held = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                              cwd=tmp_path).stdout.split())
+    assert {"astraeus.agent.runtime.shim", "astraeus.agent.runtime.mounts", "astraeus.agent.runtime.cgroups"} <= held
+    assert not held & {"psutil", "subprocess", "threading", "dataclasses", "typing", "inspect", "ctypes.util",
+                       "traceback", "platform", "astraeus.agent.runtime.container_shim"}
+    container = subprocess.run([sys.executable, "-c", probe, "astraeus.agent.runtime.container_shim"],
+                               capture_output=True, text=True, check=True, cwd=tmp_path).stdout.split()
+    assert "astraeus.agent.runtime.container_shim" in container
+    from astraeus.agent.runtime.container import ContainerRuntime
+
+    assert ContainerRuntime.SHIM_PRELOAD == ("astraeus.agent.runtime.container_shim",)
+    assert ProcessRuntime.SHIM_PRELOAD == ()
+
+
+def test_the_shim_reads_process_start_times_and_children_as_psutil_does():
+    """The shim no longer imports psutil: the start times it records (compared by the agent with psutil's, within
+    0.05 s) and the children it finds without /proc/PID/task/TID/children are read from /proc the same way."""
+    import subprocess
+
+    import psutil
+
+    from astraeus.agent.runtime import shim
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        for pid in (os.getpid(), child.pid):
+            assert abs(shim.create_time(pid) - psutil.Process(pid).create_time()) < 0.05
+        assert child.pid in shim.children_by_scan()[os.getpid()]
+        assert shim.proc_state(child.pid) in ("S", "R")
+    finally:
+        child.kill()
+        child.wait()
+    assert shim.proc_state(child.pid) is None
+    assert shim.create_time(child.pid) is None

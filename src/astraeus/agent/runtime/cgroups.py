@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 
 LIMITED = ("memory", "cpu", "pids")  # controllers that carry a worker's requested resources
 V1_ONLY = ("devices", "freezer")  # v1 controllers used for GPU nodes and for killing a tree
@@ -69,13 +68,25 @@ def _usable(root: str) -> bool:
         return False
 
 
-@dataclass
-class Hierarchies:
+class _Record:
+    """A plain record compared and shown by its to_json(). Not a dataclass: this module is imported by the shim
+    launcher, and dataclasses' imports (inspect, ast, dis ...) made each of its forks dearer."""
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.to_json() == self.to_json()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.to_json()!r})"
+
+
+class Hierarchies(_Record):
     """Where this host's worker cgroups go (the agent finds them once; the spec.json of each worker carries them)."""
 
-    v2: str | None = None  # <cgroup2 mount>/astraeus
-    v2_controllers: list[str] = field(default_factory=list)  # of LIMITED, enabled for the children of v2
-    v1: dict[str, str] = field(default_factory=dict)  # controller -> <its mount>/astraeus
+    def __init__(self, v2: str | None = None, v2_controllers: list[str] | None = None,
+                 v1: dict[str, str] | None = None):
+        self.v2 = v2  # <cgroup2 mount>/astraeus
+        self.v2_controllers = v2_controllers if v2_controllers is not None else []  # of LIMITED, enabled for v2's
+        self.v1 = v1 if v1 is not None else {}  # controller -> <its mount>/astraeus
 
     @property
     def root(self) -> str | None:
@@ -128,12 +139,11 @@ def detect(mounts_file: str = "/proc/self/mounts", subdir: str = "astraeus") -> 
     return h
 
 
-@dataclass
-class Limits:
-    memory_bytes: int | None = None
-    cpu_cores: float | None = None
-    pids_max: int | None = None
-    deny_devices: list[str] = field(default_factory=list)  # "c <major>:<minor>"
+class Limits(_Record):
+    def __init__(self, memory_bytes: int | None = None, cpu_cores: float | None = None, pids_max: int | None = None,
+                 deny_devices: list[str] | None = None):
+        self.memory_bytes, self.cpu_cores, self.pids_max = memory_bytes, cpu_cores, pids_max
+        self.deny_devices = deny_devices if deny_devices is not None else []  # "c <major>:<minor>"
 
     def to_json(self) -> dict:
         return {"memory_bytes": self.memory_bytes, "cpu_cores": self.cpu_cores, "pids_max": self.pids_max,
@@ -151,14 +161,14 @@ def cpu_quota_us(cores: float) -> int:
     return max(CPU_MIN_QUOTA_US, int(round(float(cores) * CPU_PERIOD_US)))
 
 
-@dataclass
-class WorkerCgroup:
+class WorkerCgroup(_Record):
     """One worker attempt's cgroup: a v2 folder and/or v1 folders (controller -> folder), all named `name`."""
 
-    name: str
-    v2: str | None = None
-    v2_controllers: list[str] = field(default_factory=list)
-    v1: dict[str, str] = field(default_factory=dict)
+    def __init__(self, name: str, v2: str | None = None, v2_controllers: list[str] | None = None,
+                 v1: dict[str, str] | None = None):
+        self.name, self.v2 = name, v2
+        self.v2_controllers = v2_controllers if v2_controllers is not None else []
+        self.v1 = v1 if v1 is not None else {}
 
     # ------------------------------------------------------------ records
     def to_json(self) -> dict:

@@ -23,6 +23,11 @@ Protocol (the agent's side is `Launcher`): one JSON line per request on the laun
 forked (-1: the request was not JSON). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
 it. Any failure on the agent's side (the launcher not started, dead, a broken pipe, a garbled answer) makes
 ProcessRuntime fall back to starting the shim with Popen.
+
+The launcher holds only what the shims need (each module it holds makes every fork, and every forked process's
+exit, dearer for the machine): the shim's modules, and the container shim's only for a ContainerRuntime's
+launcher (`Launcher(preload=...)`, passed on its command line). This module's agent side imports subprocess and
+threading when it is used, not at the top, so that the launcher process does not hold them.
 """
 
 from __future__ import annotations
@@ -30,9 +35,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import subprocess
 import sys
-import threading
 
 SLOT_VAR = "ASTRAEUS_SHIM_LAUNCHER"  # in the launcher: a blank slot; in the agent: `0` turns the launcher off
 SLOT_BYTES = 8192
@@ -109,9 +112,16 @@ def _child(req: dict, block: tuple[int, int] | None, template: tuple[int, str] |
         os._exit(code)
 
 
-def serve() -> None:
-    # What the shims need, imported once here (each fork has them).
-    from astraeus.agent.runtime import cgroups, container_shim, mounts, shim  # noqa: F401
+# What every shim needs, imported once in the launcher (each fork has them); a ContainerRuntime's launcher also
+# imports the container shim (its command line names the modules to add).
+SHIM_MODULES = ("astraeus.agent.runtime.cgroups", "astraeus.agent.runtime.mounts", SHIM_MODULE)
+
+
+def serve(preload: list[str] | tuple[str, ...] = ()) -> None:
+    import importlib
+
+    for name in (*SHIM_MODULES, *preload):
+        importlib.import_module(name)
 
     block = _env_block()
     inp = sys.stdin.buffer
@@ -169,16 +179,22 @@ def _reap() -> None:
 
 # ------------------------------------------------------------------ the agent's side
 class Launcher:
-    """The agent's handle on its launcher process: started at the first use, restarted if it died."""
+    """The agent's handle on its launcher process: started at the first use, restarted if it died. `preload`: the
+    modules its shims need beyond SHIM_MODULES (a container runtime's: the container shim)."""
 
-    def __init__(self, env: dict[str, str], stderr_path: str | None = None):
+    def __init__(self, env: dict[str, str], stderr_path: str | None = None, preload: tuple[str, ...] = ()):
+        import threading
+
         self.env = env
         self.stderr_path = stderr_path
-        self.proc: subprocess.Popen | None = None
+        self.preload = tuple(preload)
+        self.proc = None  # the launcher's subprocess.Popen once started
         self.lock = threading.Lock()
         self.failures = 0
 
-    def _ensure(self) -> subprocess.Popen:
+    def _ensure(self):  # -> subprocess.Popen
+        import subprocess
+
         if self.proc is not None and self.proc.poll() is None:
             return self.proc
         if self.proc is not None:
@@ -186,9 +202,9 @@ class Launcher:
         env = dict(self.env, **{SLOT_VAR: " " * SLOT_BYTES})
         err = open(self.stderr_path, "ab") if self.stderr_path else subprocess.DEVNULL  # noqa: SIM115
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", LAUNCHER_MODULE], env=env, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, cwd="/", start_new_session=True,
-                                         close_fds=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", LAUNCHER_MODULE, *self.preload], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, cwd="/",
+                                         start_new_session=True, close_fds=True)
         finally:
             if err is not subprocess.DEVNULL:
                 err.close()
@@ -216,6 +232,8 @@ class Launcher:
                 raise OSError(f"shim launcher: {e}") from None
 
     def _close(self) -> None:
+        import subprocess
+
         p, self.proc = self.proc, None
         if p is None:
             return
@@ -236,4 +254,4 @@ class Launcher:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1:])

@@ -37,7 +37,6 @@ no capabilities (effective, permitted, inheritable, ambient), and no_new_privs.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import stat
@@ -60,7 +59,9 @@ PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203}
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# libc from the symbols this process has loaded already (as the shim's LIBC): ctypes.util.find_library runs
+# `ldconfig -p`, and ctypes.util's imports (subprocess, shutil ...) made every fork of the shim launcher dearer.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -332,9 +333,7 @@ def _mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, int]]:
 
 
 def _pivot_root(new_root: str, put_old: str) -> None:
-    import platform
-
-    nr = SYS_PIVOT_ROOT.get(platform.machine())
+    nr = SYS_PIVOT_ROOT.get(os.uname().machine)  # platform.machine(), without importing platform in each worker
     if nr is None or _libc.syscall(nr, _b(new_root), _b(put_old)) != 0:
         e = ctypes.get_errno() if nr is not None else 38
         raise OSError(e, f"pivot_root: {os.strerror(e)}")

@@ -171,6 +171,8 @@ def find_cgroup_root() -> str | None:
 
 
 class ProcessRuntime(Runtime):
+    SHIM_PRELOAD: tuple[str, ...] = ()  # modules the shim launcher imports beyond the shim's own (Launcher)
+
     def __init__(self, state_dir: str, image_map: ImageMap | None = None, stop_grace: float = 30.0,
                  use_cgroups: bool = True, start_timeout: float = 30.0, pids_max: int | None = None,
                  device_dir: str = "/dev"):
@@ -205,7 +207,8 @@ class ProcessRuntime(Runtime):
         # starts each with its own interpreter, as before.
         self.launcher: Launcher | None = None
         if os.environ.get("ASTRAEUS_SHIM_LAUNCHER", "1") != "0":
-            self.launcher = Launcher(self._shim_base_env(), os.path.join(self.state_dir, "launcher.log"))
+            self.launcher = Launcher(self._shim_base_env(), os.path.join(self.state_dir, "launcher.log"),
+                                     preload=self.SHIM_PRELOAD)
 
     # ------------------------------------------------------------ helpers
     def dir(self, worker: str, attempt: int) -> str:

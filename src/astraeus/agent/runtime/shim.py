@@ -24,7 +24,10 @@ and upgrades. It:
    main process was SIGKILLed by the kernel's OOM killer at its memory limit) and exits.
 
 If the worker folder is deleted (state dir wiped), the shim writes its files again within half a second
-so a restarted agent can adopt it. Stdlib + psutil only.
+so a restarted agent can adopt it. Stdlib only, and as little of it as it needs: the shim is forked from a
+pre-started launcher (astraeus.agent.runtime.launcher), and every module it holds makes each fork dearer (psutil
+alone, 3 MB of the launcher's memory, doubled what a fork and its exit cost the machine); what it asked psutil
+is read from /proc here, as psutil reads it.
 """
 
 from __future__ import annotations
@@ -37,9 +40,6 @@ import selectors
 import signal
 import sys
 import time
-import traceback
-
-import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
@@ -50,6 +50,48 @@ MAX_LINE = 64 * 1024
 # libc, from the symbols this process has loaded already: ctypes.util.find_library("c") runs `ldconfig -p` (a
 # process start, ~7 ms here), which each shim paid twice.
 LIBC = ctypes.CDLL(None, use_errno=True)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_BOOT_TIME: list[float] = []
+
+
+def create_time(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch, as psutil.Process(pid).create_time() computes it
+    (its start in clock ticks since boot, /proc/PID/stat field 22, plus the boot time, /proc/stat's btime), which
+    is what the agent compares it with; None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        if not _BOOT_TIME:
+            with open("/proc/stat", "rb") as f:
+                _BOOT_TIME.append(float(next(ln for ln in f if ln.startswith(b"btime")).split()[1]))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return ticks / CLOCK_TICKS + _BOOT_TIME[0]
+
+
+def proc_state(pid: int) -> str | None:
+    """Process `pid`'s state letter (/proc/PID/stat field 3: R, S, Z ...), None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def children_by_scan() -> dict[int, list[int]]:
+    """Every process's children, from each one's parent (/proc/PID/stat field 4): one read per process, for a
+    kernel without /proc/PID/task/TID/children."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
 
 
 # The worker's PID 1, run in the shim's fork (reaper(): no interpreter start of its own, which cost ~15 ms of CPU
@@ -234,14 +276,14 @@ class Shim:
         self.started: dict | None = None
         self.partial: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self.partial_since: dict[str, float] = {}
-        self.me = psutil.Process()
+        self.create_time = create_time(os.getpid())
 
     # ---------------------------------------------------------------- files
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
 
     def write_shim_json(self) -> None:
-        write_json(self.path("shim.json"), {"shim_pid": os.getpid(), "shim_create_time": self.me.create_time()})
+        write_json(self.path("shim.json"), {"shim_pid": os.getpid(), "shim_create_time": self.create_time})
 
     def open_log(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
@@ -598,12 +640,9 @@ class Shim:
     def record_started(self, pid: int, out_r: int, err_r: int, **extra) -> None:
         """The command runs as `pid` (the host's view), its output on these pipes: started.json says so."""
         self.pid = pid
-        try:
-            self.pid_ctime = psutil.Process(pid).create_time()
-        except psutil.Error:
-            self.pid_ctime = None
+        self.pid_ctime = create_time(pid)
         self.started = {"pid": pid, "pid_create_time": self.pid_ctime, "pgid": pid, "shim_pid": os.getpid(),
-                        "shim_create_time": self.me.create_time(), "started_at": time.time(),
+                        "shim_create_time": self.create_time, "started_at": time.time(),
                         "cgroup": self.cg.primary if self.cg else None,
                         "cgroups": self.cg.to_json() if self.cg else None, "limits": self.spec.get("limits"),
                         **extra}
@@ -629,17 +668,14 @@ class Shim:
 
     @staticmethod
     def _children(pid: int) -> list[int]:
-        """pid's children: from /proc/PID/task/PID/children where the kernel has it (one read), else by psutil
-        (which reads every process's stat)."""
+        """pid's children: from /proc/PID/task/PID/children where the kernel has it (one read), else from every
+        process's parent (children_by_scan)."""
         try:
             with open(f"/proc/{pid}/task/{pid}/children") as f:
                 return [int(x) for x in f.read().split()]
         except FileNotFoundError:
             if os.path.exists(f"/proc/{pid}"):
-                try:
-                    return [k.pid for k in psutil.Process(pid).children()]
-                except psutil.Error:
-                    return []
+                return children_by_scan().get(pid, [])
             return []
         except (OSError, ValueError):
             return []
@@ -675,7 +711,7 @@ class Shim:
 
     def descendants(self) -> list[int]:
         """Our live (not zombie) descendants: walked through /proc/PID/task/TID/children where the kernel has it
-        (a few reads), else by psutil (which reads every process's stat)."""
+        (a few reads), else from every process's parent (children_by_scan)."""
         me = os.getpid()
         if os.path.exists(f"/proc/{me}/task/{me}/children"):
             out, todo, seen = [], [me], {me}
@@ -696,18 +732,17 @@ class Shim:
                             continue
                         seen.add(k)
                         todo.append(k)
-                        try:
-                            with open(f"/proc/{k}/stat") as f:
-                                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-                        except (OSError, IndexError):
-                            continue
-                        if not zombie:
+                        if proc_state(k) not in (None, "Z"):
                             out.append(k)
             return out
-        try:
-            return [p.pid for p in self.me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-        except psutil.Error:
-            return []
+        kids = children_by_scan()
+        out, todo = [], [me]
+        while todo:
+            for k in kids.get(todo.pop(), []):
+                todo.append(k)
+                if proc_state(k) not in (None, "Z"):
+                    out.append(k)
+        return out
 
     def marked(self) -> list[int]:
         want = f"ASTRAEUS_WORKER_ID={self.marker}".encode()
@@ -960,6 +995,8 @@ def main(argv: list[str]) -> None:
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001
+        import traceback  # here only: every module the launcher holds makes each fork dearer
+
         log("shim crashed:\n" + traceback.format_exc())
         d = os.path.dirname(os.path.abspath(argv[1]))
         if not os.path.exists(os.path.join(d, "started.json")):

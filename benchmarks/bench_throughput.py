@@ -70,6 +70,7 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
         with open_local() as ax:
             tag = str(int(time.time()))[-6:]
             t0 = time.time()
+            busy0 = machine_busy_seconds()
             for i in range(n):
                 ax.submit(f"tput-{tag}-{i}", ["sh", "-c", "date +%s.%N"], gpus=1)
             t_submitted = time.time()
@@ -82,6 +83,7 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
                 time.sleep(0.1)
                 if time.time() > deadline:
                     raise TimeoutError(f"{n} runs did not finish in an hour")
+            busy = machine_busy_seconds() - busy0  # the machine's CPU, all processes, first submit → all ended
             items = ax.get(f"/runs?limit={min(max(n, 1), 1000)}")["items"]
             failed = [r for r in items if r["status"]["state"] != "Completed"]
             stamps_by_run: dict[str, float] = {}
@@ -110,6 +112,7 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
     return {"system": system, "jobs": n, "seconds": total,
             "jobs_per_second": done / total if total > 0 else None, "submit_seconds": t_submitted - t0,
             "stamps": done, "failed": len(failed), "phases": phases, "steps": steps,
+            "cpu_ms_per_run": busy * 1000 / n,
             "failed_reasons": sorted({r["status"].get("reason", "") for r in failed})}
 
 
@@ -406,7 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     def keep(r: dict) -> None:  # printed at once: a later failure does not lose it
         r["loadavg_1m"] = os.getloadavg()[0]  # the machine's load as it ended: figures under load are inflated
         results.append(r)
-        print(f"{r['system']}: {r['seconds']:.2f} s for {r['jobs']} runs (load average {r['loadavg_1m']:.1f})",
+        cpu = f", machine CPU {r['cpu_ms_per_run']:.1f} ms per run" if r.get("cpu_ms_per_run") else ""
+        print(f"{r['system']}: {r['seconds']:.2f} s for {r['jobs']} runs{cpu} (load average {r['loadavg_1m']:.1f})",
               flush=True)
     if not a.no_astraeus:
         keep(measure_astraeus_throughput(a.jobs))

@@ -9,6 +9,7 @@ import re
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from tests.console.conftest import shot
 
@@ -115,10 +116,11 @@ def test_runs_list_updates_live(editor, console_cluster):
         " return r && r.innerText.includes('Completed'); })()")
     assert not_reloaded(page)
     shot(page, "runs")
-    page.click(".filters a:has-text('Completed')")
-    assert page.locator("tr[data-run='live-run']").count() == 1
-    page.click(".filters a:has-text('Pending')")
-    assert page.locator("tr[data-run='live-run']").count() == 0
+    for state, rows in (("Completed", 1), ("Pending", 0)):  # each filter a new page: counted once it has loaded
+        page.click(f".filters a:has-text('{state}')")
+        page.wait_for_url(re.compile(rf"state={state}"))
+        page.wait_for_load_state("domcontentloaded")
+        expect(page.locator("tr[data-run='live-run']")).to_have_count(rows)
 
 
 def test_priority_above_the_maximum_is_refused(editor, console_cluster):

@@ -116,6 +116,7 @@ while True:
         except OSError:
             pass
 """
+REAPER_CODE = compile(REAPER, "<astraeus-reaper>", "exec")  # once, in the launcher: not in each worker's PID 1
 
 
 NOTIFY = ("started.json", "exit.json", "failed.json")  # a worker started, ended or failed to start
@@ -213,7 +214,7 @@ def reaper(ack: int, status: int, cmd: int) -> None:
         os.closerange(keep[0] + 1, keep[1])
         os.closerange(keep[1] + 1, 65536)
         clear_identity("astraeus-reaper")
-        exec(REAPER, {"__name__": "reaper", "ARGS": [ack, status, cmd]})
+        exec(REAPER_CODE, {"__name__": "reaper", "ARGS": [ack, status, cmd]})
     finally:
         os._exit(0)
 

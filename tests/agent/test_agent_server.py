@@ -93,3 +93,37 @@ def test_agent_restart_adopts_and_stop_workers_on_exit(server, tmp_path):
         a2.shutdown()  # --stop-workers-on-exit: nothing is left running
         assert not pid_alive(pid)
         assert (out / "ckpt").read_text() == "adopt-me"
+
+
+def test_a_quick_workers_lines_come_with_its_exit_report(server, tmp_path, monkeypatch):
+    """A worker that prints and ends at once: its lines reach the control plane with the report of its end, not in a
+    log batch of their own (the log thread is not woken by each start and exit: its own pace, LOG_EVERY, is made
+    long here so that only a wake could send one), and `logs` shows them all."""
+    from astraeus.agent import agent as agent_mod
+
+    monkeypatch.setattr(agent_mod, "LOG_EVERY", 60.0)
+    agent = _agent(server, tmp_path)
+    posted: list[str] = []
+    post = agent._post
+
+    def counting(client, path, body, omit_none=()):
+        posted.append(path)
+        return post(client, path, body, omit_none)
+
+    agent._post = counting
+    agent.start()
+    try:
+        h = {"Authorization": f"Bearer {server['token']}"}
+        with httpx.Client(base_url=server["api"], headers=h, timeout=10) as c:
+            wait_for(lambda: c.get("/machines").json()["items"], timeout=20, what="the machine to join")
+            body = {"metadata": {"name": "quick"}, "spec": {"task_template": {
+                "image": "python:3.11", "command": "sh", "args": ["-c", "for i in 1 2 3; do echo line $i; done"],
+                "restart_policy": "Never", "requested_resources": {"cpu_cores": 1, "memory_bytes": 1 << 30}}}}
+            assert c.post("/runs", json=body).status_code == 201
+            wait_for(lambda: c.get("/runs/quick").json()["status"]["state"] == "Completed", timeout=20,
+                     what="the run to complete")
+            assert c.get("/workers/quick-0/logs").text.split() == ["line", "1", "line", "2", "line", "3"]
+            assert "/logs" not in posted and "/report" in posted
+    finally:
+        agent.request_exit()
+        agent.shutdown()

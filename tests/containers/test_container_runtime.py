@@ -211,6 +211,11 @@ def test_pull_failures_are_clear_start_failures(crt, box, registry):
     for i, (image, words) in enumerate(cases.items()):
         st = start_fails(crt, box("true", image=image, worker=f"team.bad-{i}"), words)
         assert image in st.message
+        # the worker's cgroups, made before the pull, are removed with its failure (none left on the machine)
+        with open(os.path.join(crt.dir(f"team.bad-{i}", 1), "spec.json")) as f:
+            cg = json.load(f).get("cgroups") or {}
+        made = [d for d in [cg.get("v2"), *(cg.get("v1") or {}).values()] if d]
+        assert made and not [d for d in made if os.path.exists(d)]
     a = box("true", image="Not An Image", worker="team.bad-x")
     with pytest.raises(Exception, match="is not an image reference"):
         crt.start(a)

@@ -368,6 +368,10 @@ class Shim:
     # ---------------------------------------------------------------- setup
     def fail(self, message: str) -> None:
         log(f"start failed: {message}")
+        # the cgroup(s) made for the worker before its start failed (an image that could not be pulled, ...): no
+        # process of it is left in them, and nothing else would remove them
+        if getattr(self, "cg", None) is not None:
+            self.cleanup_cgroup()
         write_json(self.path("failed.json"), {"message": message, "time": time.time()})
         sys.exit(0)
 

@@ -46,12 +46,12 @@ SHIM_MODULE = "astraeus.agent.runtime.shim"
 # ------------------------------------------------------------------ the launcher process
 def _env_block() -> tuple[int, int] | None:
     """This process's environment block (env_start, env_end in /proc/self/stat, fields 50 and 51)."""
+    from astraeus.agent.runtime.shim import stat_fields  # the launcher holds the shim's modules anyway
+
+    fields = stat_fields("self")
     try:
-        with open("/proc/self/stat") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(")") + 2:].split()
         return int(fields[47]), int(fields[48])
-    except (OSError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError):
         return None
 
 

@@ -54,13 +54,26 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _BOOT_TIME: list[float] = []
 
 
-def create_time(pid: int) -> float | None:
-    """When process `pid` started, in seconds since the epoch, as psutil.Process(pid).create_time() computes it
-    (its start in clock ticks since boot, /proc/PID/stat field 22, plus the boot time, /proc/stat's btime), which
-    is what the agent compares it with; None when there is no such process."""
+def stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses): [0] is field 3 (the
+    state), [1] field 4 (the parent), [19] field 22 (the start in clock ticks since boot), [45:49] fields 48-51
+    (the argument and environment blocks); None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return None
+
+
+def create_time(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch, as psutil.Process(pid).create_time() computes it
+    (its start in clock ticks since boot plus the boot time, /proc/stat's btime), which is what the agent compares
+    it with; None when there is no such process."""
+    fields = stat_fields(pid)
+    if not fields:
+        return None
+    try:
+        ticks = int(fields[19])
         if not _BOOT_TIME:
             with open("/proc/stat", "rb") as f:
                 _BOOT_TIME.append(float(next(ln for ln in f if ln.startswith(b"btime")).split()[1]))
@@ -70,27 +83,18 @@ def create_time(pid: int) -> float | None:
 
 
 def proc_state(pid: int) -> str | None:
-    """Process `pid`'s state letter (/proc/PID/stat field 3: R, S, Z ...), None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
+    """Process `pid`'s state letter (R, S, Z ...), None when there is no such process."""
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def children_by_scan() -> dict[int, list[int]]:
-    """Every process's children, from each one's parent (/proc/PID/stat field 4): one read per process, for a
-    kernel without /proc/PID/task/TID/children."""
+    """Every process's children, from each one's parent: one read per process, for a kernel without
+    /proc/PID/task/TID/children."""
     kids: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(name))
+        if name.isdigit() and (fields := stat_fields(name)) and len(fields) > 1 and fields[1].isdigit():
+            kids.setdefault(int(fields[1]), []).append(int(name))
     return kids
 
 
@@ -191,10 +195,8 @@ def clear_identity(title: str) -> None:
     """Show /proc/self/cmdline as `title` and /proc/self/environ empty: write over this process's argument and
     environment blocks in place (as setproctitle does; their addresses are fields 48-51 of /proc/self/stat)."""
     try:
-        with open("/proc/self/stat") as f:
-            stat = f.read()
-        arg_start, arg_end, env_start, env_end = (int(x) for x in stat[stat.rindex(")") + 2:].split()[45:49])
-    except (OSError, ValueError, IndexError):
+        arg_start, arg_end, env_start, env_end = (int(x) for x in (stat_fields("self") or [])[45:49])
+    except ValueError:  # no such fields
         return
     if env_end > env_start:
         ctypes.memset(env_start, 0, env_end - env_start)
@@ -370,8 +372,7 @@ class Shim:
         log(f"start failed: {message}")
         # the cgroup(s) made for the worker before its start failed (an image that could not be pulled, ...): no
         # process of it is left in them, and nothing else would remove them
-        if getattr(self, "cg", None) is not None:
-            self.cleanup_cgroup()
+        self.cleanup_cgroup()
         write_json(self.path("failed.json"), {"message": message, "time": time.time()})
         sys.exit(0)
 

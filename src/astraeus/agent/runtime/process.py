@@ -62,6 +62,7 @@ from astraeus.agent.runtime.base import (
 )
 from astraeus.agent.runtime.images import ImageMap
 from astraeus.agent.runtime.launcher import Launcher
+from astraeus.agent.runtime.shim import stat_fields
 from astraeus.protocol import Assignment
 from astraeus.settings import AgentSettings
 
@@ -107,23 +108,14 @@ def _write_json(path: str, obj: dict) -> None:
 _START_TICKS: dict[tuple[int, float], int] = {}
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """/proc/PID/stat's fields from the state on (field 3), or None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def _alive(pid: int | None, ctime: float | None) -> bool:
     """Is `pid` still the process that was started at `ctime` (guards against PID reuse), and not a zombie?"""
     if not pid:
         return False
     ticks = _START_TICKS.get((pid, ctime)) if ctime is not None else None
     if ticks is not None:
-        fields = _stat_fields(pid)
-        return fields is not None and len(fields) > 19 and int(fields[19]) == ticks and fields[0] != b"Z"
+        fields = stat_fields(pid)
+        return fields is not None and len(fields) > 19 and int(fields[19]) == ticks and fields[0] != "Z"
     try:
         p = psutil.Process(pid)
         if ctime is not None and abs(p.create_time() - ctime) > 0.05:
@@ -133,8 +125,8 @@ def _alive(pid: int | None, ctime: float | None) -> bool:
     except psutil.Error:
         return False
     if ctime is not None:
-        fields = _stat_fields(pid)
-        if fields is not None and len(fields) > 19 and fields[0] != b"Z":
+        fields = stat_fields(pid)
+        if fields is not None and len(fields) > 19 and fields[0] != "Z":
             if len(_START_TICKS) >= 10_000:
                 _START_TICKS.clear()
             # the same process as psutil's (its start time cannot change; a reused pid has another)

@@ -340,11 +340,12 @@ def measure_runtime_starts(rounds: int, at_once: int = 8) -> dict:
 
 
 def machine_busy_seconds() -> float:
-    """The machine's CPU time spent busy since boot, all cores (/proc/stat: every state but idle and iowait)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    ticks = sum(fields[:8]) - fields[3] - fields[4]  # user nice system [idle iowait] irq softirq steal
-    return ticks / os.sysconf("SC_CLK_TCK")
+    """The machine's CPU time spent busy since boot, all cores (psutil's /proc/stat: every state but idle and
+    iowait; guest time is already in user)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
 
 
 def print_side_by_side(results: list[dict]) -> None:

@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from astraeus import heap
+
 app = typer.Typer(help="Astraeus: a GPU cluster workload manager.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 
@@ -145,6 +147,7 @@ def _serve(settings, cp, on_ready=None, on_signal=None, reuse_port: bool = False
         time.sleep(0.02)
     if not t.is_alive():
         raise typer.Exit(1)
+    heap.settle()  # started: what it holds now is left out of the garbage collector's walks
     if on_ready:
         threading.Thread(target=on_ready, args=(server,), daemon=True).start()
     while not stop.wait(0.5):
@@ -295,6 +298,7 @@ def agent(
     except ValueError as e:
         typer.echo(f"astraeus agent: {option}: {e}", err=True)
         raise typer.Exit(2) from None
+    heap.settle()  # what it imported is left out of the garbage collector's walks
     try:
         run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
                   memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,

@@ -44,9 +44,9 @@ def test_a_launched_shim_looks_to_the_agent_as_a_started_one(tmp_path, make_rt, 
     assert env["ASTRAEUS_SHIM_ID"] == os.path.basename(rt.dir(a["worker"], 1))
     assert env["ASTRAEUS_SHIM_DIR"] == rt.dir(a["worker"], 1)
     assert launcher_mod.SLOT_VAR not in env
-    # its own session, not the launcher's child (detached as `python -m ...shim` detaches)
+    # its own session, the launcher's own child (no double fork: one Python fork and exit less per worker)
     assert os.getsid(shim) == shim
-    assert psutil_ppid(shim) != rt.launcher.proc.pid
+    assert psutil_ppid(shim) == rt.launcher.proc.pid
     # the launcher's pipes to the agent are not held by the shim
     fds = {os.readlink(f"/proc/{shim}/fd/{fd}") for fd in os.listdir(f"/proc/{shim}/fd")}
     lp = rt.launcher.proc
@@ -54,6 +54,9 @@ def test_a_launched_shim_looks_to_the_agent_as_a_started_one(tmp_path, make_rt, 
         assert os.readlink(f"/proc/self/fd/{pipe.fileno()}") not in fds
     end = rt.stop(a["worker"], 1, grace=2)
     assert end.state == EXITED
+    # the ended shim is reaped at once (the launcher ignores SIGCHLD): no zombie left behind the launcher
+    wait_for(lambda: not os.path.exists(f"/proc/{shim}"), what="the ended shim to be reaped")
+    assert rt.launcher.proc.poll() is None
 
 
 def psutil_ppid(pid: int) -> int:

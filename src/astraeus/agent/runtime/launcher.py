@@ -9,9 +9,11 @@ What the forked child does is exactly what `python -m astraeus.agent.runtime.shi
 starts it with subprocess.Popen(env=ENV, stdin/stdout=/dev/null, stderr=shim.log, cwd="/",
 start_new_session=True, close_fds=True): it gets the same environment (os.environ, and what /proc/PID/environ
 shows: the agent finds its shims by ASTRAEUS_SHIM_OWNER/ASTRAEUS_SHIM_ID there, see ProcessRuntime.adopt), the
-same descriptors, its own session, and runs shim.main(), which double-forks away and detaches as before. The
-launcher answers as soon as it has forked that first child (what the shim did is read from its files, as after a
-Popen), and reaps its first children before each next request: a start waits for neither.
+same descriptors, its own session, and runs the shim. The forked child is the shim itself, with no double fork:
+the launcher ignores SIGCHLD, so the kernel reaps each shim when it ends (the child sets SIGCHLD back to its
+default first thing), and when the launcher ends its shims are reparented as a double-forked shim's parent would
+be; one Python fork and exit less per worker. The launcher answers as soon as it has forked (what the shim did is
+read from its files, as after a Popen): a start waits for nothing of the shim's.
 
 /proc/PID/environ of a forked process shows its parent's environment block, not os.environ: the launcher is
 started with a blank slot variable (ASTRAEUS_SHIM_LAUNCHER=<spaces>) and the child writes its own variables over that
@@ -20,7 +22,7 @@ the child execs the shim instead (the old way, an interpreter start), so nothing
 
 Protocol (the agent's side is `Launcher`): one JSON line per request on the launcher's stdin,
 {"argv": [...], "env": {...}, "stderr": PATH}; one line back on its stdout, the first child's pid once it is
-forked (-1: the request was not JSON). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
+forked, the shim's (-1: the request was not JSON). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
 it. Any failure on the agent's side (the launcher not started, dead, a broken pipe, a garbled answer) makes
 ProcessRuntime fall back to starting the shim with Popen.
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import sys
 
 SLOT_VAR = "ASTRAEUS_SHIM_LAUNCHER"  # in the launcher: a blank slot; in the agent: `0` turns the launcher off
@@ -72,6 +75,7 @@ def _child(req: dict, block: tuple[int, int] | None, template: tuple[int, str] |
     with the prepared view (`template`, astraeus.agent.runtime.mounts.TEMPLATE) for its worker."""
     code = 1
     try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the launcher's SIG_IGN, which an exec would keep
         env = {str(k): str(v) for k, v in req["env"].items()}
         argv = [str(a) for a in req["argv"]]
         errf = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -96,8 +100,8 @@ def _child(req: dict, block: tuple[int, int] | None, template: tuple[int, str] |
 
         mounts.TEMPLATE = template
 
-        # forks: this first child exits there at once (the launcher reaps it); the shim returns here when it ends
-        shim.main([SHIM_MODULE, *argv])
+        # this child is the shim (in its own session already): it returns here when it ends
+        shim.main([SHIM_MODULE, *argv], detached=True)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -124,12 +128,12 @@ def serve(preload: list[str] | tuple[str, ...] = ()) -> None:
         importlib.import_module(name)
 
     block = _env_block()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the shims it forks are reaped by the kernel when they end
     inp = sys.stdin.buffer
     out = sys.stdout.buffer
     template: tuple[int, str] | None = None
     failed = False
     while True:
-        _reap()
         line = inp.readline()
         if not line:
             return  # the agent is gone
@@ -165,16 +169,6 @@ def _template(template: tuple[int, str] | None) -> tuple[tuple[int, str] | None,
     if template is not None:
         os.close(template[0])
     return made, made is None
-
-
-def _reap() -> None:
-    """Reap the first children that have exited (each exits once its shim has forked away)."""
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
 
 
 # ------------------------------------------------------------------ the agent's side

@@ -188,6 +188,7 @@ class ProcessRuntime(Runtime):
         self._final: dict[tuple[str, int], WorkerStatus] = {}
         self._specs: dict[tuple[str, int], dict] = {}  # a live attempt's environment and created_at (spec.json)
         self._shims: dict[tuple[str, int], dict] = {}  # a live attempt's shim.json
+        self._started: dict[tuple[str, int], dict] = {}  # a live attempt's started.json (also written once)
         self._legacy: dict[tuple[str, int], str] = {}  # (identity, attempt) -> an older agent's folder name
         self._lock = threading.RLock()
         self._remover: threading.Thread | None = None  # deletes forgotten attempts' folders (_remove)
@@ -403,7 +404,11 @@ class ProcessRuntime(Runtime):
         if failed is not None:
             return self._finalize(WorkerStatus(worker, attempt, START_FAILED, message=failed.get("message"),
                                                environment=env_name, finished_at=failed.get("time")))
-        started = _read_json(os.path.join(d, "started.json")) or {}
+        started = self._started.get(key)  # read at each look at a running worker (the agent's most read file)
+        if started is None:
+            started = _read_json(os.path.join(d, "started.json")) or {}
+            if started.get("pid"):
+                self._started[key] = started
         exit_ = _read_json(os.path.join(d, "exit.json"))
         stopping = os.path.exists(os.path.join(d, "stop.json"))
         if exit_ is not None:
@@ -458,6 +463,7 @@ class ProcessRuntime(Runtime):
         self._final[st.key] = st
         self._specs.pop(st.key, None)
         self._shims.pop(st.key, None)
+        self._started.pop(st.key, None)
         return st
 
     @staticmethod
@@ -595,6 +601,7 @@ class ProcessRuntime(Runtime):
         self._final.clear()
         self._specs.clear()
         self._shims.clear()
+        self._started.clear()
         os.makedirs(self.workers_dir, exist_ok=True)
         shims = _scan_env(f"ASTRAEUS_SHIM_OWNER={self.owner}".encode())
         shim_ids: set[str] = set()
@@ -704,6 +711,7 @@ class ProcessRuntime(Runtime):
         self._final.pop((worker, int(attempt)), None)
         self._specs.pop((worker, int(attempt)), None)
         self._shims.pop((worker, int(attempt)), None)
+        self._started.pop((worker, int(attempt)), None)
         self._legacy.pop((worker, int(attempt)), None)
 
     def _remove(self, d: str) -> None:

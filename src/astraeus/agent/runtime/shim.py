@@ -979,13 +979,16 @@ class Shim:
         log(f"worker exited: exit_code={exit_code} signal={sig} killed={self.killed}")
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], detached: bool = False) -> None:
+    """`detached`: this process was forked by the shim launcher, in its own session, and is not the agent's child:
+    no double fork."""
     if len(argv) != 2:
         print("usage: python -m astraeus.agent.runtime.shim <spec.json>", file=sys.stderr)
         sys.exit(2)
-    if os.fork():  # detach: the agent reaps the first child at once; the shim is reparented away from it
-        os._exit(0)
-    os.setsid()
+    if not detached:
+        if os.fork():  # detach: the agent reaps the first child at once; the shim is reparented away from it
+            os._exit(0)
+        os.setsid()
     try:
         with open(argv[1]) as f:
             container = bool(json.load(f).get("container"))

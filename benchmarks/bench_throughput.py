@@ -69,11 +69,15 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
     try:
         with open_local() as ax:
             tag = str(int(time.time()))[-6:]
+            procs = control_plane_and_agent(ax)
             t0 = time.time()
             busy0 = machine_busy_seconds()
+            cpu0 = process_cpu_seconds(procs)
             for i in range(n):
                 ax.submit(f"tput-{tag}-{i}", ["sh", "-c", "date +%s.%N"], gpus=1)
             t_submitted = time.time()
+            busy1 = machine_busy_seconds()
+            cpu1 = process_cpu_seconds(procs)
             # Until every run has ended, read from the control plane's SQLite file (a count, every 0.1 s, as the
             # Slurm side looks at its stamp files): the control plane being measured spends nothing on it (listing
             # the runs through the API each second was ~7 % of its CPU in a run of 400). The figure is the last
@@ -83,7 +87,13 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
                 time.sleep(0.1)
                 if time.time() > deadline:
                     raise TimeoutError(f"{n} runs did not finish in an hour")
-            busy = machine_busy_seconds() - busy0  # the machine's CPU, all processes, first submit → all ended
+            busy2 = machine_busy_seconds()
+            busy = busy2 - busy0  # the machine's CPU, all processes, first submit → all ended
+            cpu2 = process_cpu_seconds(procs)
+            split = {phase: {"seconds": t, "machine": (b1 - b0) * 1000 / n,
+                             **{k: (c1[k] - c0[k]) * 1000 / n for k in procs}}
+                     for phase, t, b0, b1, c0, c1 in (("while submitting", t_submitted - t0, busy0, busy1, cpu0, cpu1),
+                                                      ("after the last submit", time.time() - t_submitted, busy1, busy2, cpu1, cpu2))}
             items = ax.get(f"/runs?limit={min(max(n, 1), 1000)}")["items"]
             failed = [r for r in items if r["status"]["state"] != "Completed"]
             stamps_by_run: dict[str, float] = {}
@@ -112,7 +122,7 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
     return {"system": system, "jobs": n, "seconds": total,
             "jobs_per_second": done / total if total > 0 else None, "submit_seconds": t_submitted - t0,
             "stamps": done, "failed": len(failed), "phases": phases, "steps": steps,
-            "cpu_ms_per_run": busy * 1000 / n,
+            "cpu_ms_per_run": busy * 1000 / n, "cpu_split": split,
             "failed_reasons": sorted({r["status"].get("reason", "") for r in failed})}
 
 
@@ -339,6 +349,26 @@ def measure_runtime_starts(rounds: int, at_once: int = 8) -> dict:
             "cpu_ms_per_worker": busy * 1000 / max(1, len(total))}
 
 
+def control_plane_and_agent(ax: LocalAstraeus) -> dict:
+    """The processes whose CPU is shown apart: `astraeus up` (the control plane: API, scheduling loop) and its agent."""
+    import psutil
+
+    cp = psutil.Process(ax.proc.pid)
+    agents = [p for p in cp.children() if "agent" in p.cmdline()]
+    return {"control plane": cp, **({"agent": agents[0]} if agents else {})}
+
+
+def process_cpu_seconds(procs: dict) -> dict[str, float]:
+    out = {}
+    for name, p in procs.items():
+        try:
+            t = p.cpu_times()
+            out[name] = t.user + t.system
+        except Exception:  # noqa: BLE001 (gone: counted as nothing more)
+            out[name] = 0.0
+    return out
+
+
 def machine_busy_seconds() -> float:
     """The machine's CPU time spent busy since boot, all cores (psutil's /proc/stat: every state but idle and
     iowait; guest time is already in user)."""
@@ -435,6 +465,9 @@ def main(argv: list[str] | None = None) -> None:
         if r.get("steps"):
             print(f"{r['system']}: per worker, p50 / p90 (the control plane's times): "
                   + ", ".join(f"{k} {v['p50'] * 1000:.0f} / {v['p90'] * 1000:.0f} ms" for k, v in r["steps"].items()))
+        for phase, c in (r.get("cpu_split") or {}).items():
+            print(f"{r['system']}: CPU per run {phase} ({c['seconds']:.2f} s): machine {c['machine']:.1f} ms, "
+                  + ", ".join(f"{k} {v:.1f} ms" for k, v in c.items() if k not in ("seconds", "machine")))
         if r.get("failed"):
             print(f"{r['system']}: {r['failed']} of {r['jobs']} runs FAILED (not counted in jobs/s): "
                   f"{r['failed_reasons']}")

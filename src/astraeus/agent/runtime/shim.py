@@ -2,8 +2,9 @@
 
 Why a shim (as in containerd/Nomad): if the agent were the worker's parent, a restarted agent could not learn
 the exit code of a worker that ended while it was down, and a dead agent reading the worker's output pipes
-would SIGPIPE it. The shim detaches from the agent (double fork, own session), so it outlives agent restarts
-and upgrades. It:
+would SIGPIPE it. The shim is not the agent's child and has its own session (forked by the agent's shim launcher,
+astraeus.agent.runtime.launcher, or, started as its own interpreter, by a double fork), so it outlives agent
+restarts and upgrades. It:
 
 1. enters a private mount namespace and binds the drives and configs (failures are written to failed.json
    with a clear message, and the command never starts);

@@ -339,7 +339,14 @@ def test_a_second_server_on_one_sqlite_database_refuses(tmp_path):
         assert f"another astraeus server (pid {first.pid}) is serving the SQLite database {home / 'astraeus.db'}" in err
         assert "set ASTRAEUS_DATABASE_URL" in err
         base = read_env(home / "env")["ASTRAEUS_SERVER"]
-        assert httpx.get(base + "/healthz", timeout=5).json()["role"] == "leader"  # the first one is untouched
+
+        def role() -> str | None:
+            try:
+                return httpx.get(base + "/healthz", timeout=5).json()["role"]
+            except httpx.TransportError:  # the env file is written before the port answers: still starting
+                return None
+
+        assert wait_for(role, 60, what="the first server's /healthz") == "leader"  # the first one is untouched
     finally:
         os.killpg(first.pid, signal.SIGTERM)
         first.communicate(timeout=30)

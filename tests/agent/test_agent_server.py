@@ -63,7 +63,9 @@ def test_agent_runs_reports_ships_logs_and_stops(server, tmp_path):
             pid = w["pid"]
             t0 = time.time()
             assert c.delete("/runs/agent-e2e").status_code == 200
-            wait_for(lambda: (out / "ckpt").exists(), timeout=20, what="the SIGTERM checkpoint")
+            # its text, not only the file: the worker creates it, then writes (once read between the two: '')
+            wait_for(lambda: (out / "ckpt").exists() and (out / "ckpt").read_text(), timeout=20,
+                     what="the SIGTERM checkpoint")
             assert time.time() - t0 < 5
             assert (out / "ckpt").read_text() == "agent-e2e"
             wait_for(lambda: not pid_alive(pid), timeout=20, what="the worker to end")

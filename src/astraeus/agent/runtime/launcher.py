@@ -21,8 +21,8 @@ block in place (as setproctitle does for the command line). When a child's envir
 the child execs the shim instead (the old way, an interpreter start), so nothing depends on the slot's size.
 
 Protocol (the agent's side is `Launcher`): one JSON line per request on the launcher's stdin,
-{"argv": [...], "env": {...}, "stderr": PATH}; one line back on its stdout, the first child's pid once it is
-forked, the shim's (-1: the request was not JSON). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
+{"argv": [...], "env": {...}, "stderr": PATH}; one line back on its stdout, the shim's pid once it is forked
+(-1: the request was not JSON). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
 it. Any failure on the agent's side (the launcher not started, dead, a broken pipe, a garbled answer) makes
 ProcessRuntime fall back to starting the shim with Popen.
 

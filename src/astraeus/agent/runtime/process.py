@@ -461,10 +461,13 @@ class ProcessRuntime(Runtime):
 
     def _finalize(self, st: WorkerStatus) -> WorkerStatus:
         self._final[st.key] = st
-        self._specs.pop(st.key, None)
-        self._shims.pop(st.key, None)
-        self._started.pop(st.key, None)
+        self._drop_kept(st.key)
         return st
+
+    def _drop_kept(self, key: tuple[str, int]) -> None:
+        """Forget what status() keeps of a live attempt's files written once (spec.json, shim.json, started.json)."""
+        for kept in (self._specs, self._shims, self._started):
+            kept.pop(key, None)
 
     @staticmethod
     def _shim_log_tail(d: str) -> str:
@@ -599,9 +602,8 @@ class ProcessRuntime(Runtime):
         their folder within half a second; worker processes whose shim is gone (ASTRAEUS_WORKER_ID) are
         stopped, since nothing could report their exit."""
         self._final.clear()
-        self._specs.clear()
-        self._shims.clear()
-        self._started.clear()
+        for kept in (self._specs, self._shims, self._started):
+            kept.clear()
         os.makedirs(self.workers_dir, exist_ok=True)
         shims = _scan_env(f"ASTRAEUS_SHIM_OWNER={self.owner}".encode())
         shim_ids: set[str] = set()
@@ -709,9 +711,7 @@ class ProcessRuntime(Runtime):
             raise RuntimeError(f"{worker} attempt {attempt} is still {st.state}")
         self._remove(self.dir(worker, attempt))
         self._final.pop((worker, int(attempt)), None)
-        self._specs.pop((worker, int(attempt)), None)
-        self._shims.pop((worker, int(attempt)), None)
-        self._started.pop((worker, int(attempt)), None)
+        self._drop_kept((worker, int(attempt)))
         self._legacy.pop((worker, int(attempt)), None)
 
     def _remove(self, d: str) -> None:

@@ -354,6 +354,15 @@ def test_adoption_after_state_dir_wiped(tmp_path, make_rt, assignment):
     assert rt2.start(a).pid == pid  # no second copy
     end = rt2.stop(a["worker"], 1, grace=3)
     assert end.exit_code == 0
+    assert _cgroups_left(rt2, a["worker"], 1) == []  # a container's too, though runc's record was wiped
+
+
+def _cgroups_left(rt, worker: str, attempt: int) -> list[str]:
+    """The attempt's cgroup folders left in any hierarchy mounted here: Astraeus's own and (containers) runc's."""
+    import glob
+
+    name = rt.cgroup_name(worker, attempt)
+    return glob.glob(f"/sys/fs/cgroup/*/astraeus/{name}") + glob.glob(f"/sys/fs/cgroup/astraeus/{name}")
 
 
 @both
@@ -410,6 +419,32 @@ def test_worker_whose_shim_died_is_stopped_on_adoption(tmp_path, make_rt, assign
     st = wait_for(lambda: (s := rt2.status(a["worker"], 1)).final and s, timeout=5)
     assert st.state == EXITED and "supervisor" in st.message
     assert not pid_alive(pid)
+
+
+@both
+def test_worker_whose_shim_died_while_the_agent_runs_is_stopped_and_leaves_nothing(tmp_path, make_rt, assignment,
+                                                                                    kind):
+    import signal as sig
+    import subprocess
+
+    rt = make_rt(str(tmp_path / "state"), stop_grace=1)
+    a = assignment(command="python", args=["-c", "import time\nwhile True: time.sleep(0.05)"])
+    pid = started(rt, a).pid
+    shim = json.loads(open(os.path.join(rt.dir(a["worker"], 1), "shim.json")).read())["shim_pid"]
+    os.kill(shim, sig.SIGKILL)
+    wait_for(lambda: not pid_alive(shim))
+    # a process worker runs on unsupervised until the agent stops it; a container's ends with its shim (the
+    # container's PID 1, the shim's child, ends with it, and the kernel kills the rest of its namespace)
+    st = rt.status(a["worker"], 1)
+    if not st.final:
+        assert st.state == RUNNING and st.extra.get("orphan"), st
+        st = rt.stop(a["worker"], 1, grace=1)
+    assert st.state == EXITED and "supervisor" in st.message, st
+    assert not pid_alive(pid)
+    assert _cgroups_left(rt, a["worker"], 1) == []  # neither Astraeus's own nor (containers) runc's
+    if kind == "container":
+        listed = subprocess.run(["runc", "--root", rt.runc_root, "list", "-q"], capture_output=True, text=True)
+        assert listed.stdout.split() == []
 
 
 ISOLATION_PROBE = r"""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -81,6 +82,13 @@ def reap(state_dir: Path) -> None:
             except OSError:
                 pass
         time.sleep(0.1)
+    # containers: runc's records, and with them the cgroups runc made in hierarchies Astraeus does not manage
+    # (what the shims would have deleted at their end, and an agent's restart sweeps)
+    runc_root = state_dir / "runc"
+    if runc_root.is_dir() and shutil.which("runc"):
+        listed = subprocess.run(["runc", "--root", str(runc_root), "list", "-q"], capture_output=True, text=True)
+        for cid in listed.stdout.split():
+            subprocess.run(["runc", "--root", str(runc_root), "delete", "--force", cid], capture_output=True)
     owner = owner_of(state_dir)
     end = time.time() + 5  # a killed process leaves its cgroup only once it has exited: retry until then
     while True:

@@ -370,10 +370,32 @@ def _field(text: str | None, key: str) -> int:
     return 0
 
 
+def all_roots(h: Hierarchies, mounts_file: str = "/proc/self/mounts") -> set[str]:
+    """The workers' parent folder (as h's roots are named) in every cgroup hierarchy mounted here: h's own, and those
+    Astraeus does not manage but runc makes a container's cgroup in too (cpuacct, cpuset, blkio, name=systemd on a
+    cgroup v1 host)."""
+    roots = {h.v2, *h.v1.values()} - {None}
+    subdir = os.path.basename(next(iter(roots))) if roots else "astraeus"
+    for m in _mounts(mounts_file):
+        if len(m) >= 3 and m[2] in ("cgroup", "cgroup2") and os.path.isdir(os.path.join(m[1], subdir)):
+            roots.add(os.path.join(m[1], subdir))
+    return roots
+
+
+def remove_everywhere(h: Hierarchies, name: str) -> None:
+    """Remove the worker cgroup `name` from every hierarchy (all_roots) where it is left and empty."""
+    for root in all_roots(h):
+        try:
+            os.rmdir(os.path.join(root, name))
+        except OSError:
+            pass
+
+
 def leftovers(h: Hierarchies, prefix: str) -> list[str]:
-    """Folders of worker cgroups named `<prefix>...` in every hierarchy (for tests and the agent's sweep)."""
+    """Folders of worker cgroups named `<prefix>...` in every hierarchy mounted here (all_roots; for tests and the
+    agent's sweep)."""
     out = []
-    for root in {h.v2, *h.v1.values()} - {None}:
+    for root in all_roots(h):
         try:
             out += [os.path.join(root, n) for n in sorted(os.listdir(root)) if n.startswith(prefix)]
         except OSError:

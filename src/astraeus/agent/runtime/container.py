@@ -21,6 +21,7 @@ ends), `<state>/runc/` (runc's records), the image cache (ASTRAEUS_IMAGE_CACHE_D
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -31,6 +32,8 @@ from astraeus.agent.runtime.base import Runtime, StartFailed
 from astraeus.agent.runtime.process import ProcessRuntime, _read_json, _scan_env
 from astraeus.imageref import ImageRef
 from astraeus.protocol import Assignment
+
+log = logging.getLogger(__name__)
 
 TOOLS = {"runc": "runc", "skopeo": "skopeo", "umoci": "umoci"}  # command -> Debian package
 DEFAULT_SHM_BYTES = 8 << 30
@@ -179,6 +182,19 @@ class ContainerRuntime(ProcessRuntime):
         for cid in os.listdir(self.containers_dir):
             if cid not in live:
                 shutil.rmtree(os.path.join(self.containers_dir, cid), ignore_errors=True)
+
+    def _supervisor_gone(self, worker: str, attempt: int, cg: cgroups.WorkerCgroup | None = None) -> None:
+        """Also runc's record of the attempt's container, and with it the cgroups runc made in the hierarchies that
+        Astraeus does not manage itself (cpuacct, cpuset, blkio, name=systemd on a cgroup v1 host): the shim deletes
+        them when it ends, and a shim killed while the agent runs never does."""
+        try:
+            subprocess.run([self.runc, "--root", self.runc_root, "delete", "--force",
+                            self.container_id(worker, attempt)], capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("runc delete %s: %s", self.container_id(worker, attempt), e)
+        super()._supervisor_gone(worker, attempt, cg)
+        if self.cgroup_root:  # runc's record wiped with the state dir: its cgroups, as the shim named them
+            cgroups.remove_everywhere(self.cgroups, self.cgroup_name(worker, attempt))
 
     def forget(self, worker: str, attempt: int) -> None:
         super().forget(worker, attempt)

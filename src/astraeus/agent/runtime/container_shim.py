@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from astraeus.agent.runtime import mounts, oci_spec
+from astraeus.agent.runtime import cgroups, mounts, oci_spec
 from astraeus.agent.runtime.shim import Shim, log, write_json
 
 REAPER = """
@@ -69,6 +69,7 @@ class ContainerShim(Shim):
         self.cache = None
         self.reaper_pid: int | None = None
         self.hold_w: int | None = None
+        self.runc_cgroup: str | None = None  # the cgroup runc was told to make (in every hierarchy mounted here)
 
     # ------------------------------------------------------------------ helpers
     def runc(self, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -337,10 +338,11 @@ class ContainerShim(Shim):
         pidns = self.start_reaper()
         lim = spec.get("limits") or {}
         host_files = [f for f in ("/etc/hosts", "/etc/resolv.conf") if os.path.isfile(f)]
+        self.runc_cgroup = self.cg.name if self.cg else self.cid
         config = oci_spec.build_config(
             rootfs=rootfs, argv=argv, env=env, cwd=cwd, uid=int(self.iso["uid"]), gid=int(self.iso["gid"]),
             hostname=socket.gethostname(), pid_namespace=pidns,
-            cgroups_path=f"/astraeus/{self.cg.name}" if self.cg else f"/astraeus/{self.cid}",
+            cgroups_path=f"/astraeus/{self.runc_cgroup}",
             shm_bytes=int(self.c.get("shm_bytes") or 64 << 20), binds=binds, devices=devices, hooks=gpus.hooks,
             host_files=host_files, **{k: lim.get(k) for k in ("memory_bytes", "cpu_cores", "pids_max")},
             nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[1])
@@ -429,6 +431,8 @@ class ContainerShim(Shim):
     def cleanup_container(self) -> None:
         self.runc("delete", "--force", self.cid, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                   stderr=subprocess.DEVNULL)
+        if self.runc_cgroup:  # what runc's delete removes, but not when its record was wiped with the state dir
+            cgroups.remove_everywhere(cgroups.Hierarchies(), self.runc_cgroup)
         # The attempt's layer is discarded, but only once nothing is mounted under it: a drive staged there is
         # the workspace's own folder, which a removal through the mount would empty.
         if unmount_all(self.layers):

@@ -436,6 +436,7 @@ class ProcessRuntime(Runtime):
                 return WorkerStatus(worker, attempt, RUNNING, pid=started.get("pid"), environment=env_name,
                                     started_at=started.get("started_at"), stopping=stopping,
                                     extra={"orphan": True})
+            self._supervisor_gone(worker, attempt)
             return self._finalize(WorkerStatus(
                 worker, attempt, EXITED, pid=started.get("pid"), environment=env_name,
                 started_at=started.get("started_at"), finished_at=time.time(),
@@ -549,6 +550,24 @@ class ProcessRuntime(Runtime):
             time.sleep(0.02)
         return self.status(worker, attempt)
 
+    def _supervisor_gone(self, worker: str, attempt: int, cg: cgroups.WorkerCgroup | None = None) -> None:
+        """An attempt whose shim is gone has ended (its processes stopped by the agent, or ended by themselves):
+        remove what the shim would have removed at its end, here its cgroups (`cg`, else as started.json names
+        them), after killing what is left in them (the worker's PID 1, which ends once the command has: it carries
+        no worker marker). Without this, a worker whose shim was killed and whose command then ended by itself
+        left its cgroups on the machine until the agent's next restart."""
+        if cg is None:
+            started = _read_json(os.path.join(self.dir(worker, attempt), "started.json")) or {}
+            cg = cgroups.WorkerCgroup.from_json(started.get("cgroups") or started.get("cgroup"))
+        if cg is None:
+            return
+        for _ in range(20):
+            if not cg.pids():
+                break
+            cg.kill()
+            time.sleep(0.05)
+        cg.remove(timeout=1.0)
+
     def _marked_pids(self, worker: str, attempt: int) -> list[int]:
         want = f"ASTRAEUS_WORKER_ID={self.marker(worker, attempt)}".encode()
         return [pid for pid in _scan_env(want)]
@@ -586,8 +605,7 @@ class ProcessRuntime(Runtime):
                     except OSError:
                         pass
                 time.sleep(0.05)
-            if cg is not None:
-                cg.remove(timeout=1.0)
+            self._supervisor_gone(worker, attempt, cg)
             os.makedirs(d, exist_ok=True)
             _write_json(os.path.join(d, "exit.json"), {
                 "exit_code": None, "signal": signal.SIGKILL if killed else None, "killed": killed,

@@ -185,6 +185,10 @@ def test_the_view_prepared_once_follows_the_hosts_mounts(tmp_path, make_rt, assi
         shim = _shim_pid(rt, "view-3")
         assert not any(os.readlink(f"/proc/{shim}/fd/{fd}").startswith("mnt:") for fd in os.listdir(f"/proc/{shim}/fd"))
         rt.stop("view-3", 1, grace=0)
+        # made from the prepared view, prepared again after the host's mounts changed: not from scratch
+        with open(os.path.join(rt.state_dir, "launcher.log")) as f:
+            said = f.read()
+        assert "from scratch" not in said, said
     finally:
         if mounted:
             subprocess.run(["umount", "-l", host], check=False)

@@ -605,5 +605,8 @@ def prepare_template() -> tuple[int, str]:
     finally:
         os.close(ok_r)
         os.close(go_w)
-        os.waitpid(pid, 0)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped by the kernel: the shim launcher ignores SIGCHLD
+            pass
     return fd, sig

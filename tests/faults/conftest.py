@@ -3,6 +3,7 @@ separate processes the test kills and restarts, a TCP proxy that can cut an agen
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import shutil
@@ -23,8 +24,9 @@ from tests.conftest import free_port, read_env, wait_for  # noqa: F401 (used by 
 VENV_BIN = Path(sys.executable).parent
 
 
-CGROUP_ROOTS = ("/sys/fs/cgroup/unified/astraeus", "/sys/fs/cgroup/astraeus",
-                *(f"/sys/fs/cgroup/{c}/astraeus" for c in ("memory", "cpu", "pids", "devices", "freezer")))
+# Where workers' cgroups are: every hierarchy's `astraeus` folder (runc makes a container's in all of them, also in
+# those Astraeus does not manage: cpuacct, cpuset, blkio, name=systemd on a cgroup v1 host)
+CGROUP_ROOTS = ("/sys/fs/cgroup/astraeus", "/sys/fs/cgroup/*/astraeus")
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -93,7 +95,7 @@ def reap(state_dir: Path) -> None:
     end = time.time() + 5  # a killed process leaves its cgroup only once it has exited: retry until then
     while True:
         left = 0
-        for root in CGROUP_ROOTS:
+        for root in [r for pattern in CGROUP_ROOTS for r in glob.glob(pattern)]:
             try:
                 for d in os.listdir(root):
                     if d.startswith(owner + "-"):

@@ -71,6 +71,7 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
             tag = str(int(time.time()))[-6:]
             procs = control_plane_and_agent(ax)
             t0 = time.time()
+            cycles0 = scheduling_cycles(ax)
             busy0 = machine_busy_seconds()
             cpu0 = process_cpu_seconds(procs)
             for i in range(n):
@@ -90,6 +91,7 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
             busy2 = machine_busy_seconds()
             busy = busy2 - busy0  # the machine's CPU, all processes, first submit → all ended
             cpu2 = process_cpu_seconds(procs)
+            cycles = {k: v - cycles0[k] for k, v in scheduling_cycles(ax).items()}
             split = {phase: {"seconds": t, "machine": (b1 - b0) * 1000 / n,
                              **{k: (c1[k] - c0[k]) * 1000 / n for k in procs}}
                      for phase, t, b0, b1, c0, c1 in (("while submitting", t_submitted - t0, busy0, busy1, cpu0, cpu1),
@@ -122,8 +124,19 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
     return {"system": system, "jobs": n, "seconds": total,
             "jobs_per_second": done / total if total > 0 else None, "submit_seconds": t_submitted - t0,
             "stamps": done, "failed": len(failed), "phases": phases, "steps": steps,
-            "cpu_ms_per_run": busy * 1000 / n, "cpu_split": split,
+            "cpu_ms_per_run": busy * 1000 / n, "cpu_split": split, "cycles": cycles,
             "failed_reasons": sorted({r["status"].get("reason", "") for r in failed})}
+
+
+def scheduling_cycles(ax: LocalAstraeus) -> dict[str, float]:
+    """The control plane's scheduling cycles so far and the seconds they took (its /metrics)."""
+    out = {"count": 0.0, "seconds": 0.0}
+    for line in ax.client.get(ax.api.split("/api/")[0] + "/metrics").text.splitlines():
+        if line.startswith("astraeus_schedule_cycle_seconds_count "):
+            out["count"] = float(line.split()[1])
+        elif line.startswith("astraeus_schedule_cycle_seconds_sum "):
+            out["seconds"] = float(line.split()[1])
+    return out
 
 
 FINAL = ("Completed", "Failed", "Cancelled")
@@ -468,6 +481,11 @@ def main(argv: list[str] | None = None) -> None:
         for phase, c in (r.get("cpu_split") or {}).items():
             print(f"{r['system']}: CPU per run {phase} ({c['seconds']:.2f} s): machine {c['machine']:.1f} ms, "
                   + ", ".join(f"{k} {v:.1f} ms" for k, v in c.items() if k not in ("seconds", "machine")))
+        if r.get("cycles"):
+            cy = r["cycles"]
+            print(f"{r['system']}: scheduling cycles {cy['count']:.0f} ({cy['count'] / r['jobs']:.2f} per run), "
+                  f"{cy['seconds'] * 1000 / max(1, cy['count']):.1f} ms each, {cy['seconds'] * 1000 / r['jobs']:.1f} ms "
+                  "per run in all")
         if r.get("failed"):
             print(f"{r['system']}: {r['failed']} of {r['jobs']} runs FAILED (not counted in jobs/s): "
                   f"{r['failed_reasons']}")

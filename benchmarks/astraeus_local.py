@@ -50,6 +50,7 @@ class LocalAstraeus:
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.api = ""
+        self.server = ""  # the control plane's base URL (its /metrics, /healthz)
         self.client: httpx.Client | None = None
         self.log = self.home / "up.log"
 
@@ -73,6 +74,7 @@ class LocalAstraeus:
             time.sleep(0.1)
         env_vars = read_env(envf)
         self.api = env_vars["API"]
+        self.server = env_vars["ASTRAEUS_SERVER"]
         self.client = httpx.Client(headers={"Authorization": f"Bearer {env_vars['ASTRAEUS_TOKEN']}"}, timeout=30)
         # Ready when the machines have registered with all their GPUs free.
         while True:

@@ -70,8 +70,8 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
         with open_local() as ax:
             tag = str(int(time.time()))[-6:]
             procs = control_plane_and_agent(ax)
-            t0 = time.time()
             cycles0 = scheduling_cycles(ax)
+            t0 = time.time()
             busy0 = machine_busy_seconds()
             cpu0 = process_cpu_seconds(procs)
             for i in range(n):
@@ -130,12 +130,16 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
 
 def scheduling_cycles(ax: LocalAstraeus) -> dict[str, float]:
     """The control plane's scheduling cycles so far and the seconds they took (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out = {"count": 0.0, "seconds": 0.0}
-    for line in ax.client.get(ax.api.split("/api/")[0] + "/metrics").text.splitlines():
-        if line.startswith("astraeus_schedule_cycle_seconds_count "):
-            out["count"] = float(line.split()[1])
-        elif line.startswith("astraeus_schedule_cycle_seconds_sum "):
-            out["seconds"] = float(line.split()[1])
+    for family in text_string_to_metric_families(ax.client.get(ax.server + "/metrics").text):
+        if family.name == "astraeus_schedule_cycle_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    out["count"] = sample.value
+                elif sample.name.endswith("_sum"):
+                    out["seconds"] = sample.value
     return out
 
 

@@ -9,6 +9,7 @@ command's stamp → finished (the agent reported the exit) → the next worker p
 
     python benchmarks/bench_throughput.py --jobs 200 --old   # also Astraeus without the shim launcher
     python benchmarks/bench_throughput.py --jobs 200 --was /tmp/was   # also the code of another checkout (before)
+    python benchmarks/bench_throughput.py --jobs 200 --rounds 5   # Astraeus then Slurm five times: each ratio, the median
     python benchmarks/bench_throughput.py --jobs 500 --no-slurm
     python benchmarks/bench_throughput.py --views 10   # only: 8 workers' views built at once, scratch vs prepared
     python benchmarks/bench_throughput.py --runtime-starts 5 --repeat 4 --was /tmp/was   # only: the machine's side
@@ -396,14 +397,28 @@ def machine_busy_seconds() -> float:
 
 
 def print_side_by_side(results: list[dict]) -> None:
+    """The table; with rounds (--rounds), each row is compared with the Slurm of its own round."""
     floor = next((r for r in results if r["system"].startswith("xargs")), None)
-    slurm = next((r for r in results if r["system"] == "slurm"), None)
+    slurms = {r.get("round"): r for r in results if r["system"] == "slurm"}
+    first = next(iter(slurms.values()), None)
     print(f"{'system':<18}{'jobs':>6}{'seconds':>10}{'jobs/s':>9}{'vs Slurm':>10}{'vs floor':>10}")
     for r in results:
+        slurm = slurms.get(r.get("round"), first)
         vs_s = f"{r['seconds'] / slurm['seconds']:.2f}x" if slurm else "-"
         vs_f = f"{r['seconds'] / floor['seconds']:.1f}x" if floor else "-"
         jps = f"{r['jobs_per_second']:>9.1f}" if r.get("jobs_per_second") else f"{'-':>9}"
-        print(f"{r['system']:<18}{r['jobs']:>6}{r['seconds']:>10.2f}{jps}{vs_s:>10}{vs_f:>10}")
+        name = f"{r['system']} ({r['round']})" if r.get("round") else r["system"]
+        print(f"{name:<18}{r['jobs']:>6}{r['seconds']:>10.2f}{jps}{vs_s:>10}{vs_f:>10}")
+
+
+def round_ratios(results: list[dict]) -> list[float]:
+    """Slurm's time over Astraeus's (this code's), round by round (--rounds): how many times faster."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in results:
+        if r.get("round") and r["system"] in ("astraeus", "slurm"):
+            by_round.setdefault(r["round"], {})[r["system"]] = r["seconds"]
+    return [t["slurm"] / t["astraeus"] for _, t in sorted(by_round.items())
+            if t.get("astraeus") and t.get("slurm")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -427,6 +442,10 @@ def main(argv: list[str] | None = None) -> None:
                          "through ProcessRuntime, start() → exit known; with --was, this code and each CHECKOUT's "
                          "alternately, --repeat times")
     ap.add_argument("--repeat", type=int, default=1, help="with --runtime-starts: how many alternations")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure Astraeus then Slurm this many times, one after the other, and print each round's "
+                         "ratio and their median: the same code's time moves by a third from one run to the next on "
+                         "a small machine, so one round is one sample")
     ap.add_argument("--runtime-starts-here", type=int, help=argparse.SUPPRESS)  # one measurement, in this process
     a = ap.parse_args(argv)
     if a.runtime_starts_here:
@@ -460,15 +479,20 @@ def main(argv: list[str] | None = None) -> None:
         cpu = f", machine CPU {r['cpu_ms_per_run']:.1f} ms per run" if r.get("cpu_ms_per_run") else ""
         print(f"{r['system']}: {r['seconds']:.2f} s for {r['jobs']} runs{cpu} (load average {r['loadavg_1m']:.1f})",
               flush=True)
-    if not a.no_astraeus:
-        keep(measure_astraeus_throughput(a.jobs))
-    if not a.no_slurm:
-        for attempt in range(3):
-            try:
-                keep(measure_slurm(a.jobs))
-                break
-            except SlurmDisturbed as e:
-                print(f"Slurm, try {attempt + 1}: {e}")
+    if a.rounds < 1:
+        ap.error("--rounds must be 1 or more")
+    for i in range(1, a.rounds + 1):
+        if a.rounds > 1:
+            print(f"round {i} of {a.rounds}", flush=True)
+        if not a.no_astraeus:
+            keep(measure_astraeus_throughput(a.jobs) | ({"round": i} if a.rounds > 1 else {}))
+        if not a.no_slurm:
+            for attempt in range(3):
+                try:
+                    keep(measure_slurm(a.jobs) | ({"round": i} if a.rounds > 1 else {}))
+                    break
+                except SlurmDisturbed as e:
+                    print(f"Slurm, try {attempt + 1}: {e}")
     if not a.no_astraeus and a.old:  # after Slurm, so that Slurm's figure lies between the two as the load drifts
         keep(measure_astraeus_throughput(a.jobs, launcher=False))
     for was in [] if a.no_astraeus else a.was:
@@ -478,20 +502,25 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{a.jobs} one-GPU runs on {GPUS} GPUs, first submit → last exit; machine: {info['nproc']} CPUs, "
           f"{info['cpu_model']}, load average {info['loadavg_1m']}")
     print_side_by_side(results)
+    ratios = round_ratios(results)
+    if len(ratios) > 1:
+        print(f"astraeus vs Slurm, round by round: {', '.join(f'{x:.1f}x' for x in ratios)}; median "
+              f"{statistics.median(ratios):.1f}x faster ({min(ratios):.1f}-{max(ratios):.1f}x)")
     for r in results:
+        label = f"{r['system']} ({r['round']})" if r.get("round") else r["system"]
         if r.get("steps"):
-            print(f"{r['system']}: per worker, p50 / p90 (the control plane's times): "
+            print(f"{label}: per worker, p50 / p90 (the control plane's times): "
                   + ", ".join(f"{k} {v['p50'] * 1000:.0f} / {v['p90'] * 1000:.0f} ms" for k, v in r["steps"].items()))
         for phase, c in (r.get("cpu_split") or {}).items():
-            print(f"{r['system']}: CPU per run {phase} ({c['seconds']:.2f} s): machine {c['machine']:.1f} ms, "
+            print(f"{label}: CPU per run {phase} ({c['seconds']:.2f} s): machine {c['machine']:.1f} ms, "
                   + ", ".join(f"{k} {v:.1f} ms" for k, v in c.items() if k not in ("seconds", "machine")))
         if r.get("cycles"):
             cy = r["cycles"]
-            print(f"{r['system']}: scheduling cycles {cy['count']:.0f} ({cy['count'] / r['jobs']:.2f} per run), "
+            print(f"{label}: scheduling cycles {cy['count']:.0f} ({cy['count'] / r['jobs']:.2f} per run), "
                   f"{cy['seconds'] * 1000 / max(1, cy['count']):.1f} ms each, {cy['seconds'] * 1000 / r['jobs']:.1f} ms "
                   "per run in all")
         if r.get("failed"):
-            print(f"{r['system']}: {r['failed']} of {r['jobs']} runs FAILED (not counted in jobs/s): "
+            print(f"{label}: {r['failed']} of {r['jobs']} runs FAILED (not counted in jobs/s): "
                   f"{r['failed_reasons']}")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")

@@ -10,6 +10,7 @@ command's stamp → finished (the agent reported the exit) → the next worker p
     python benchmarks/bench_throughput.py --jobs 200 --old   # also Astraeus without the shim launcher
     python benchmarks/bench_throughput.py --jobs 200 --was /tmp/was   # also the code of another checkout (before)
     python benchmarks/bench_throughput.py --jobs 200 --rounds 5   # Astraeus then Slurm five times: each ratio, the median
+    python benchmarks/bench_throughput.py --jobs 200 --rounds 6 --no-slurm --was /tmp/was   # this code and another's, by turns
     python benchmarks/bench_throughput.py --jobs 500 --no-slurm
     python benchmarks/bench_throughput.py --views 10   # only: 8 workers' views built at once, scratch vs prepared
     python benchmarks/bench_throughput.py --runtime-starts 5 --repeat 4 --was /tmp/was   # only: the machine's side
@@ -443,9 +444,9 @@ def main(argv: list[str] | None = None) -> None:
                          "alternately, --repeat times")
     ap.add_argument("--repeat", type=int, default=1, help="with --runtime-starts: how many alternations")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="measure Astraeus then Slurm this many times, one after the other, and print each round's "
-                         "ratio and their median: the same code's time moves by a third from one run to the next on "
-                         "a small machine, so one round is one sample")
+                    help="measure Astraeus then Slurm (then --old, then each --was) this many times, one after "
+                         "the other, and print each round's ratio and the medians: the same code's time moves by a "
+                         "third from one run to the next on a small machine, so one round is one sample")
     ap.add_argument("--runtime-starts-here", type=int, help=argparse.SUPPRESS)  # one measurement, in this process
     a = ap.parse_args(argv)
     if a.runtime_starts_here:
@@ -484,19 +485,20 @@ def main(argv: list[str] | None = None) -> None:
     for i in range(1, a.rounds + 1):
         if a.rounds > 1:
             print(f"round {i} of {a.rounds}", flush=True)
+        tag = {"round": i} if a.rounds > 1 else {}
         if not a.no_astraeus:
-            keep(measure_astraeus_throughput(a.jobs) | ({"round": i} if a.rounds > 1 else {}))
+            keep(measure_astraeus_throughput(a.jobs) | tag)
         if not a.no_slurm:
             for attempt in range(3):
                 try:
-                    keep(measure_slurm(a.jobs) | ({"round": i} if a.rounds > 1 else {}))
+                    keep(measure_slurm(a.jobs) | tag)
                     break
                 except SlurmDisturbed as e:
                     print(f"Slurm, try {attempt + 1}: {e}")
-    if not a.no_astraeus and a.old:  # after Slurm, so that Slurm's figure lies between the two as the load drifts
-        keep(measure_astraeus_throughput(a.jobs, launcher=False))
-    for was in [] if a.no_astraeus else a.was:
-        keep(measure_astraeus_throughput(a.jobs, src=str(Path(was) / "src")))
+        if not a.no_astraeus and a.old:  # after Slurm, so that Slurm's figure lies between the two as the load drifts
+            keep(measure_astraeus_throughput(a.jobs, launcher=False) | tag)
+        for was in [] if a.no_astraeus else a.was:  # each round: this code, Slurm, then each other checkout's
+            keep(measure_astraeus_throughput(a.jobs, src=str(Path(was) / "src")) | tag)
     keep(measure_xargs_floor(a.jobs))
     info = machine_info()
     print(f"{a.jobs} one-GPU runs on {GPUS} GPUs, first submit → last exit; machine: {info['nproc']} CPUs, "
@@ -506,6 +508,15 @@ def main(argv: list[str] | None = None) -> None:
     if len(ratios) > 1:
         print(f"astraeus vs Slurm, round by round: {', '.join(f'{x:.1f}x' for x in ratios)}; median "
               f"{statistics.median(ratios):.1f}x faster ({min(ratios):.1f}-{max(ratios):.1f}x)")
+    by_system: dict[str, list[dict]] = {}
+    for r in results:
+        if r.get("round"):
+            by_system.setdefault(r["system"], []).append(r)
+    for name, rs in by_system.items():
+        secs = [r["seconds"] for r in rs]
+        cpu = [r["cpu_ms_per_run"] for r in rs if r.get("cpu_ms_per_run")]
+        print(f"{name}: median of {len(rs)} rounds {statistics.median(secs):.2f} s ({min(secs):.2f}-{max(secs):.2f})"
+              + (f", machine CPU {statistics.median(cpu):.1f} ms per run ({min(cpu):.1f}-{max(cpu):.1f})" if cpu else ""))
     for r in results:
         label = f"{r['system']} ({r['round']})" if r.get("round") else r["system"]
         if r.get("steps"):

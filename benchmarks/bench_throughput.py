@@ -397,6 +397,16 @@ def machine_busy_seconds() -> float:
     return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
 
 
+def label(r: dict) -> str:
+    """A result's name as printed: its system, and its round with --rounds."""
+    return f"{r['system']} ({r['round']})" if r.get("round") else r["system"]
+
+
+def spread(xs: list[float], fmt: str = ".2f") -> str:
+    """Median (min-max) of a figure over the rounds."""
+    return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+
+
 def print_side_by_side(results: list[dict]) -> None:
     """The table; with rounds (--rounds), each row is compared with the Slurm of its own round."""
     floor = next((r for r in results if r["system"].startswith("xargs")), None)
@@ -408,8 +418,7 @@ def print_side_by_side(results: list[dict]) -> None:
         vs_s = f"{r['seconds'] / slurm['seconds']:.2f}x" if slurm else "-"
         vs_f = f"{r['seconds'] / floor['seconds']:.1f}x" if floor else "-"
         jps = f"{r['jobs_per_second']:>9.1f}" if r.get("jobs_per_second") else f"{'-':>9}"
-        name = f"{r['system']} ({r['round']})" if r.get("round") else r["system"]
-        print(f"{name:<18}{r['jobs']:>6}{r['seconds']:>10.2f}{jps}{vs_s:>10}{vs_f:>10}")
+        print(f"{label(r):<18}{r['jobs']:>6}{r['seconds']:>10.2f}{jps}{vs_s:>10}{vs_f:>10}")
 
 
 def round_ratios(results: list[dict]) -> list[float]:
@@ -449,6 +458,8 @@ def main(argv: list[str] | None = None) -> None:
                          "third from one run to the next on a small machine, so one round is one sample")
     ap.add_argument("--runtime-starts-here", type=int, help=argparse.SUPPRESS)  # one measurement, in this process
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error("--rounds: give a number of rounds >= 1")
     if a.runtime_starts_here:
         print(json.dumps(measure_runtime_starts(a.runtime_starts_here)))
         return
@@ -480,8 +491,6 @@ def main(argv: list[str] | None = None) -> None:
         cpu = f", machine CPU {r['cpu_ms_per_run']:.1f} ms per run" if r.get("cpu_ms_per_run") else ""
         print(f"{r['system']}: {r['seconds']:.2f} s for {r['jobs']} runs{cpu} (load average {r['loadavg_1m']:.1f})",
               flush=True)
-    if a.rounds < 1:
-        ap.error("--rounds must be 1 or more")
     for i in range(1, a.rounds + 1):
         if a.rounds > 1:
             print(f"round {i} of {a.rounds}", flush=True)
@@ -506,32 +515,31 @@ def main(argv: list[str] | None = None) -> None:
     print_side_by_side(results)
     ratios = round_ratios(results)
     if len(ratios) > 1:
-        print(f"astraeus vs Slurm, round by round: {', '.join(f'{x:.1f}x' for x in ratios)}; median "
-              f"{statistics.median(ratios):.1f}x faster ({min(ratios):.1f}-{max(ratios):.1f}x)")
+        print(f"astraeus vs Slurm, round by round: {', '.join(f'{x:.1f}x' for x in ratios)}; median (range) "
+              f"{spread(ratios, '.1f')} times faster")
     by_system: dict[str, list[dict]] = {}
     for r in results:
         if r.get("round"):
             by_system.setdefault(r["system"], []).append(r)
-    for name, rs in by_system.items():
-        secs = [r["seconds"] for r in rs]
+    for system, rs in by_system.items():
         cpu = [r["cpu_ms_per_run"] for r in rs if r.get("cpu_ms_per_run")]
-        print(f"{name}: median of {len(rs)} rounds {statistics.median(secs):.2f} s ({min(secs):.2f}-{max(secs):.2f})"
-              + (f", machine CPU {statistics.median(cpu):.1f} ms per run ({min(cpu):.1f}-{max(cpu):.1f})" if cpu else ""))
+        print(f"{system}: median (range) of {len(rs)} rounds {spread([r['seconds'] for r in rs])} s"
+              + (f", machine CPU {spread(cpu, '.1f')} ms per run" if cpu else ""))
     for r in results:
-        label = f"{r['system']} ({r['round']})" if r.get("round") else r["system"]
+        name = label(r)
         if r.get("steps"):
-            print(f"{label}: per worker, p50 / p90 (the control plane's times): "
+            print(f"{name}: per worker, p50 / p90 (the control plane's times): "
                   + ", ".join(f"{k} {v['p50'] * 1000:.0f} / {v['p90'] * 1000:.0f} ms" for k, v in r["steps"].items()))
         for phase, c in (r.get("cpu_split") or {}).items():
-            print(f"{label}: CPU per run {phase} ({c['seconds']:.2f} s): machine {c['machine']:.1f} ms, "
+            print(f"{name}: CPU per run {phase} ({c['seconds']:.2f} s): machine {c['machine']:.1f} ms, "
                   + ", ".join(f"{k} {v:.1f} ms" for k, v in c.items() if k not in ("seconds", "machine")))
         if r.get("cycles"):
             cy = r["cycles"]
-            print(f"{label}: scheduling cycles {cy['count']:.0f} ({cy['count'] / r['jobs']:.2f} per run), "
+            print(f"{name}: scheduling cycles {cy['count']:.0f} ({cy['count'] / r['jobs']:.2f} per run), "
                   f"{cy['seconds'] * 1000 / max(1, cy['count']):.1f} ms each, {cy['seconds'] * 1000 / r['jobs']:.1f} ms "
                   "per run in all")
         if r.get("failed"):
-            print(f"{label}: {r['failed']} of {r['jobs']} runs FAILED (not counted in jobs/s): "
+            print(f"{name}: {r['failed']} of {r['jobs']} runs FAILED (not counted in jobs/s): "
                   f"{r['failed_reasons']}")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")

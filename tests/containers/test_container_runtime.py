@@ -151,8 +151,9 @@ def test_only_the_assigned_gpus_show(crt, box):
 
 
 def test_the_stop_reason_is_in_the_file_before_sigterm(crt, box):
-    a = box("trap 'cat $ASTRAEUS_STOP_REASON_FILE; exit 7' TERM; echo ready; "
-            "cat $ASTRAEUS_STOP_REASON_FILE 2>/dev/null || echo no-reason-yet; while true; do sleep 0.1; done")
+    # "ready" once the file was looked at: the stop comes after that look, never between "ready" and it
+    a = box("trap 'cat $ASTRAEUS_STOP_REASON_FILE; exit 7' TERM; "
+            "cat $ASTRAEUS_STOP_REASON_FILE 2>/dev/null || echo no-reason-yet; echo ready; while true; do sleep 0.1; done")
     crt.start(a)
     wait_for(lambda: "ready" in [ln.text for ln in crt.logs(a["worker"], 1)])
     st = crt.stop(a["worker"], 1, grace=5, reason="Preempted by team/urgent-eval")

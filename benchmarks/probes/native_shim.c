@@ -2,8 +2,10 @@
  * bench_throughput.py's case only (an isolated worker with no drives, configs or stop request), to measure what a
  * supervisor that is not a Python process per worker would save (benchmarks/README.md, "Fifteenth round").
  * It keeps the Python shim's files (shim.json, started.json, log.jsonl, exit.json), cgroups, PID namespace and the
- * worker's view made from the launcher's prepared one, but none of its other guarantees: no stop reason file,
- * grace or kill of the whole tree, no OOM message, no rewrite of a wiped folder, no log rotation; and it takes the
+ * worker's view made from the launcher's prepared one, but none of its other guarantees: a stop (SIGTERM or SIGUSR1
+ * to it) is SIGTERM to the command and, 2 s later, the cgroup killed, with no stop reason file, no grace from
+ * stop.json and no kill of descendants outside the cgroup; no OOM message, no rewrite of a wiped folder, no log
+ * rotation, no UTF-8 replacement of invalid bytes in the log; and it takes the
  * worker's environment on its command line, which every user of the machine can read in /proc (the real one must
  * not). Built and wired in by native_shim.sh. */
 #define _GNU_SOURCE
@@ -38,7 +40,7 @@
 #define MOVE_MOUNT_F_EMPTY_PATH 0x4
 #endif
 
-static char *dir, *cwd, *sigdir, *command, *marker, *limits_json, *cgroups_json;
+static char *dir, *cwd, *sigdir, *command, *limits_json, *cgroups_json;
 static char *args[256], *envs[1024], *hides[64], *exposes[64], *cgdirs[16];
 static int nargs, nenvs, nhides, nexposes, ncg;
 static int uid, gid, template_fd = 3;
@@ -351,7 +353,6 @@ int main(int argc, char **argv) {
         else if (!strncmp(a, "--cg=", 5)) cgdirs[ncg++] = a + 5;
         else if (!strncmp(a, "--uid=", 6)) uid = atoi(a + 6);
         else if (!strncmp(a, "--gid=", 6)) gid = atoi(a + 6);
-        else if (!strncmp(a, "--marker=", 9)) marker = a + 9;
         else if (!strncmp(a, "--limits=", 9)) limits_json = a + 9;
         else if (!strncmp(a, "--cgroups=", 10)) cgroups_json = a + 10;
     }

@@ -39,7 +39,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,torch]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The per-worker supervisor in C (astraeus.agent.runtime.native); without a C compiler every worker gets the
+# Python shim, which keeps the same guarantees.
+NATIVE_SHIM := src/astraeus/agent/runtime/astraeus-shim
+$(NATIVE_SHIM): src/astraeus/agent/runtime/shim_native.c
+	@if command -v cc >/dev/null 2>&1; then cc -O2 -Wall -Wextra -Wno-format-truncation -o $@ $< || exit 1; \
+	  else echo "no C compiler (cc): workers get the Python shim"; fi
+
+install: $(STAMP) $(NATIVE_SHIM)
 
 demo: install demo-deps
 	$(BIN)/python -m astraeus.demo

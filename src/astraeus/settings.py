@@ -425,6 +425,11 @@ INTERNAL_ENV = {
     "ASTRAEUS_SHIM_DIR": "set by the agent for each shim: the attempt's folder in the state dir",
     "ASTRAEUS_INIT": "set by a container worker's shim for the worker's PID 1 (a reaper that holds its PID "
                      "namespace): its program",
+    "ASTRAEUS_NATIVE_SHIM": "`0` in the agent's environment: every worker gets the Python shim "
+                            "(astraeus.agent.runtime.shim) instead of the per-worker supervisor in C (`astraeus-shim` "
+                            "beside it, built by `make install` from `shim_native.c`; used for isolated workers that "
+                            "are not containers when the agent runs as root and the binary is there); in the "
+                            "launcher, the binary's path",
     "ASTRAEUS_SHIM_LAUNCHER": "`0` in the agent's environment: start each worker's shim with a Python interpreter of "
                               "its own instead of forking it from the agent's pre-started launcher "
                               "(astraeus.agent.runtime.launcher); in the launcher, a blank slot its forked shims "

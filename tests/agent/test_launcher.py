@@ -31,7 +31,8 @@ def _env(pid: int) -> dict[str, str]:
     return dict(item.decode().split("=", 1) for item in _environ(pid) if b"=" in item)
 
 
-def test_a_launched_shim_looks_to_the_agent_as_a_started_one(tmp_path, make_rt, assignment):
+def test_a_launched_shim_looks_to_the_agent_as_a_started_one(tmp_path, make_rt, assignment, monkeypatch):
+    monkeypatch.setenv("ASTRAEUS_NATIVE_SHIM", "0")  # the Python shim, forked (the C one: test_native_shim.py)
     rt = make_rt(tmp_path / "state")
     assert rt.launcher is not None
     a = assignment(LONG)
@@ -81,7 +82,8 @@ def test_shims_outlive_the_launcher_and_a_wiped_state_dir_is_adopted(tmp_path, m
     assert rt2.stop(a["worker"], 1, grace=2).state == EXITED
 
 
-def test_a_dead_launcher_is_started_again(tmp_path, make_rt, assignment):
+def test_a_dead_launcher_is_started_again(tmp_path, make_rt, assignment, monkeypatch):
+    monkeypatch.setenv("ASTRAEUS_NATIVE_SHIM", "0")  # the Python shim, forked, tells it was the launcher's
     rt = make_rt(tmp_path / "state")
     first = started(rt, assignment(command="true"))
     assert wait_for(lambda: (s := rt.status(first.worker, 1)).final and s).exit_code == 0
@@ -116,6 +118,7 @@ def test_a_launcher_that_cannot_start_falls_back_to_an_interpreter(tmp_path, mak
 
 def test_an_environment_too_big_for_the_slot_execs_the_shim(tmp_path, make_rt, assignment, monkeypatch):
     monkeypatch.setattr(launcher_mod, "SLOT_BYTES", 16)  # the shim's variables do not fit: the child execs it
+    monkeypatch.setenv("ASTRAEUS_NATIVE_SHIM", "0")  # (the C shim has no slot: its environment is its own)
     rt = make_rt(tmp_path / "state")
     a = assignment(LONG)
     assert started(rt, a).state == RUNNING

@@ -146,11 +146,29 @@ def serve(preload: list[str] | tuple[str, ...] = ()) -> None:
         if os.geteuid() == 0 and not failed:
             template, failed = _template(template)
         sys.stderr.flush()
-        pid = os.fork()
+        pid = _native(req, template) if NATIVE and template is not None else None
+        if pid is None:
+            pid = os.fork()
         if pid == 0:
             _child(req, block, template)
         out.write(f"{pid}\n".encode())
         out.flush()
+
+
+# The per-worker supervisor in C (astraeus.agent.runtime.native), when the agent gave its path.
+NATIVE = os.environ.get("ASTRAEUS_NATIVE_SHIM") or None
+
+
+def _native(req: dict, template: tuple[int, str]) -> int | None:
+    """Start the C supervisor for this request if it fits the worker (its pid), else None: the Python shim is
+    forked. Anything that goes wrong here is written to the launcher's log, and the Python shim does it again."""
+    from astraeus.agent.runtime import native
+
+    try:
+        return native.start(NATIVE, req, template)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.stderr.write(f"launcher: the native shim cannot start this worker ({e}); forking the Python shim\n")
+        return None
 
 
 def _template(template: tuple[int, str] | None) -> tuple[tuple[int, str] | None, bool]:

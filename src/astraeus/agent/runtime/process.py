@@ -49,7 +49,7 @@ import psutil
 from pydantic import ValidationError
 
 from astraeus.agent.gpus import gpu_deny_rules, gpu_device_nodes, nvml_minor_numbers
-from astraeus.agent.runtime import cgroups, mounts
+from astraeus.agent.runtime import cgroups, mounts, native
 from astraeus.agent.runtime.base import (
     EXITED,
     RUNNING,
@@ -200,8 +200,10 @@ class ProcessRuntime(Runtime):
         # starts each with its own interpreter, as before.
         self.launcher: Launcher | None = None
         if os.environ.get("ASTRAEUS_SHIM_LAUNCHER", "1") != "0":
-            self.launcher = Launcher(self._shim_base_env(), os.path.join(self.state_dir, "launcher.log"),
-                                     preload=self.SHIM_PRELOAD)
+            env = self._shim_base_env()
+            if (binary := native.binary_for_agent()) is not None:
+                env[native.ENV_VAR] = binary  # the launcher starts the C supervisor for the workers it fits
+            self.launcher = Launcher(env, os.path.join(self.state_dir, "launcher.log"), preload=self.SHIM_PRELOAD)
 
     # ------------------------------------------------------------ helpers
     def dir(self, worker: str, attempt: int) -> str:

@@ -222,6 +222,73 @@ def reaper(ack: int, status: int, cmd: int) -> None:
         os._exit(0)
 
 
+def prepare_host(spec: dict, d: str, iso: dict | None) -> str | None:
+    """The host's part of a worker's start that both supervisors need (this shim and the one in C,
+    astraeus.agent.runtime.native): the shim's files 0600, the working folder made (the worker's, 0700, when it
+    is the attempt's own), the config files (0440, root:the worker's group). What went wrong, for failed.json, or
+    None."""
+    for name in ("spec.json", "log.jsonl", "shim.log"):
+        try:
+            os.chmod(os.path.join(d, name), 0o600)
+        except OSError:
+            pass
+    cwd = spec.get("cwd") or "/"
+    try:
+        if cwd == d or cwd.startswith(d + os.sep):  # the attempt's own folder: made here
+            os.makedirs(cwd, exist_ok=True)
+            if iso:
+                os.chown(cwd, iso["uid"], iso["gid"])
+                os.chmod(cwd, 0o700)
+    except OSError as e:
+        return f"working folder {cwd}: {e.strerror or e}"
+    cdir = os.path.join(d, "configs")
+    for i, c in enumerate(spec.get("configs") or []):  # each config's file, 0440 root:the worker's group
+        src = os.path.join(cdir, str(i))
+        try:
+            os.makedirs(cdir, mode=0o700, exist_ok=True)
+            fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(c.get("value") or "")
+            if iso:
+                os.chown(src, 0, iso["gid"])
+                os.chmod(src, 0o440)
+        except OSError as e:
+            return f"config at {c.get('mount_path')}: {e.strerror or e}"
+    return None
+
+
+def signal_dir(d: str, iso: dict | None) -> str:
+    """The folder of the worker's stop reason file: root's, searchable by the worker's group only."""
+    sd = os.path.join(d, "signal")
+    os.makedirs(sd, exist_ok=True)
+    if iso:
+        os.chown(sd, 0, int(iso["gid"]))
+        os.chmod(sd, 0o750)
+    return sd
+
+
+def exposed_paths(spec: dict, iso: dict) -> list[str]:
+    """The worker's Python environment and the interpreter it is built on, shown read-only in its view even where
+    they lie under a hidden folder (/root/.pyenv, a temporary folder); never anything of the agent's state or
+    home (a path that is, holds or lies in a hidden one)."""
+    hidden = [os.path.realpath(h) for h in iso.get("hide") or []]
+    out = []
+    for p in dict.fromkeys(os.path.realpath(x) for x in (spec.get("environment"), sys.prefix, sys.base_prefix)
+                           if x and os.path.isabs(x)):
+        if os.path.isdir(p) and p != "/" and not any(p == h or p.startswith(h + "/") or h.startswith(p + "/")
+                                                     for h in hidden):
+            out.append(p)
+    return out
+
+
+def worker_home(env: dict[str, str], cwd: str, iso: dict) -> None:
+    """An isolated worker's HOME is its working folder (its own, writable) where the one it was given is root's
+    or hidden in its view."""
+    h = env.get("HOME") or "/root"
+    if h == "/root" or h.startswith("/root/") or any(h == x or h.startswith(x + "/") for x in iso["hide"]):
+        env["HOME"] = cwd
+
+
 COMMAND_SIGDEF = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD,
                   signal.SIGHUP)
 
@@ -381,35 +448,11 @@ class Shim:
         """Host-side preparation of the worker's view (built later by its PID 1: build_view): the config files
         (0440, root:the worker's group), the working folder (the worker's), our own files 0600."""
         self.iso = self.spec.get("isolation") if os.geteuid() == 0 else None
-        for name in ("spec.json", "log.jsonl", "shim.log"):
-            try:
-                os.chmod(self.path(name), 0o600)
-            except OSError:
-                pass
         if not self.iso and (self.spec.get("mounts") or self.spec.get("configs")):
             self.fail("drives and configs need the agent to run as root (it builds each worker's own view)")
-        cwd = self.spec.get("cwd") or "/"
-        try:
-            if cwd == self.dir or cwd.startswith(self.dir + os.sep):  # the attempt's own folder: made here
-                os.makedirs(cwd, exist_ok=True)
-                if self.iso:
-                    os.chown(cwd, self.iso["uid"], self.iso["gid"])
-                    os.chmod(cwd, 0o700)
-        except OSError as e:
-            self.fail(f"working folder {cwd}: {e.strerror or e}")
-        cdir = self.path("configs")
-        for i, c in enumerate(self.spec.get("configs") or []):
-            src = os.path.join(cdir, str(i))
-            try:
-                os.makedirs(cdir, mode=0o700, exist_ok=True)
-                fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(c.get("value") or "")
-                if self.iso:
-                    os.chown(src, 0, self.iso["gid"])
-                    os.chmod(src, 0o440)
-            except OSError as e:
-                self.fail(f"config at {c.get('mount_path')}: {e.strerror or e}")
+        problem = prepare_host(self.spec, self.dir, self.iso)
+        if problem:
+            self.fail(problem)
 
     def build_view(self, cwd: str) -> None:
         """In the worker's PID 1 (root, before the command forks): its own view of the machine
@@ -464,13 +507,8 @@ class Shim:
         sig = view.source(os.open(sig_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         # the worker's Python environment and the interpreter it is built on, read-only, even where they lie
         # under a hidden folder (/root/.pyenv, a temporary folder); never anything of the agent's state or home
-        hidden = [os.path.realpath(h) for h in iso.get("hide") or []]
-        expose = []
-        for p in dict.fromkeys(os.path.realpath(x) for x in (self.spec.get("environment"), sys.prefix,
-                                                             sys.base_prefix) if x and os.path.isabs(x)):
-            if os.path.isdir(p) and p != "/" and not any(p == h or p.startswith(h + "/") or h.startswith(p + "/")
-                                                         for h in hidden):
-                expose.append((view.source(os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)), p))
+        expose = [(view.source(os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)), p)
+                  for p in exposed_paths(self.spec, iso)]
         try:
             view.enter()
         except OSError as e:
@@ -507,13 +545,7 @@ class Shim:
             raise mounts.MountError(f"cannot build the worker's view: {e.strerror or e}") from None
 
     def signal_dir(self) -> str:
-        """The folder of the worker's stop reason file: root's, searchable by the worker's group only."""
-        d = self.path("signal")
-        os.makedirs(d, exist_ok=True)
-        if self.iso:
-            os.chown(d, 0, int(self.iso["gid"]))
-            os.chmod(d, 0o750)
-        return d
+        return signal_dir(self.dir, self.iso)
 
     def setup_cgroup(self) -> None:
         """Create the worker's cgroup(s) and write its limits (memory, CPU quota, pids, GPU nodes)."""
@@ -548,9 +580,7 @@ class Shim:
         libc = LIBC
         iso = self.iso
         if iso:
-            h = env.get("HOME") or "/root"
-            if h == "/root" or h.startswith("/root/") or any(h == x or h.startswith(x + "/") for x in iso["hide"]):
-                env["HOME"] = cwd  # a folder of its own, writable
+            worker_home(env, cwd, iso)
             from astraeus.agent.runtime import mounts
 
             try:

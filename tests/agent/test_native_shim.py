@@ -1,0 +1,175 @@
+"""The per-worker supervisor in C (astraeus.agent.runtime.native, shim_native.c): an isolated worker gets it from the
+shim launcher; it looks to the agent as the Python shim does (files, environment, session), keeps the worker's
+environment off every command line, writes the same log lines, and every worker it does not fit gets the Python
+shim. The rest of its contract (stops and their grace, the whole tree killed, OOM, adoption after a wiped state dir,
+start failures, the worker's view and user) is what tests/agent and tests/faults assert of every isolated worker:
+with `make install` these run on it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from astraeus.agent.runtime import native
+from astraeus.agent.runtime.base import EXITED, RUNNING
+from tests.agent.conftest import started, wait_for
+
+LONG = "import time\nwhile True: time.sleep(0.1)\n"
+
+
+def _native_or_skip() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the C supervisor is for isolated workers: the agent must run as root")
+    if not os.access(native.BINARY, os.X_OK):
+        pytest.skip(f"{native.BINARY} is not built (`make install` builds it with cc)")
+
+
+@pytest.fixture(params=["native", "python"])
+def supervisor(request, monkeypatch) -> str:
+    """Each test twice: on the C supervisor and on the Python shim (ASTRAEUS_NATIVE_SHIM=0)."""
+    if request.param == "native":
+        _native_or_skip()
+    else:
+        monkeypatch.setenv("ASTRAEUS_NATIVE_SHIM", "0")
+    return request.param
+
+
+def _shim(rt, worker: str) -> int:
+    with open(os.path.join(rt.dir(worker, 1), "shim.json")) as f:
+        return json.load(f)["shim_pid"]
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_an_isolated_worker_gets_the_c_supervisor_and_its_environment_stays_private(tmp_path, make_rt, assignment):
+    _native_or_skip()
+    rt = make_rt(tmp_path / "state")
+    secret = "s3cr3t-value-of-the-worker"
+    a = assignment(LONG, env={"API_TOKEN": secret})
+    assert started(rt, a).state == RUNNING
+    shim = _shim(rt, a["worker"])
+    assert os.readlink(f"/proc/{shim}/exe") == native.BINARY
+    assert _read(f"/proc/{shim}/cmdline") == b"astraeus-shim-native\0"
+    env = dict(i.decode().split("=", 1) for i in _read(f"/proc/{shim}/environ").split(b"\0") if b"=" in i)
+    assert env["ASTRAEUS_SHIM_OWNER"] == rt.owner  # what adopt() looks for
+    assert env["ASTRAEUS_SHIM_ID"] == os.path.basename(rt.dir(a["worker"], 1))
+    assert secret.encode() not in _read(f"/proc/{shim}/environ")  # the worker's own environment: not the shim's
+    # its own session, started by the launcher, holding none of the launcher's pipes to the agent
+    assert os.getsid(shim) == shim
+    with open(f"/proc/{shim}/stat") as f:
+        assert int(f.read().rsplit(")", 1)[1].split()[1]) == rt.launcher.proc.pid
+    held = {os.readlink(f"/proc/{shim}/fd/{fd}") for fd in os.listdir(f"/proc/{shim}/fd")}
+    for pipe in (rt.launcher.proc.stdin, rt.launcher.proc.stdout):
+        assert os.readlink(f"/proc/self/fd/{pipe.fileno()}") not in held
+    spec = _read(os.path.join(rt.dir(a["worker"], 1), "spec.json"))
+    assert rt.stop(a["worker"], 1, grace=2).state == EXITED
+    wait_for(lambda: not os.path.exists(f"/proc/{shim}"), what="the ended shim to be reaped")
+    assert _read(os.path.join(rt.dir(a["worker"], 1), "spec.json")) == spec
+
+
+def test_turned_off_or_not_fitting_a_worker_gets_the_python_shim(tmp_path, make_rt, assignment, monkeypatch):
+    _native_or_skip()
+    rt = make_rt(tmp_path / "state")
+    # a drive at a new top-level folder needs a view built from scratch: the Python shim's
+    top = f"/astraeus-test-{os.getpid()}"
+    assert not os.path.exists(top)
+    drive = {"host_path": str(tmp_path), "mount_path": top, "read_only": True, "create": False,
+             "granted_root": str(tmp_path)}
+    a = assignment(command="sh", args=["-c", f"test -d {top} && echo mounted; sleep 30"], mounts=[drive])
+    assert started(rt, a).state == RUNNING
+    assert os.readlink(f"/proc/{_shim(rt, a['worker'])}/exe") != native.BINARY
+    wait_for(lambda: [ln.text for ln in rt.logs(a["worker"], 1)] == ["mounted"], what="the drive in its view")
+    rt.stop(a["worker"], 1, grace=2)
+    assert not os.path.exists(top)  # made in the worker's view only
+    monkeypatch.setenv("ASTRAEUS_NATIVE_SHIM", "0")
+    rt2 = make_rt(tmp_path / "state2")
+    b = assignment(LONG)
+    assert started(rt2, b).state == RUNNING
+    assert os.readlink(f"/proc/{_shim(rt2, b['worker'])}/exe") != native.BINARY
+    rt2.stop(b["worker"], 1, grace=2)
+
+
+# What a worker prints, as bytes: text, invalid UTF-8 (each maximal bad part one U+FFFD), controls, quotes,
+# CR LF endings, a line longer than 64 KiB (split while it has no end), stderr, then a partial line the shim flushes after a second,
+# and a last one without a newline (flushed when the worker ends).
+NOISY = r"""
+import os, sys, time
+o, e = sys.stdout.buffer, sys.stderr.buffer
+for line in LINES:
+    o.write(line)
+o.flush()
+e.write(b"err \xff line\n")
+e.flush()
+o.write(b"progress 50%")
+o.flush()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+o.write(b"\ndone\ntail without newline")
+"""
+LINES = [b"plain\n", "caf\u00e9 \U0001F600 \u4e2d\n".encode(), b"bad \xff \xc3\x28 \xe2\x82 \xf0\x9f\x98 end\n",
+         b"\xed\xa0\x80 \xf4\x90\x80\x80 \xc0\xaf \xe0\x80\x80 \xf5 ok\n", b"ctl \x01\x1b[31m\t\"q\" \\ b\x7f\x08\x0c\n",
+         b"crlf\r\n", b"two cr\r\r\n", b"x" * 70000 + b"\n"]
+
+
+def test_both_supervisors_write_the_same_log_lines(tmp_path, make_rt, assignment, supervisor):
+    rt = make_rt(tmp_path / "state")
+    go = tmp_path / "go"
+    a = assignment(f"LINES = {LINES!r}\n" + NOISY, args=[str(go)])
+    rt.start(a)
+    # the partial line is written on its own once it has waited a second (a progress bar's last state shows)
+    wait_for(lambda: "progress 50%" in [ln.text for ln in rt.logs(a["worker"], 1)], timeout=30,
+             what="the partial line flushed")
+    go.write_text("")
+    end = wait_for(lambda: (s := rt.status(a["worker"], 1)).final and s, timeout=30)
+    assert end.state == EXITED and end.exit_code == 0
+    lines = rt.logs(a["worker"], 1)
+    assert sorted(ln.seq for ln in lines) == list(range(1, len(lines) + 1))
+    want = [raw[:-1].decode("utf-8", "replace").rstrip("\r") for raw in LINES[:-1]]
+    want += ["progress 50%", "", "done", "tail without newline"]
+    out = [ln.text for ln in lines if ln.stream == "stdout"]
+    # the long line: 64 KiB parts while it has no end yet (where its end falls in the pipe's reads decides
+    # whether the rest is one more part or two)
+    long = [t for t in out if t and set(t) == {"x"}]
+    assert "".join(long) == "x" * 70000 and all(len(t) == 65536 for t in long[:-1]) and len(long) >= 1
+    assert [t for t in out if t not in long] == want
+    assert [ln.text for ln in lines if ln.stream == "stderr"] == ["err \ufffd line"]
+    assert want[2] == "bad \ufffd \ufffd( \ufffd \ufffd end"
+    # each line of the file is what json.dumps writes (ASCII, its escapes, its spacing): byte for byte the same
+    # from either supervisor, so offsets and sizes mean the same
+    for raw in _read(os.path.join(rt.dir(a["worker"], 1), "log.jsonl")).splitlines():
+        assert raw.decode() == json.dumps(json.loads(raw))
+
+
+def test_both_supervisors_tell_a_stopped_worker_why_and_how_long_it_has(tmp_path, make_rt, assignment, supervisor):
+    rt = make_rt(tmp_path / "state")
+    out = tmp_path / "reason.json"
+    script = f"""
+import os, signal, sys, time
+def term(*_):
+    with open(os.environ["ASTRAEUS_STOP_REASON_FILE"]) as f:
+        data = f.read()
+    with open({str(out)!r}, "w") as f:
+        f.write(data)
+    sys.exit(3)
+signal.signal(signal.SIGTERM, term)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+    a = assignment(script)
+    rt.start(a)
+    wait_for(lambda: "ready" in [ln.text for ln in rt.logs(a["worker"], 1)], what="the worker ready")
+    end = rt.stop(a["worker"], 1, grace=20, reason="preempted by run \u00e9t\u00e9 (priority 100 > 10)")
+    assert end.state == EXITED and end.exit_code == 3 and end.extra["stop_requested"] is True
+    assert end.extra["killed"] is False and end.message is None
+    got = json.loads(out.read_text())
+    assert got["reason"] == "preempted by run \u00e9t\u00e9 (priority 100 > 10)"
+    assert 15 < got["grace_seconds"] <= 20
+    d = rt.dir(a["worker"], 1)
+    st = os.stat(os.path.join(d, "signal", "stop-reason"))
+    assert (st.st_uid, oct(st.st_mode & 0o777)) == (0, "0o440")  # root's, readable by the worker's group only

@@ -8,6 +8,7 @@ plane's database): placed → started (the agent saw the assignment, started the
 command's stamp → finished (the agent reported the exit) → the next worker placed on the same GPU.
 
     python benchmarks/bench_throughput.py --jobs 200 --old   # also Astraeus without the shim launcher
+    python benchmarks/bench_throughput.py --jobs 200 --rounds 3 --python-shim   # also every worker on the Python shim
     python benchmarks/bench_throughput.py --jobs 200 --was /tmp/was   # also the code of another checkout (before)
     python benchmarks/bench_throughput.py --jobs 200 --rounds 5   # Astraeus then Slurm five times: each ratio, the median
     python benchmarks/bench_throughput.py --jobs 200 --rounds 6 --no-slurm --was /tmp/was   # this code and another's, by turns
@@ -55,14 +56,19 @@ def open_local():
         ax.stop()
 
 
-def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | None = None) -> dict:
+def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | None = None,
+                                native: bool = True) -> dict:
     """Workers see the host read-only with a private /tmp (astraeus.agent.runtime.mounts), so each run prints its
     timestamp (`date +%s.%N`, the same command as Slurm's jobs less the file) and the stamps are read from the
     runs' logs once they have all ended. launcher=False: the agent starts each worker's shim with an interpreter
     of its own (ASTRAEUS_SHIM_LAUNCHER=0), as before the pre-started launcher. src: the `src` folder of another
     checkout whose code the control plane, agent and shims run (PYTHONPATH; e.g. a worktree of the code before a
-    change), measured in the same run."""
+    change), measured in the same run. native=False: every worker gets the Python shim (ASTRAEUS_NATIVE_SHIM=0), not
+    the supervisor in C."""
     old = os.environ.get("ASTRAEUS_SHIM_LAUNCHER")
+    old_native = os.environ.get("ASTRAEUS_NATIVE_SHIM")
+    if not native:
+        os.environ["ASTRAEUS_NATIVE_SHIM"] = "0"
     old_path = os.environ.get("PYTHONPATH")
     if not launcher:
         os.environ["ASTRAEUS_SHIM_LAUNCHER"] = "0"
@@ -115,6 +121,10 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
             os.environ.pop("ASTRAEUS_SHIM_LAUNCHER", None)
         else:
             os.environ["ASTRAEUS_SHIM_LAUNCHER"] = old
+        if old_native is None:
+            os.environ.pop("ASTRAEUS_NATIVE_SHIM", None)
+        else:
+            os.environ["ASTRAEUS_NATIVE_SHIM"] = old_native
         if old_path is None:
             os.environ.pop("PYTHONPATH", None)
         else:
@@ -122,7 +132,8 @@ def measure_astraeus_throughput(n: int = 500, launcher: bool = True, src: str | 
     last = max(stamps, default=t0)
     total = last - t0
     done = len(stamps)
-    system = f"was:{Path(src).parent.name}" if src else "astraeus" if launcher else "astraeus-old"
+    system = (f"was:{Path(src).parent.name}" if src else "astraeus-old" if not launcher
+              else "astraeus-python-shim" if not native else "astraeus")
     return {"system": system, "jobs": n, "seconds": total,
             "jobs_per_second": done / total if total > 0 else None, "submit_seconds": t_submitted - t0,
             "stamps": done, "failed": len(failed), "phases": phases, "steps": steps,
@@ -439,6 +450,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--old", action="store_true",
                     help="also measure Astraeus without the shim launcher (ASTRAEUS_SHIM_LAUNCHER=0: one Python "
                          "interpreter start per worker, as before), in the same run")
+    ap.add_argument("--python-shim", action="store_true",
+                    help="also measure Astraeus with every worker on the Python shim (ASTRAEUS_NATIVE_SHIM=0) instead "
+                         "of the supervisor in C, after Slurm, in the same run")
     ap.add_argument("--was", metavar="CHECKOUT", action="append", default=[],
                     help="also measure Astraeus as the code in CHECKOUT/src is (e.g. `git worktree add --detach "
                          "/tmp/was HEAD` before a change), after Slurm, in the same run; may be given more than once "
@@ -506,6 +520,8 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"Slurm, try {attempt + 1}: {e}")
         if not a.no_astraeus and a.old:  # after Slurm, so that Slurm's figure lies between the two as the load drifts
             keep(measure_astraeus_throughput(a.jobs, launcher=False) | tag)
+        if not a.no_astraeus and a.python_shim:
+            keep(measure_astraeus_throughput(a.jobs, native=False) | tag)
         for was in [] if a.no_astraeus else a.was:  # each round: this code, Slurm, then each other checkout's
             keep(measure_astraeus_throughput(a.jobs, src=str(Path(was) / "src")) | tag)
     keep(measure_xargs_floor(a.jobs))

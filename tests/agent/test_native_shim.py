@@ -173,3 +173,34 @@ while True:
     d = rt.dir(a["worker"], 1)
     st = os.stat(os.path.join(d, "signal", "stop-reason"))
     assert (st.st_uid, oct(st.st_mode & 0o777)) == (0, "0o440")  # root's, readable by the worker's group only
+
+
+def test_both_supervisors_stop_their_worker_when_they_are_sent_sigterm(tmp_path, make_rt, assignment, supervisor):
+    """SIGTERM to the supervisor itself (a machine shutting down) is a stop with the runtime's grace: the worker
+    reads why, and ends by SIGTERM."""
+    import signal
+
+    rt = make_rt(tmp_path / "state", stop_grace=5)
+    out = tmp_path / "reason.json"
+    script = f"""
+import os, signal, sys, time
+def term(*_):
+    with open(os.environ["ASTRAEUS_STOP_REASON_FILE"]) as f, open({str(out)!r}, "w") as o:
+        o.write(f.read())
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+signal.signal(signal.SIGTERM, term)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+    a = assignment(script)
+    rt.start(a)
+    wait_for(lambda: "ready" in [ln.text for ln in rt.logs(a["worker"], 1)], what="the worker ready")
+    os.kill(_shim(rt, a["worker"]), signal.SIGTERM)
+    end = wait_for(lambda: (s := rt.status(a["worker"], 1)).final and s, timeout=30, what="the worker stopped")
+    assert end.state == EXITED and end.signal == signal.SIGTERM and end.extra["stop_requested"] is True
+    assert end.extra["killed"] is False
+    got = json.loads(out.read_text())
+    assert got["reason"] == "the worker's supervisor was asked to stop it"
+    assert 3 < got["grace_seconds"] <= 5

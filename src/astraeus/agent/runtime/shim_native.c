@@ -1162,8 +1162,7 @@ static void check_stop(double t) {
         const char *r = have_req ? member(req, "reason", &rl) : NULL;
         buf_t dflt = {0};
         if (!r || rl < 3 || *r != '"') { /* null, missing or "": the default */
-            const char *d = sigterm && !have_req ? "the worker's supervisor was asked to stop it" : "stopped";
-            if (sigterm) d = "the worker's supervisor was asked to stop it";
+            const char *d = sigterm ? "the worker's supervisor was asked to stop it" : "stopped";
             put_text(&dflt, (const unsigned char *)d, strlen(d));
             r = dflt.s;
             rl = dflt.n;

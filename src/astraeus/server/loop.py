@@ -674,6 +674,9 @@ class SchedulingLoop:
         self.kept: dict[int, Kept] = {}  # each cluster's snapshot, for cycles woken only by submits (Kept)
         self._kept_term: Term | None = None
         self._timers_at = 0.0  # time.monotonic() when a cycle last looked at the timers
+        # A woken cycle less than a tick after the last look left the timers and the reads of what is due next
+        # (next_restart) to a later one: a full cycle is due once a tick has passed, woken or not.
+        self._owed = False
 
     def start(self) -> None:
         """Start trying to lead (cp.leader), and the loop, which cycles only while this replica leads."""
@@ -717,7 +720,8 @@ class SchedulingLoop:
                 c0 = time.perf_counter()
                 now = time.time()
                 due = now - last_full >= s.schedule_interval or (self.next_restart is not None
-                                                                   and now >= self.next_restart)
+                                                                   and now >= self.next_restart) or (
+                    self._owed and time.monotonic() - self._timers_at >= TIMERS_EVERY)
                 full = woke or due
                 # asked (and reset) just before the cycle reads: a wake after this is seen by the next cycle
                 submits_only = n.woken_by_submits_only() and woke and not due if full else False
@@ -726,7 +730,7 @@ class SchedulingLoop:
                     if wait > 0:
                         time.sleep(wait)
                         submits_only = n.woken_by_submits_only()  # anything else meanwhile: a full read
-                touched = self.cycle_once(full=full, term=term, submits_only=submits_only)
+                touched = self.cycle_once(full=full, term=term, submits_only=submits_only, timers_due=due)
                 self.last_cycle_end = time.perf_counter()
                 self.last_cycle_seconds = min(self.last_cycle_end - c0, 1.0)
                 if full:
@@ -737,9 +741,14 @@ class SchedulingLoop:
                 log.exception("scheduling cycle failed")
                 time.sleep(0.5)
 
-    def cycle_once(self, full: bool = True, term: Term | None = None, submits_only: bool = False) -> set[int]:
+    def cycle_once(self, full: bool = True, term: Term | None = None, submits_only: bool = False,
+                   timers_due: bool = True) -> set[int]:
         """`submits_only`: woken only by plain runs submitted here, which start no timer and stop nothing: the cycle
-        plans on the kept snapshots (Kept), and the reads of what is due next are left to the next full cycle."""
+        plans on the kept snapshots (Kept), and the reads of what is due next are left to the next full cycle.
+        Without `timers_due` (a cycle woken by a change, not by a timer or the interval), the timers and the reads of
+        what is due next are looked at only when a tick has passed since the last look (they are about time, not
+        about the change; woken back to back, each cycle spent a sixth of its time on them), and are owed to the
+        next cycle otherwise (`_owed`: the loop makes one within a tick)."""
         term = term or (self.cp.leader.current() if self.cp.leader is not None else None)
         if term is None:
             return set()
@@ -747,8 +756,8 @@ class SchedulingLoop:
             if self.kept and self._kept_term != term:  # led again: another leader may have planned meanwhile
                 self.kept.clear()
             self._kept_term = term
-            # the timers at most once a tick while submits keep the loop busy (full cycles always look at them)
-            timers = not submits_only or time.monotonic() - self._timers_at >= TIMERS_EVERY
+            # the timers at most once a tick while changes keep the loop busy (a due cycle always looks at them)
+            timers = (timers_due and not submits_only) or time.monotonic() - self._timers_at >= TIMERS_EVERY
             if timers:
                 self._timers_at = time.monotonic()
             touched = cycle(self.cp, term=term, kept=self.kept, submits_only=submits_only, timers=timers)
@@ -758,16 +767,18 @@ class SchedulingLoop:
                 self.cp.notifier.bump_machines(touched)
             now = time.time()
             with self.cp.sessions() as session:
-                self.next_restart = next_restart_at(session, now)
-                tick = schedule_ticks.earliest_tick(session, now)  # a schedule's next tick: a full cycle then
-                if tick is not None and (self.next_restart is None or tick < self.next_restart):
-                    self.next_restart = tick
-                retry = replica_group_duty.next_retry_at(session, now)  # a replica group's backoff ends
-                if retry is not None and (self.next_restart is None or retry < self.next_restart):
-                    self.next_restart = retry
-                change = reservation_duty.next_change(session, now)  # a reservation's window opens or closes
-                if change is not None and (self.next_restart is None or change < self.next_restart):
-                    self.next_restart = change
+                self._owed = not timers  # what is due next: read with the timers, within a tick
+                if timers:
+                    self.next_restart = next_restart_at(session, now)
+                    tick = schedule_ticks.earliest_tick(session, now)  # a schedule's next tick: a full cycle then
+                    if tick is not None and (self.next_restart is None or tick < self.next_restart):
+                        self.next_restart = tick
+                    retry = replica_group_duty.next_retry_at(session, now)  # a replica group's backoff ends
+                    if retry is not None and (self.next_restart is None or retry < self.next_restart):
+                        self.next_restart = retry
+                    change = reservation_duty.next_change(session, now)  # a reservation's window opens or closes
+                    if change is not None and (self.next_restart is None or change < self.next_restart):
+                        self.next_restart = change
                 # A stop asked by an agent's report (a gang mate of a worker that failed, or that reached its time
                 # limit) is on another machine than the report's: tell that machine now, not at its next poll.
                 stops = stops_asked_since(session, now - 30)

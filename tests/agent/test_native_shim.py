@@ -145,17 +145,14 @@ def test_both_supervisors_write_the_same_log_lines(tmp_path, make_rt, assignment
         assert raw.decode() == json.dumps(json.loads(raw))
 
 
-def test_both_supervisors_tell_a_stopped_worker_why_and_how_long_it_has(tmp_path, make_rt, assignment, supervisor):
-    rt = make_rt(tmp_path / "state")
-    out = tmp_path / "reason.json"
+def _reason_keeper(rt, assignment, out, then: str) -> dict:
+    """Start a worker that, on SIGTERM, copies its stop reason file to `out` and then runs `then`; once it is ready."""
     script = f"""
 import os, signal, sys, time
 def term(*_):
-    with open(os.environ["ASTRAEUS_STOP_REASON_FILE"]) as f:
-        data = f.read()
-    with open({str(out)!r}, "w") as f:
-        f.write(data)
-    sys.exit(3)
+    with open(os.environ["ASTRAEUS_STOP_REASON_FILE"]) as f, open({str(out)!r}, "w") as o:
+        o.write(f.read())
+    {then}
 signal.signal(signal.SIGTERM, term)
 print("ready", flush=True)
 while True:
@@ -164,6 +161,13 @@ while True:
     a = assignment(script)
     rt.start(a)
     wait_for(lambda: "ready" in [ln.text for ln in rt.logs(a["worker"], 1)], what="the worker ready")
+    return a
+
+
+def test_both_supervisors_tell_a_stopped_worker_why_and_how_long_it_has(tmp_path, make_rt, assignment, supervisor):
+    rt = make_rt(tmp_path / "state")
+    out = tmp_path / "reason.json"
+    a = _reason_keeper(rt, assignment, out, "sys.exit(3)")
     end = rt.stop(a["worker"], 1, grace=20, reason="preempted by run \u00e9t\u00e9 (priority 100 > 10)")
     assert end.state == EXITED and end.exit_code == 3 and end.extra["stop_requested"] is True
     assert end.extra["killed"] is False and end.message is None
@@ -182,21 +186,7 @@ def test_both_supervisors_stop_their_worker_when_they_are_sent_sigterm(tmp_path,
 
     rt = make_rt(tmp_path / "state", stop_grace=5)
     out = tmp_path / "reason.json"
-    script = f"""
-import os, signal, sys, time
-def term(*_):
-    with open(os.environ["ASTRAEUS_STOP_REASON_FILE"]) as f, open({str(out)!r}, "w") as o:
-        o.write(f.read())
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-signal.signal(signal.SIGTERM, term)
-print("ready", flush=True)
-while True:
-    time.sleep(0.05)
-"""
-    a = assignment(script)
-    rt.start(a)
-    wait_for(lambda: "ready" in [ln.text for ln in rt.logs(a["worker"], 1)], what="the worker ready")
+    a = _reason_keeper(rt, assignment, out, "signal.signal(signal.SIGTERM, signal.SIG_DFL); os.kill(os.getpid(), 15)")
     os.kill(_shim(rt, a["worker"]), signal.SIGTERM)
     end = wait_for(lambda: (s := rt.status(a["worker"], 1)).final and s, timeout=30, what="the worker stopped")
     assert end.state == EXITED and end.signal == signal.SIGTERM and end.extra["stop_requested"] is True

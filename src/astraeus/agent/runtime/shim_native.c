@@ -1001,7 +1001,32 @@ static void pid1(int go_r, int status_w, int ack_r, int out_w, int err_w) {
 }
 
 /* ------------------------------------------------------------------ the tree */
+static void add_once(pid_t k, pid_t *out, int *n, int max) {
+    for (int i = 0; i < *n; i++)
+        if (out[i] == k) return;
+    if (*n < max) out[(*n)++] = k;
+}
+
+/* p's children: from /proc/PID/task/TID/children where the kernel has it, else from every process's parent
+ * (shim.py's children_by_scan) */
 static void children_of(pid_t p, pid_t *out, int *n, int max) {
+    static int have_children_file = -1;
+    if (have_children_file < 0) {
+        char self[64];
+        snprintf(self, sizeof self, "/proc/%d/task/%d/children", getpid(), getpid());
+        have_children_file = access(self, F_OK) == 0;
+    }
+    if (!have_children_file) {
+        DIR *all = opendir("/proc");
+        struct dirent *e;
+        char parent[32];
+        while (all && (e = readdir(all)))
+            if (e->d_name[0] >= '1' && e->d_name[0] <= '9' && !stat_field(atoi(e->d_name), 1, parent, sizeof parent)
+                && atoi(parent) == p)
+                add_once(atoi(e->d_name), out, n, max);
+        if (all) closedir(all);
+        return;
+    }
     char tp[64];
     snprintf(tp, sizeof tp, "/proc/%d/task", p);
     DIR *d = opendir(tp);
@@ -1012,13 +1037,8 @@ static void children_of(pid_t p, pid_t *out, int *n, int max) {
         snprintf(cp, sizeof cp, "/proc/%d/task/%s/children", p, de->d_name);
         if (read_small(cp, buf, sizeof buf) <= 0) continue;
         char *save = NULL;
-        for (char *s = strtok_r(buf, " \n", &save); s && *n < max; s = strtok_r(NULL, " \n", &save)) {
-            pid_t k = atoi(s);
-            int seen = 0;
-            for (int i = 0; i < *n; i++)
-                if (out[i] == k) seen = 1;
-            if (!seen) out[(*n)++] = k;
-        }
+        for (char *s = strtok_r(buf, " \n", &save); s && *n < max; s = strtok_r(NULL, " \n", &save))
+            add_once(atoi(s), out, n, max);
     }
     if (d) closedir(d);
 }

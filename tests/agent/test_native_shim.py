@@ -194,3 +194,31 @@ def test_both_supervisors_stop_their_worker_when_they_are_sent_sigterm(tmp_path,
     got = json.loads(out.read_text())
     assert got["reason"] == "the worker's supervisor was asked to stop it"
     assert 3 < got["grace_seconds"] <= 5
+
+
+def test_more_environment_than_the_c_supervisor_holds_gets_the_python_shim(tmp_path, make_rt, assignment):
+    _native_or_skip()
+    rt = make_rt(tmp_path / "state")
+    env = {f"V{i}": str(i) for i in range(native.MAX_ITEMS["env"] + 5)}
+    a = assignment(command="sh", args=["-c", "echo $V4099; sleep 30"], env=env)
+    assert started(rt, a).state == RUNNING
+    assert os.readlink(f"/proc/{_shim(rt, a['worker'])}/exe") != native.BINARY
+    wait_for(lambda: [ln.text for ln in rt.logs(a["worker"], 1)] == ["4099"], what="every variable in the worker")
+    rt.stop(a["worker"], 1, grace=2)
+
+
+def test_an_incomplete_plan_is_a_start_failure_at_once(tmp_path):
+    """The binary started without what it needs (never so by the launcher): failed.json says so at once, for the
+    agent, instead of a start that times out."""
+    _native_or_skip()
+    import subprocess
+
+    d = tmp_path / "state" / "workers" / "w.1"
+    d.mkdir(parents=True)
+    plan = tmp_path / "plan"
+    plan.write_bytes(f"dir={d}\0".encode())  # the plan is read from descriptor 4
+    r = subprocess.run(["sh", "-c", 'exec "$0" 4<"$1"', native.BINARY, str(plan)], capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    failed = json.loads((d / "failed.json").read_text())
+    assert failed["message"] == "the worker's supervisor got an incomplete plan from the shim launcher"
+    assert not (d / "started.json").exists()

@@ -34,25 +34,34 @@ def binary_for_agent() -> str | None:
     return BINARY if os.access(BINARY, os.X_OK) else None
 
 
-def _fits(spec: dict, template) -> bool:
-    """Can the binary supervise this worker exactly as the Python shim would?"""
+# What the binary holds of each (its fixed tables; the launcher's check, so that nothing is cut short there)
+MAX_ITEMS = {"arg": 4095, "env": 4095, "hide": 255, "expose": 255, "mounts": 64}
+
+
+def _fits(spec: dict, template) -> list[str] | None:
+    """The folders the worker's view shows of its Python environment (shim.exposed_paths) when the binary can
+    supervise this worker exactly as the Python shim would, else None."""
     if template is None or spec.get("container"):
-        return False
+        return None
     iso = spec.get("isolation")
     if not iso or os.geteuid() != 0 or not spec.get("command"):
-        return False
+        return None
     mounts = [*(spec.get("mounts") or []), *(spec.get("configs") or [])]
-    if len(mounts) > 64:
-        return False
+    if (len(mounts) > MAX_ITEMS["mounts"] or len(spec.get("env") or {}) >= MAX_ITEMS["env"]
+            or len(spec.get("args") or []) >= MAX_ITEMS["arg"] - 1 or len(iso.get("hide") or []) >= MAX_ITEMS["hide"]):
+        return None
     # a path the view must make whose first missing folder would be a new entry in / needs a view built from
     # scratch (mounts.NeedFresh), and a path that is not absolute an error message: both are the Python shim's
     from astraeus.agent.runtime.shim import exposed_paths
 
-    for p in [*exposed_paths(spec, iso), spec.get("cwd") or "/", *(str(m.get("mount_path") or "") for m in mounts)]:
+    exposed = exposed_paths(spec, iso)
+    if len(exposed) >= MAX_ITEMS["expose"]:
+        return None
+    for p in [*exposed, spec.get("cwd") or "/", *(str(m.get("mount_path") or "") for m in mounts)]:
         first = "/" + p.strip("/").split("/", 1)[0]
         if not os.path.isabs(p) or (first != "/" and not os.path.lexists(first)):
-            return False
-    return True
+            return None
+    return exposed
 
 
 def _mountables(spec: dict, d: str, iso: dict) -> list[tuple[str, int, bool, str]]:
@@ -96,13 +105,14 @@ def _entries(key: str, values) -> list[bytes]:
     return out
 
 
-def plan(spec_path: str, spec_text: str, spec: dict, mountables: list[tuple[str, int, bool, str]]) -> bytes:
-    """Prepare the host for the worker (its folders, cgroups, limits) and say what the binary needs; `mountables`:
-    its drives and configs at the descriptors the binary will have them at. Raises OSError or ValueError when
-    something here fails: the launcher then starts the Python shim, which does it all again and reports what
-    failed (failed.json)."""
+def plan(spec_path: str, spec_text: str, spec: dict, exposed: list[str],
+         mountables: list[tuple[str, int, bool, str]]) -> bytes:
+    """Make the worker's cgroups with its limits and say what the binary needs: `exposed`, what its view shows of
+    its Python environment (_fits); `mountables`, its drives and configs at the descriptors the binary will have
+    them at. Raises OSError or ValueError when something here fails: the launcher then starts the Python shim,
+    which does it all again and reports what failed (failed.json)."""
     from astraeus.agent.runtime import cgroups
-    from astraeus.agent.runtime.shim import exposed_paths, worker_home
+    from astraeus.agent.runtime.shim import worker_home
 
     d = os.path.dirname(os.path.abspath(spec_path))
     iso = spec["isolation"]
@@ -154,7 +164,7 @@ def plan(spec_path: str, spec_text: str, spec: dict, mountables: list[tuple[str,
             raise ValueError(f"environment variable name {k!r}")
     items += _entries("env", [f"{k}={v}" for k, v in env.items()])
     items += _entries("hide", [os.path.normpath(h) for h in iso.get("hide") or []])
-    items += _entries("expose", exposed_paths(spec, iso))
+    items += _entries("expose", exposed)
     items += _entries("warn", warns)
     for kind, fd, ro, path in mountables:
         items += _entries(kind, [f"{fd} {int(ro)} {path}"])
@@ -169,7 +179,8 @@ def start(binary: str, req: dict, template) -> int | None:
     with open(spec_path) as f:
         spec_text = f.read()
     spec = json.loads(spec_text)
-    if not _fits(spec, template):
+    exposed = _fits(spec, template)
+    if exposed is None:
         return None
     from astraeus.agent.runtime.shim import prepare_host, signal_dir
 
@@ -188,7 +199,7 @@ def start(binary: str, req: dict, template) -> int | None:
             for _, fd, _, _ in found:
                 os.close(fd)
         at = [(kind, 5 + i, ro, path) for i, (kind, _, ro, path) in enumerate(found)]
-        data = plan(spec_path, spec_text, spec, at)
+        data = plan(spec_path, spec_text, spec, exposed, at)
         r, w = os.pipe()
         view = fcntl.fcntl(template[0], fcntl.F_DUPFD_CLOEXEC, 100)
         held.append(view)

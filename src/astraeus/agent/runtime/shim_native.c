@@ -247,9 +247,12 @@ static int write_all(int fd, const char *data, size_t len) {
 static void write_file(const char *name, const char *data) {
     char p[4300], tmp[4400];
     path_of(p, sizeof p, name);
-    makedirs(dir, 0777);
     snprintf(tmp, sizeof tmp, "%s.%d.tmp", p, getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == ENOENT) { /* the folder was wiped */
+        makedirs(dir, 0777);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    }
     if (fd < 0) {
         slog("cannot write %s: %s", name, strerror(errno));
         return;
@@ -445,8 +448,11 @@ static const char *stream_name[2] = {"stdout", "stderr"};
 static int open_log(void) {
     char p[4300];
     path_of(p, sizeof p, "log.jsonl");
-    makedirs(dir, 0777);
     int fd = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == ENOENT) { /* the folder was wiped */
+        makedirs(dir, 0777);
+        fd = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    }
     if (fd < 0) {
         slog("cannot open the log: %s", strerror(errno));
         return -1;
@@ -687,14 +693,10 @@ static int is_ours(dev_t d) {
     return 0;
 }
 
-static int do_mount(const char *src, const char *target, const char *fs, unsigned long flags, const char *data) {
-    return mount(src, target, fs, flags, data);
-}
-
 static void tmpfs(const char *path, mode_t mode, uid_t u, gid_t g) {
     char opts[128];
     snprintf(opts, sizeof opts, "mode=%o,uid=%d,gid=%d", mode, u, g);
-    if (do_mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts))
+    if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts))
         view_fail("cannot build the worker's view: mount tmpfs on %s: %s", path, strerror(errno));
     struct stat st;
     if (!stat(path, &st) && nours < 512) ours[nours++] = st.st_dev;
@@ -726,7 +728,7 @@ static void explode(const char *d, const char *what) {
     char stage[64], src[4300], dst[4300];
     snprintf(stage, sizeof stage, "/tmp/.astraeus-stage-%d", ++nstage);
     struct stat st;
-    if (mkdir(stage, 0700) || stat(d, &st) || do_mount(d, stage, NULL, MS_BIND | MS_REC, NULL))
+    if (mkdir(stage, 0700) || stat(d, &st) || mount(d, stage, NULL, MS_BIND | MS_REC, NULL))
         view_fail("cannot build the worker's view: %s: %s", d, strerror(errno));
     tmpfs(d, st.st_mode & 07777, st.st_uid, st.st_gid);
     DIR *dd = opendir(stage);
@@ -746,11 +748,11 @@ static void explode(const char *d, const char *what) {
                 bad = symlink(target, dst);
             }
         } else if (S_ISDIR(es.st_mode)) {
-            bad = mkdir(dst, 0755) || do_mount(src, dst, NULL, MS_BIND | MS_REC, NULL);
+            bad = mkdir(dst, 0755) || mount(src, dst, NULL, MS_BIND | MS_REC, NULL);
         } else {
             int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
             if (fd >= 0) close(fd);
-            bad = fd < 0 || do_mount(src, dst, NULL, MS_BIND, NULL);
+            bad = fd < 0 || mount(src, dst, NULL, MS_BIND, NULL);
         }
         if (bad) view_fail("cannot build the worker's view: %s: %s", dst, strerror(errno));
     }
@@ -803,7 +805,7 @@ static void bind_tree(int tree, const char *path, int folder, int read_only, con
     make_path(path, folder, what);
     if (tree < 0) view_fail("cannot mount %s at %s: %s", what, path, strerror(ENOENT));
     if (syscall(SYS_move_mount, tree, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) ||
-        (read_only && do_mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL)))
+        (read_only && mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL)))
         view_fail("cannot mount %s at %s: %s", what, path, strerror(errno));
     close(tree);
 }
@@ -837,7 +839,7 @@ static void build_view(void) {
     if (setns(TEMPLATE_FD, CLONE_NEWNS) || unshare(CLONE_NEWNS))
         view_fail("cannot build the worker's view: %s", strerror(errno));
     close(TEMPLATE_FD);
-    if (chdir("/") || do_mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
+    if (chdir("/") || mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
         view_fail("cannot build the worker's view: mount proc on /proc: %s", strerror(errno));
     tmpfs("/tmp", 01777, 0, 0);
     tmpfs("/root", 0755, 0, 0);
@@ -866,9 +868,9 @@ static void build_view(void) {
     else make_path(cwd, 1, "working folder");
     bind_tree(sig, sigdir, 1, 1, "stop reason folder");
     for (int i = 0; i < nro_later; i++)
-        if (do_mount(NULL, ro_later[i], NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL))
+        if (mount(NULL, ro_later[i], NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL))
             view_fail("cannot build the worker's view: remount %s: %s", ro_later[i], strerror(errno));
-    if (do_mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL))
+    if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL))
         view_fail("cannot build the worker's view: remount /: %s", strerror(errno));
 }
 
@@ -1261,8 +1263,8 @@ int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
     read_plan();
-    if (!dir || !cwd || !command || uid <= 0 || gid <= 0 || !nargs) {
-        slog("the plan on descriptor %d is incomplete", PLAN_FD);
+    if (!dir) {
+        slog("the plan on descriptor %d names no worker folder", PLAN_FD);
         return 2;
     }
     snprintf(spec_path, sizeof spec_path, "%s/spec.json", dir);
@@ -1272,6 +1274,8 @@ int main(int argc, char **argv) {
         char *s = strrchr(state_dir, '/');
         if (s) *s = 0;
     }
+    if (!cwd || !command || uid <= 0 || gid <= 0 || !nargs) /* the agent hears it at once, not at its timeout */
+        fail("the worker's supervisor got an incomplete plan from the shim launcher");
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);
     signal(SIGINT, SIG_IGN);

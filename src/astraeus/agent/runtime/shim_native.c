@@ -974,13 +974,12 @@ static void pid1(int go_r, int status_w, int ack_r, int out_w, int err_w) {
         dprintf(res_fd, "%s: %s", command, strerror(e));
         _exit(127);
     }
-    /* PID 1 from here: only its two pipes open, no environment, named astraeus-reaper */
-    close(out_w);
-    close(err_w);
-    close(res_fd);
+    /* PID 1 from here: only its two pipes open, no environment, named astraeus-reaper; the start's pipe closed
+     * last, so that the shim (which waits for its end before it says the worker started) finds PID 1 so */
     for (int fd = 3; fd < 1024; fd++)
-        if (fd != ack_r && fd != status_w) close(fd);
+        if (fd != ack_r && fd != status_w && fd != res_fd) close(fd);
     clear_identity("astraeus-reaper");
+    close(res_fd);
     if (read(ack_r, &c, 1) < 0) {}
     for (;;) {
         int st;

@@ -495,8 +495,7 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
 def enforce_time_limits(session: Session, at: float) -> set[int]:
     """Stop every worker past its deadline (placed or started + time_limit_seconds): it fails, not restarted."""
     touched = set()
-    rows = session.scalars(select(Worker).where(Worker.state.in_(("Starting", "Running")), Worker.deadline <= at)
-                           .options(selectinload(Worker.run)))
+    rows = session.scalars(_late(at).options(selectinload(Worker.run)))
     for w in rows:
         limit = w.run.spec["task_template"].get("time_limit_seconds") or 0
         reason = f"Stopping: time limit of {lifecycle.fmt_duration(limit)} reached"
@@ -504,6 +503,38 @@ def enforce_time_limits(session: Session, at: float) -> set[int]:
         lifecycle.refresh_run(session, w.run, at)
         touched.add(w.machine_id)
     return touched
+
+
+def _silent(at: float):
+    """The Ready machines silent past their cluster's lost_after_seconds at `at` (a statement)."""
+    return select(Machine, Cluster).join(Cluster).where(
+        Machine.state == lifecycle.MachineState.READY.value, Machine.last_heartbeat + Cluster.lost_after_seconds < at)
+
+
+def _late(at: float):
+    """The workers past their deadline at `at` (a statement)."""
+    return select(Worker).where(Worker.state.in_(("Starting", "Running")), Worker.deadline <= at)
+
+
+def timers_due(session: Session, at: float) -> tuple[bool, bool, bool, bool]:
+    """In one read: whether a machine is silent past its timeout or a worker past its deadline, whether a replica
+    group exists (its duty keeps each group's count), whether a schedule's tick and whether a reservation's window
+    is due. The timers' transactions (and the state lock they take) are opened only for what is due: looked at
+    four times a second, nothing is due nearly always."""
+    row = session.execute(select(_silent(at).exists() | _late(at).exists(),
+                                 select(replica_group_duty.ReplicaGroup.id).exists(),
+                                 schedule_ticks.due(at).exists(), reservation_duty.due(at).exists())).one()
+    return tuple(bool(v) for v in row)
+
+
+def next_due_at(session: Session, at: float) -> float | None:
+    """In one read, the earliest time after `at` something is due (the loop makes a full cycle then), or None: a
+    worker's crash-loop backoff ends (next_restart_at), a schedule ticks, a replica group's wait ends, a
+    reservation's window opens or closes."""
+    parts = (_restart_after(at), schedule_ticks.tick_after(at), replica_group_duty.retry_after(at),
+             *reservation_duty.changes_after(at))
+    times = [t for t in session.execute(select(*(q.scalar_subquery() for q in parts))).one() if t is not None]
+    return min(times) if times else None
 
 
 def detect_lost_machines(session: Session, at: float) -> set[int]:
@@ -514,8 +545,7 @@ def detect_lost_machines(session: Session, at: float) -> set[int]:
     transaction and then finds the machine Lost (it returns the usual way)."""
     touched = set()
     ready = lifecycle.MachineState.READY.value
-    for m, c in session.execute(select(Machine, Cluster).join(Cluster).where(
-            Machine.state == ready, Machine.last_heartbeat + Cluster.lost_after_seconds < at)).all():
+    for m, c in session.execute(_silent(at)).all():
         session.refresh(m, with_for_update=True)
         if m.state == ready and at - m.last_heartbeat > c.lost_after_seconds:
             touched.add(m.id)
@@ -525,10 +555,15 @@ def detect_lost_machines(session: Session, at: float) -> set[int]:
     return touched
 
 
+def _restart_after(at: float):
+    """The earliest end of a worker's crash-loop backoff after `at` (a statement)."""
+    return select(func.min(Worker.restart_at)).where(Worker.state == lifecycle.WorkerState.PENDING.value,
+                                                     Worker.restart_at > at)
+
+
 def next_restart_at(session: Session, at: float) -> float | None:
     """The earliest time after `at` when a worker's crash-loop backoff ends (the loop wakes then), or None."""
-    return session.scalar(select(func.min(Worker.restart_at)).where(
-        Worker.state == lifecycle.WorkerState.PENDING.value, Worker.restart_at > at))
+    return session.scalar(_restart_after(at))
 
 
 def stops_asked_since(session: Session, since: float) -> dict[tuple[int, float], int]:
@@ -538,14 +573,10 @@ def stops_asked_since(session: Session, since: float) -> dict[tuple[int, float],
     return {(wid, t): mid for wid, t, mid in rows if mid is not None}
 
 
-def duty(cp: ControlPlane, term: Term, at: float, due, act, what: str) -> set[int]:
-    """One of the leader's duties: `act(session, at)` in a fenced transaction when `due(session)` says so.
-    NotLeader goes up (the pass ends); any other error is logged and nothing of it is applied."""
+def duty(cp: ControlPlane, term: Term, at: float, act, what: str) -> set[int]:
+    """One of the leader's duties, found due (timers_due): `act(session, at)` in a fenced transaction. NotLeader
+    goes up (the pass ends); any other error is logged and nothing of it is applied."""
     try:
-        with cp.sessions() as session:
-            found = due(session)
-        if not found:
-            return set()
         with STATE_LOCK, cp.sessions() as session, session.begin():
             fence(session, term, cp.settings.lease_seconds)
             return act(session, at)
@@ -557,24 +588,30 @@ def duty(cp: ControlPlane, term: Term, at: float, due, act, what: str) -> set[in
 
 
 def _timers(cp: ControlPlane, term: Term, lease: float, at: float) -> set[int]:
-    """The cycle's timed duties, before it plans. Returns the machines touched."""
-    with STATE_LOCK, cp.sessions() as session, session.begin():
-        fence(session, term, lease)
-        touched = detect_lost_machines(session, at)
-        touched |= enforce_time_limits(session, at)
+    """The cycle's timed duties, before it plans, each only when one read (timers_due) finds it due. Returns the
+    machines touched."""
+    with cp.sessions() as session:
+        late, groups, ticks, windows = timers_due(session, at)
+    touched: set[int] = set()
+    if late:  # each machine found is read again under the lock (detect_lost_machines), each worker's deadline too
+        with STATE_LOCK, cp.sessions() as session, session.begin():
+            fence(session, term, lease)
+            touched = detect_lost_machines(session, at)
+            touched |= enforce_time_limits(session, at)
     # Replica groups keep their count (server/replica_groups.py); reservations' windows open and close, their
     # events once each (server/reservations.py): each a fenced transaction, only when one is due. A bad group or
     # reservation never stops scheduling.
-    touched |= duty(cp, term, at, replica_group_duty.any_group, replica_group_duty.keep_replicas,
-                    "replica groups")
-    try:  # schedules' ticks (server/schedules.py), each its own fenced transaction
-        touched |= schedule_ticks.make_ticks(cp, term, lease, at)
-    except NotLeader:
-        raise
-    except Exception:
-        log.exception("schedules: a tick failed this cycle")
-    touched |= duty(cp, term, at, lambda s: reservation_duty.any_due(s, at), reservation_duty.open_and_close,
-                    "reservations")
+    if groups:
+        touched |= duty(cp, term, at, replica_group_duty.keep_replicas, "replica groups")
+    if ticks:
+        try:  # schedules' ticks (server/schedules.py), each its own fenced transaction
+            touched |= schedule_ticks.make_ticks(cp, term, lease, at)
+        except NotLeader:
+            raise
+        except Exception:
+            log.exception("schedules: a tick failed this cycle")
+    if windows:
+        touched |= duty(cp, term, at, reservation_duty.open_and_close, "reservations")
     return touched
 
 
@@ -768,17 +805,8 @@ class SchedulingLoop:
             now = time.time()
             with self.cp.sessions() as session:
                 self._owed = not timers  # what is due next: read with the timers, within a tick
-                if timers:
-                    self.next_restart = next_restart_at(session, now)
-                    tick = schedule_ticks.earliest_tick(session, now)  # a schedule's next tick: a full cycle then
-                    if tick is not None and (self.next_restart is None or tick < self.next_restart):
-                        self.next_restart = tick
-                    retry = replica_group_duty.next_retry_at(session, now)  # a replica group's backoff ends
-                    if retry is not None and (self.next_restart is None or retry < self.next_restart):
-                        self.next_restart = retry
-                    change = reservation_duty.next_change(session, now)  # a reservation's window opens or closes
-                    if change is not None and (self.next_restart is None or change < self.next_restart):
-                        self.next_restart = change
+                if timers:  # a backoff's end, a schedule's tick, a group's wait, a reservation's window
+                    self.next_restart = next_due_at(session, now)
                 # A stop asked by an agent's report (a gang mate of a worker that failed, or that reached its time
                 # limit) is on another machine than the report's: tell that machine now, not at its next poll.
                 stops = stops_asked_since(session, now - 30)

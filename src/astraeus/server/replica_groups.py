@@ -18,7 +18,7 @@ import time
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
-from sqlalchemy import func, or_, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from astraeus import replica_groups as RG
@@ -245,15 +245,16 @@ def _why(run: Run) -> str:
     return f"{run.state}: {run.reason}" if run.reason else run.state
 
 
-def any_group(session: Session) -> bool:
-    """Whether any replica group exists (read without the state lock: the duty is skipped when none does)."""
-    return session.scalar(select(ReplicaGroup.id).limit(1)) is not None
+def retry_after(at: float) -> Select:
+    """The earliest end of a replica group's wait after `at`, as a statement (next_retry_at, and the scheduling
+    loop's one read of everything due next)."""
+    return select(func.min(ReplicaGroup.retry_at)).where(ReplicaGroup.retry_at > at)
 
 
 def next_retry_at(session: Session, at: float) -> float | None:
     """The earliest time after `at` when a replica group's wait (backoff, or after a refusal) ends (the scheduling
     loop makes a full pass then), or None."""
-    return session.scalar(select(func.min(ReplicaGroup.retry_at)).where(ReplicaGroup.retry_at > at))
+    return session.scalar(retry_after(at))
 
 
 def keep_replicas(session: Session, at: float, base: float | None = None) -> set[int]:

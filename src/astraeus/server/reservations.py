@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from astraeus.server import bodies as B
@@ -208,20 +208,29 @@ def open_and_close(session: Session, at: float) -> set[int]:
     return touched
 
 
+def changes_after(at: float) -> tuple[Select, Select]:
+    """The earliest window's opening and the earliest closing after `at`, as two statements (next_change, and the
+    scheduling loop's one read of everything due next)."""
+    return (select(func.min(Reservation.start_at)).where(
+        Reservation.opened.is_(False), Reservation.closed.is_(False), Reservation.start_at > at),
+        select(func.min(Reservation.end_at)).where(Reservation.closed.is_(False), Reservation.end_at > at))
+
+
 def next_change(session: Session, at: float) -> float | None:
     """The next time after `at` a reservation's window opens or closes (the loop wakes then), or None."""
-    start = session.scalar(select(func.min(Reservation.start_at)).where(
-        Reservation.opened.is_(False), Reservation.closed.is_(False), Reservation.start_at > at))
-    end = session.scalar(select(func.min(Reservation.end_at)).where(
-        Reservation.closed.is_(False), Reservation.end_at > at))
-    times = [t for t in (start, end) if t is not None]
+    times = [t for t in (session.scalar(q) for q in changes_after(at)) if t is not None]
     return min(times) if times else None
+
+
+def due(at: float) -> Select:
+    """The reservations open_and_close has something to write for (the statement; any_due runs it)."""
+    return select(Reservation.id).where(Reservation.closed.is_(False), or_(
+        Reservation.opened.is_(False) & (Reservation.start_at <= at), Reservation.end_at <= at))
 
 
 def any_due(session: Session, at: float) -> bool:
     """Whether open_and_close has something to write."""
-    return session.scalar(select(Reservation.id).where(Reservation.closed.is_(False), or_(
-        Reservation.opened.is_(False) & (Reservation.start_at <= at), Reservation.end_at <= at)).limit(1)) is not None
+    return session.scalar(due(at).limit(1)) is not None
 
 
 def check_run(s: Session, caller: Caller, cluster: Cluster, name: str, at: float) -> None:

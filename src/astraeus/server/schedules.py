@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -259,9 +259,20 @@ def view(session: Session, sc: Schedule, caller: Caller, full: bool = True) -> d
 # ------------------------------------------------------------------------------------ the leader's duty
 
 
+def tick_after(after: float) -> Select:
+    """The earliest next tick of any schedule after `after`, as a statement (earliest_tick, and the scheduling
+    loop's one read of everything due next)."""
+    return select(func.min(Schedule.next_tick)).where(Schedule.next_tick > after)
+
+
 def earliest_tick(session: Session, after: float) -> float | None:
     """The earliest next tick of any schedule after `after` (the loop wakes then), or None."""
-    return session.scalar(select(func.min(Schedule.next_tick)).where(Schedule.next_tick > after))
+    return session.scalar(tick_after(after))
+
+
+def due(at: float) -> Select:
+    """The schedules with a tick due at `at` (make_ticks handles them), as a statement."""
+    return select(Schedule.id).where(Schedule.next_tick.is_not(None), Schedule.next_tick <= at)
 
 
 def make_ticks(cp, term, lease: float | None, at: float) -> set[int]:

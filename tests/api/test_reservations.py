@@ -183,6 +183,11 @@ def test_the_loop_wakes_at_the_next_start_or_end(app):
     _reserve(app, name="soon", machines=["gpu-1"], start=services.iso(start - 1800), end=services.iso(start - 60))
     with app.cp.sessions() as s:
         assert abs(reservations.next_change(s, time.time()) - (start - 1800)) < 1
+        # the loop's one read of what is due next: the earliest opening, then once it opened the earliest end
+        assert abs(sched_loop.next_due_at(s, time.time()) - (start - 1800)) < 1
+        assert abs(sched_loop.next_due_at(s, start - 1700) - (start - 60)) < 1
+        assert sched_loop.timers_due(s, time.time()) == (False, False, False, False)  # nothing due yet
+        assert sched_loop.timers_due(s, start - 1799)[3]  # the window's opening is
 
 
 def test_ending_an_open_reservation_writes_its_end_at_once(app):

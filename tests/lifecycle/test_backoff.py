@@ -120,11 +120,11 @@ def test_the_loop_offers_a_worker_only_once_its_backoff_ends(world):
     exits(0, 3)(world, run, T0 + 1)  # restart_at T0 + 11
     world.s.flush()
     assert waiting(world, T0 + 10.9) == {}
-    assert loop.next_restart_at(world.s, T0 + 10.9) == T0 + 11
     assert loop.next_due_at(world.s, T0 + 10.9) == T0 + 11  # the loop's one read of what is due next
+    assert loop.next_due_at(world.s, T0 + 10.95) == T0 + 11
     assert waiting(world, T0 + 11) == {"r": [0]}
-    assert loop.next_restart_at(world.s, T0 + 11) is None
     assert loop.next_due_at(world.s, T0 + 11) is None
+    assert loop.next_due_at(world.s, T0 + 12) is None
 
 
 def test_a_gang_waits_for_the_latest_restart_of_its_workers(world):

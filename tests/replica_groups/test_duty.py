@@ -7,6 +7,7 @@ import pytest
 from sqlalchemy import select
 
 from astraeus.server import lifecycle as L
+from astraeus.server import loop
 from astraeus.server import replica_groups as G
 from astraeus.server.db import Cluster, Event, Machine, ReplicaGroup, Run
 from tests.conftest import make_app
@@ -90,7 +91,7 @@ def test_replacement_backoff_and_its_reset(plane):
     assert events(cp, "ReplicaBackoff") == [
         "replica group g: 2 replicas failed in a row; 1 replacement(s) wait 10s (until 2033-05-18T03:33:41Z)"]
     with cp.sessions() as s:
-        assert G.next_retry_at(s, T + 11) == T + 21  # the loop wakes then
+        assert loop.next_due_at(s, T + 11) == T + 21  # the loop wakes then
     keep(cp, T + 20)
     assert "g-3" not in live(cp) and len(events(cp, "ReplicaBackoff")) == 1  # said once
     keep(cp, T + 21)

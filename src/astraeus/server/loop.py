@@ -254,13 +254,13 @@ _WORKER = (Worker.id, Worker.run_id, Worker.name, Worker.index, Worker.state, Wo
 
 
 # The full read's statements, built once (the cluster and the last run id bound at each read): building them (their
-# columns' and clauses' coercions, their cache keys) was a fifth of a short queue's cycle.
+# columns' and clauses' coercions, their cache keys) cost ~0.27 ms of CPU per read, on a short queue's 3-5 ms cycle.
 _LIVE = (Run.cluster_id == bindparam("cluster_id"), Run.state.not_in(lifecycle.RUN_ENDED))
 _NEW = (*_LIVE, Run.id > bindparam("after_id"))  # only those submitted since (Kept.extend), read with their specs
 _LIVE_RUNS = select(*_RUN).where(*_LIVE).order_by(Run.id)
 _NEW_RUNS = select(*_RUN, Run.spec).where(*_NEW).order_by(Run.id)
-_LIVE_WORKERS = select(*_WORKER).join(Run, Worker.run_id == Run.id).where(*_LIVE).order_by(Worker.run_id, Worker.index)
-_NEW_WORKERS = select(*_WORKER).join(Run, Worker.run_id == Run.id).where(*_NEW).order_by(Worker.run_id, Worker.index)
+_LIVE_WORKERS, _NEW_WORKERS = (select(*_WORKER).join(Run, Worker.run_id == Run.id).where(*of)
+                                .order_by(Worker.run_id, Worker.index) for of in (_LIVE, _NEW))
 _MACHINES = select(Machine).where(Machine.cluster_id == bindparam("cluster_id"))
 _WORKSPACES = select(Workspace)
 _ACCESSES = select(Access).where(Access.cluster_id == bindparam("cluster_id"))
@@ -542,7 +542,7 @@ def timers_due(session: Session, at: float) -> tuple[bool, bool, bool, bool]:
 
 def next_due_at(session: Session, at: float) -> float | None:
     """In one read, the earliest time after `at` something is due (the loop makes a full cycle then), or None: a
-    worker's crash-loop backoff ends (next_restart_at), a schedule ticks, a replica group's wait ends, a
+    worker's crash-loop backoff ends, a schedule ticks, a replica group's wait ends, a
     reservation's window opens or closes."""
     parts = (_restart_after(at), schedule_ticks.tick_after(at), replica_group_duty.retry_after(at),
              *reservation_duty.changes_after(at))
@@ -572,11 +572,6 @@ def _restart_after(at: float):
     """The earliest end of a worker's crash-loop backoff after `at` (a statement)."""
     return select(func.min(Worker.restart_at)).where(Worker.state == lifecycle.WorkerState.PENDING.value,
                                                      Worker.restart_at > at)
-
-
-def next_restart_at(session: Session, at: float) -> float | None:
-    """The earliest time after `at` when a worker's crash-loop backoff ends (the loop wakes then), or None."""
-    return session.scalar(_restart_after(at))
 
 
 def stops_asked_since(session: Session, since: float) -> dict[tuple[int, float], int]:

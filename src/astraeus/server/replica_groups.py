@@ -246,15 +246,9 @@ def _why(run: Run) -> str:
 
 
 def retry_after(at: float) -> Select:
-    """The earliest end of a replica group's wait after `at`, as a statement (next_retry_at, and the scheduling
-    loop's one read of everything due next)."""
+    """The earliest end of a replica group's wait (backoff, or after a refusal) after `at`, as a statement (read in
+    the scheduling loop's one read of everything due next, loop.next_due_at: it makes a full pass then)."""
     return select(func.min(ReplicaGroup.retry_at)).where(ReplicaGroup.retry_at > at)
-
-
-def next_retry_at(session: Session, at: float) -> float | None:
-    """The earliest time after `at` when a replica group's wait (backoff, or after a refusal) ends (the scheduling
-    loop makes a full pass then), or None."""
-    return session.scalar(retry_after(at))
 
 
 def keep_replicas(session: Session, at: float, base: float | None = None) -> set[int]:

@@ -4,7 +4,7 @@ An organisation admin reserves machines by name, or `count` machines of a pool (
 order, among those no other reservation holds in that window). The scheduler keeps others' runs off them in the
 window and stops others' work still there when it opens (scheduler rules; the loop gives it the reservations not
 yet ended). The leader writes each window's ReservationStarted / ReservationEnded events once (`open_and_close`)
-and wakes at the next start or end (`next_change`). routers/reservations.py and the console only call these.
+and wakes at the next start or end (`changes_after`, read by the scheduling loop). routers/reservations.py and the console only call these.
 """
 
 from __future__ import annotations
@@ -209,28 +209,19 @@ def open_and_close(session: Session, at: float) -> set[int]:
 
 
 def changes_after(at: float) -> tuple[Select, Select]:
-    """The earliest window's opening and the earliest closing after `at`, as two statements (next_change, and the
-    scheduling loop's one read of everything due next)."""
+    """The earliest window's opening and the earliest closing after `at`, as two statements (read in the scheduling
+    loop's one read of everything due next, loop.next_due_at)."""
     return (select(func.min(Reservation.start_at)).where(
         Reservation.opened.is_(False), Reservation.closed.is_(False), Reservation.start_at > at),
         select(func.min(Reservation.end_at)).where(Reservation.closed.is_(False), Reservation.end_at > at))
 
 
-def next_change(session: Session, at: float) -> float | None:
-    """The next time after `at` a reservation's window opens or closes (the loop wakes then), or None."""
-    times = [t for t in (session.scalar(q) for q in changes_after(at)) if t is not None]
-    return min(times) if times else None
-
-
 def due(at: float) -> Select:
-    """The reservations open_and_close has something to write for (the statement; any_due runs it)."""
+    """The reservations open_and_close has something to write for (a statement: loop.timers_due asks whether any)."""
     return select(Reservation.id).where(Reservation.closed.is_(False), or_(
         Reservation.opened.is_(False) & (Reservation.start_at <= at), Reservation.end_at <= at))
 
 
-def any_due(session: Session, at: float) -> bool:
-    """Whether open_and_close has something to write."""
-    return session.scalar(due(at).limit(1)) is not None
 
 
 def check_run(s: Session, caller: Caller, cluster: Cluster, name: str, at: float) -> None:

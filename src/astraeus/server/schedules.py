@@ -260,14 +260,9 @@ def view(session: Session, sc: Schedule, caller: Caller, full: bool = True) -> d
 
 
 def tick_after(after: float) -> Select:
-    """The earliest next tick of any schedule after `after`, as a statement (earliest_tick, and the scheduling
-    loop's one read of everything due next)."""
+    """The earliest next tick of any schedule after `after`, as a statement (read in the scheduling loop's one read
+    of everything due next, loop.next_due_at)."""
     return select(func.min(Schedule.next_tick)).where(Schedule.next_tick > after)
-
-
-def earliest_tick(session: Session, after: float) -> float | None:
-    """The earliest next tick of any schedule after `after` (the loop wakes then), or None."""
-    return session.scalar(tick_after(after))
 
 
 def due(at: float) -> Select:

@@ -138,6 +138,34 @@ def test_a_follower_sees_new_lines_while_another_worker_floods(plane):
     assert seen[:3] == ["ping 0", "ping 1", "ping 2"]
 
 
+@pytest.mark.parametrize("tail, before", [(0, []), (2, ["old 3", "old 4"])])
+def test_a_follower_with_a_tail_sees_that_many_old_lines_then_only_new_ones(plane, tail, before):
+    """`logs -f --tail 0` shows none of the lines already stored, then each new one; `--tail 2` the last two
+    first (the follow used to start from the worker's first line when the tail showed none)."""
+    server, c, m, engine = plane
+    assert m.send("quiet-0", 0, 5, text="old {}").json()["stored"] == 5
+    seen: list[str] = []
+    done = threading.Event()
+
+    def follow():
+        with server.client() as fc, fc.stream("GET", "/workers/quiet-0/logs", params={"follow": "true", "tail": tail},
+                                              timeout=httpx.Timeout(10, read=60)) as r:
+            for line in r.iter_lines():
+                seen.append(line)
+                if line.startswith("new"):
+                    done.set()
+                    return
+
+    t = threading.Thread(target=follow, daemon=True)
+    t.start()
+    wait_for(lambda: len(seen) >= len(before), 30, what="the follower's tail")
+    time.sleep(0.5)  # a follow that has shown its tail and waits for new lines
+    assert m.send("quiet-0", 5, 1, text="new {}").json()["stored"] == 1
+    assert done.wait(30), seen
+    t.join(30)
+    assert seen == [*before, "new 5"]
+
+
 def test_bad_input_to_the_logs_endpoints_is_a_4xx_and_stores_nothing(plane):
     server, c, m, engine = plane
     r = c.get("/workers/quiet-0/logs", params={"tail": -1})

@@ -777,6 +777,12 @@ def read_logs(session: Session, worker: Worker, after_id: int = 0, tail: int | N
     return list(session.execute(q.order_by(LogLine.id)))
 
 
+def last_log_id(session: Session, worker: Worker) -> int:
+    """The id of the worker's last stored line (0 when it has none): a follower that shows none of them yet
+    (`--tail 0`) follows from there."""
+    return session.scalar(select(func.max(LogLine.id)).where(LogLine.worker_id == worker.id)) or 0
+
+
 def delete_logs(session: Session, run: Run) -> int:
     """Remove every log line of a run's workers (the run is being deleted)."""
     ids = [w.id for w in run.workers]

@@ -92,9 +92,11 @@ async def _follow(request: Request, cp, wid: int, tail: int | None, timestamps: 
         with cp.sessions() as s2:
             wk = s2.get(Worker, wid)
             if wk is None:
-                return "", []
+                return "", [], 0
             lines = services.read_logs(s2, wk, tail=tail)
-            return _dropped(s2, wk, limits, tail, lines), lines
+            # what follows is what comes after the lines shown; with --tail 0 (none shown), after the last stored
+            last = lines[-1].id if lines else services.last_log_id(s2, wk) if tail == 0 else 0
+            return _dropped(s2, wk, limits, tail, lines), lines, last
 
     def more(after: int):
         with cp.sessions() as s2:
@@ -115,8 +117,7 @@ async def _follow(request: Request, cp, wid: int, tail: int | None, timestamps: 
 
 async def _stream(request: Request, cp, timestamps: bool, first, more) -> AsyncIterator[str]:
     v = cp.notifier.logs_version()
-    head, lines = await anyio.to_thread.run_sync(first)
-    last = lines[-1].id if lines else 0
+    head, lines, last = await anyio.to_thread.run_sync(first)
     if head or lines:
         yield head + "".join(_line(ln, timestamps) for ln in lines)
     while True:

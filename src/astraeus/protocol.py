@@ -244,7 +244,7 @@ class WorkerLogLine(Body):
     worker: str = Field(description="The worker's identity, as its assignment named it")
     attempt: Annotated[int, Field(ge=0, le=INT32)] = 0
     seq: Annotated[int, Field(ge=0, le=INT32)]
-    time: float = 0.0
+    time: Annotated[float, Field(allow_inf_nan=False, description="When it was printed (Unix seconds)")] = 0.0
     stream: Literal["stdout", "stderr"] = "stdout"
     text: str = ""
 

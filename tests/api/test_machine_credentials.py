@@ -4,6 +4,7 @@ machine is refused; credentials are listed and revoked. In-process control plane
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
@@ -113,6 +114,46 @@ def test_a_machines_credential_is_refused_for_another_machines_assignments_repor
     app.client.post("/api/v1/agent/report", headers=_h(c1), json={"machine": "gpu-01", "workers": [
         {"worker": "train-0", "attempt": a["attempt"], "state": "Exited", "exit_code": 3}]})
     assert _worker(app, "train-0")["state"] == "Running"
+
+
+def test_a_machines_lines_are_stored_once_whatever_their_text(app):
+    """Lines with a NUL, quotes, backslashes and non-ASCII text are stored and shown; a batch sent again is stored
+    once and counted once toward the worker's log limits on PostgreSQL; a time JSON cannot hold (NaN, Infinity)
+    is refused with a 422 that names it, and nothing of that batch is stored."""
+    from sqlalchemy import select
+
+    from astraeus.server.db import LogUsage, Worker
+
+    cred = _register(app, "gpu-01")["credential"]
+    w = _placed(app, "talk")
+    ident = f"{app.boot['ns']}.talk-0"
+
+    def post(lines):  # as Python's json writes them (NaN, Infinity), which httpx's json= refuses
+        return app.client.post("/api/v1/agent/logs", headers={**_h(cred), "Content-Type": "application/json"},
+                               content=json.dumps({"machine": "gpu-01", "lines": lines}))
+
+    for bad in (float("nan"), float("inf")):
+        r = post([{"worker": ident, "attempt": w["attempt"], "seq": 0, "time": 1.0, "text": "first"},
+                  {"worker": ident, "attempt": w["attempt"], "seq": 1, "time": bad, "text": "bad"}])
+        assert r.status_code == 422, r.text
+        assert "lines" in r.text and "time" in r.text and "finite" in r.text
+    assert app.client.get(f"{app.api}/workers/talk-0/logs", headers=app.h()).text == ""
+    texts = ["plain", "nul\x00here", 'ünïcödé 🚀 "quoted" \\ back\tslash', "late"]
+    lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "time": 1.5 + i, "text": x,
+              "stream": "stderr" if i == 3 else "stdout"} for i, x in enumerate(texts)]
+    for _ in range(2):  # the second time: a retry of the same batch
+        r = post(lines)
+        assert r.status_code == 200, r.text
+        assert r.json()["stored"] == 4
+    shown = app.client.get(f"{app.api}/workers/talk-0/logs", headers=app.h()).text
+    assert shown == "plain\nnul\ufffdhere\nünïcödé 🚀 \"quoted\" \\ back\tslash\nlate\n"
+    with app.client.app.state.cp.sessions() as s:
+        wid = s.scalar(select(Worker.id).where(Worker.name == "talk-0"))
+        usage = s.scalar(select(LogUsage).where(LogUsage.worker_id == wid))
+        if app.client.app.state.cp.engine.dialect.name == "postgresql":  # what it stored, once
+            assert (usage.lines, usage.bytes) == (4, sum(len(x.replace("\x00", "\ufffd").encode()) + 1 for x in texts))
+        else:  # SQLite counts a batch sent again again: ahead of the rows, never behind (trimming counts exactly)
+            assert usage.lines == 8
 
 
 def test_a_name_held_by_a_live_machine_is_refused(app):

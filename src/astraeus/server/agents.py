@@ -8,6 +8,8 @@ its own machine only. Workers are named by their identity (`astraeus.protocol.wo
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session, joinedload
 
@@ -339,6 +341,19 @@ def report(session: Session, m: Machine, body: P.Report, at: float, also: set[in
     return changed
 
 
+# A batch of lines stored and counted in one statement on PostgreSQL (agents.store_logs): the rows come as one JSON
+# array; a line already stored (a batch sent again) is skipped and not counted; the running counts of the workers
+# that got lines (table log_usage) come back.
+_PG_STORE_LINES = (
+    "WITH batch AS (INSERT INTO log_lines (worker_id, attempt, seq, time, stream, text) "
+    "SELECT worker_id, attempt, seq, time, stream, text FROM json_to_recordset(%s::json) AS x(worker_id integer, "
+    "attempt integer, seq integer, time double precision, stream varchar(8), text text) "
+    "ON CONFLICT (worker_id, attempt, seq) DO NOTHING RETURNING worker_id, octet_length(text) + 1 AS size) "
+    "INSERT INTO log_usage (worker_id, lines, bytes) SELECT worker_id, count(*), sum(size) FROM batch "
+    "GROUP BY worker_id ON CONFLICT (worker_id) DO UPDATE SET lines = log_usage.lines + excluded.lines, "
+    "bytes = log_usage.bytes + excluded.bytes RETURNING worker_id, lines, bytes")
+
+
 def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine], max_bytes: int = 8 << 20,
                max_lines: int = 100_000) -> int:
     """Store the lines of workers placed on machine `m` (by identity); lines naming any other worker, or a
@@ -360,6 +375,15 @@ def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine], max_b
             for ln in lines if ln.worker in ids][:services.LOG_LINES_PER_REQUEST]
     if not rows:
         return 0
+    if session.get_bind().dialect.name == "postgresql":
+        # the batch as one JSON parameter that PostgreSQL takes apart, the lines and the running counts in one
+        # statement: the driver's executemany adapted every row's parameters in Python (two thirds of the server's
+        # time for a flood of lines, holding the interpreter's lock that the scheduling loop and the API wait for)
+        batch = json.dumps(rows)  # (P.WorkerLogLine's time is finite: JSON has no nan or inf)
+        usage = {w: (n, b) for w, n, b in session.connection().exec_driver_sql(_PG_STORE_LINES, (batch,))}
+        for wid in services.over_log_limits(usage, max_bytes, max_lines):
+            services.trim_logs(session, wid, max_bytes, max_lines)
+        return len(rows)
     t = LogLine.__table__
     ins = services.dialect_insert(session, t)
     # one statement run for many rows (the driver's executemany): compiling a VALUES list of 10,000 rows cost

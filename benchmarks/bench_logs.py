@@ -158,34 +158,84 @@ class Machine:
                     del self.states[k]
 
     async def ship(self) -> None:
-        """As Agent.log_loop/_ship_logs: a round of at most LOG_BATCH lines, every 0.5 s or at once if behind."""
+        """As Agent.log_loop/_ship_logs: a round of at most LOG_BATCH lines, every 0.5 s or at once if behind; the
+        quiet workers' lines (all that was new fitted their share) posted first, on their own; after a 429, only
+        the quiet workers' lines every 0.5 s until its Retry-After, then the refused lines again."""
         b = self.bench
+        quiet: set[str] = set()  # identities quiet in the last full round
+        deferred_until = 0.0
+        refused: list[dict] = []  # the lines of a refused post (the agent's offsets did not move: read again)
         async with b.client() as client:
             while not b.stopping:
                 ws = list(self.workers.values())
-                lines: list[dict] = []
                 now = time.time()
+                if time.monotonic() < deferred_until:  # as Agent._ship_logs while deferred: the quiet ones alone
+                    q = [w for w in ws if w.identity in quiet]
+                    share = max(1, LOG_BATCH // max(1, len(q)))
+                    lines = [ln for w in q for ln in w.lines(now, share)]
+                    wait = await self._post_parts(client, lines)
+                    if wait is not None:
+                        refused += wait[1]
+                        deferred_until = time.monotonic() + wait[0]
+                    await asyncio.sleep(0.5)
+                    continue
+                if refused:  # the agent reads them again from its offsets: a round of at most LOG_BATCH lines
+                    lines, refused = refused, []
+                    wait = await self._post_parts(client, lines)
+                    if wait is not None:
+                        refused = wait[1]
+                        deferred_until = time.monotonic() + wait[0]
+                        await asyncio.sleep(0.5)
+                    continue
+                lines = []
                 share = max(1, LOG_BATCH // max(1, len(ws)))  # as Agent._collect_logs: each its share, then the rest
+                behind = set()
                 for w in ws:
-                    lines += w.lines(now, share)
+                    got = w.lines(now, share)
+                    lines += got
+                    if len(got) >= share:
+                        behind.add(w.identity)
                 for w in ws:
                     if len(lines) >= LOG_BATCH:
                         break
-                    lines += w.lines(now, LOG_BATCH - len(lines))
-                part: list[dict] = []
-                size = 0
-                for ln in lines:
-                    part.append(ln)
-                    size += len(ln["text"]) + 100
-                    if size >= LOG_POST_BYTES:
-                        await self._post(client, part)
-                        part, size = [], 0
-                if part:
-                    await self._post(client, part)
-                if len(lines) < LOG_BATCH:
+                    if w.identity in behind:
+                        lines += w.lines(now, LOG_BATCH - len(lines))
+                quiet = {w.identity for w in ws} - behind
+                first = [ln for ln in lines if ln["worker"] in quiet]
+                rest = [ln for ln in lines if ln["worker"] not in quiet]
+                wait = None
+                if first and rest:
+                    wait = await self._post_parts(client, first)
+                    if wait is not None:
+                        wait = (wait[0], wait[1] + rest)
+                if wait is None:
+                    wait = await self._post_parts(client, rest if first and rest else lines)
+                if wait is not None:
+                    refused = wait[1]
+                    deferred_until = time.monotonic() + wait[0]
+                    await asyncio.sleep(0.5)
+                elif len(lines) < LOG_BATCH:
                     await asyncio.sleep(0.5)
 
-    async def _post(self, client: httpx.AsyncClient, part: list[dict]) -> None:
+    async def _post_parts(self, client: httpx.AsyncClient, lines: list[dict]) -> tuple[float, list[dict]] | None:
+        """As Agent._post_log_parts: posts of about LOG_POST_BYTES; at a 429, its Retry-After and the lines not
+        stored (that post's and the rest)."""
+        part: list[dict] = []
+        size = 0
+        sent = 0
+        for i, ln in enumerate(lines):
+            part.append(ln)
+            size += len(ln["text"]) + 100
+            if size >= LOG_POST_BYTES or i == len(lines) - 1:
+                wait = await self._post(client, part)
+                if wait is not None:
+                    return wait, lines[sent:]
+                sent = i + 1
+                part, size = [], 0
+        return None
+
+    async def _post(self, client: httpx.AsyncClient, part: list[dict]) -> float | None:
+        """One POST; None once stored, or the Retry-After of a 429 (the server's admission, routers/agent.py)."""
         body = json.dumps({"machine": self.name, "lines": part})
         t0 = time.perf_counter()
         while not self.bench.stopping:
@@ -196,17 +246,17 @@ class Machine:
                     done = time.time()
                     for ln in part:
                         if ln["text"].startswith("MARK "):
-                            self.bench.mark_stored[ln["text"]] = done
+                            self.bench.mark_stored.setdefault(ln["text"], done)
                     self.bench.stored += r.json()["stored"]
                     self.bench.log_posts.append(time.perf_counter() - t0)
-                    return
-                if r.status_code == 429:  # the server's admission (routers/agent.py): as the agent, after Retry-After
+                    return None
+                if r.status_code == 429:
                     self.bench.deferred += 1
-                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
-                    continue
+                    return float(r.headers.get("retry-after", "1"))
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.5)
+        return None
 
 
 class Bench:

@@ -12,23 +12,45 @@ import httpx
 
 from astraeus.agent.agent import Agent
 from astraeus.server.core import STATE_LOCK
-from astraeus.server.routers.agent import LOG_RETRY_AFTER, LOG_STORES_AT_ONCE, LOG_STORES_WAITING
+from astraeus.server.routers.agent import (
+    LOG_RETRY_AFTER,
+    LOG_STORES_AT_ONCE,
+    LOG_STORES_WAITING,
+    SMALL_BATCH_BYTES,
+    SMALL_STORES_AT_ONCE,
+    SMALL_STORES_WAITING,
+)
 
 from .conftest import wait_for
 
 LINES = 150  # at least this many shown at the end; the worker prints until it is stopped (a refusal may take tries)
-SCRIPT = ("import itertools, time\n"
+SCRIPT = ("import itertools, time\n"  # long lines: what piles up while shipping is held is a big batch
           "for i in itertools.count():\n"
-          "    print(f'line {i:06d}', flush=True)\n"
+          "    print(f'line {i:06d} ' + 'x' * 3000, flush=True)\n"
           "    time.sleep(0.04)\n")
+QUIET = ("import itertools, time\n"
+         "for i in itertools.count():\n"
+         "    print(f'quiet {i:06d}', flush=True)\n"
+         "    time.sleep(0.1)\n")
+FLOOD = ("import itertools, time\n"  # about 6,000 lines a second: more than its share of every round
+         "for i in itertools.count():\n"
+         "    print(f'flood {i:07d}', flush=True)\n"
+         "    if i % 300 == 0:\n"
+         "        time.sleep(0.05)\n")
 
 
-def _run(name: str) -> dict:
+def big_batch(machine: str = "gpu-01") -> dict:
+    """A batch past SMALL_BATCH_BYTES (the big lane), of lines naming no worker of the machine (none is stored)."""
+    lines = [{"worker": "nobody.nobody-0", "seq": i, "text": "x" * 100} for i in range(SMALL_BATCH_BYTES // 100 + 10)]
+    return {"machine": machine, "lines": lines}
+
+
+def _run(name: str, script: str = SCRIPT) -> dict:
     return {"metadata": {"name": name}, "spec": {"task_template": {
         "image": "pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime", "command": "python", "args": ["/app/w.py"],
         "restart_policy": "Never",
         "requested_resources": {"cpu_cores": 1, "memory_bytes": 1 << 30, "gpu_requests": {"count": 1}},
-        "configs": [{"mounts": ["/app/w.py"], "value": SCRIPT}]}}}
+        "configs": [{"mounts": ["/app/w.py"], "value": script}]}}}
 
 
 def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path, caplog):
@@ -58,7 +80,7 @@ def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path,
             try:
                 def filler():
                     with httpx.Client(timeout=60) as fc:
-                        r = fc.post(f"{server['url']}/api/v1/agent/logs", json={"machine": "gpu-01", "lines": []},
+                        r = fc.post(f"{server['url']}/api/v1/agent/logs", json=big_batch(),
                                     headers={"Authorization": f"Bearer {agent.credential}"})
                         if r.status_code == 429:
                             refused.append(r)
@@ -67,6 +89,7 @@ def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path,
                     t.start()
                     held.append(t)
                 wait_for(lambda: refused, timeout=20, what="a batch refused: the admission full")
+                time.sleep(1.5)  # the worker's lines pile up past SMALL_BATCH_BYTES: the agent's batch is a big one
                 agent.ship_lock.release()  # now the agent's next batch finds the admission full
                 shipping_held = False
                 wait_for(deferred, timeout=20, what="the agent's batch refused")
@@ -82,12 +105,13 @@ def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path,
             assert r.json()["code"] == "BUSY"
 
             def shown() -> list[str]:
-                return [ln for ln in c.get("/workers/chatty-0/logs").text.splitlines() if ln.startswith("line ")]
+                return [ln.split()[1] for ln in c.get("/workers/chatty-0/logs").text.splitlines()
+                        if ln.startswith("line ")]
 
             at_refusal = len(shown())
             wait_for(lambda: len(shown()) >= at_refusal + LINES, timeout=60, what="the lines after the refusal")
             lines = shown()
-            assert lines == [f"line {i:06d}" for i in range(len(lines))]  # none lost, none twice, in order
+            assert lines == [f"{i:06d}" for i in range(len(lines))]  # none lost, none twice, in order
     finally:
         agent.request_exit()
         agent.shutdown()
@@ -104,7 +128,7 @@ def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
                    headers={"Authorization": f"Bearer {server['machine_token']}"})
         assert r.status_code == 200, r.text
         cred = {"Authorization": f"Bearer {r.json()['credential']}"}
-    batch = {"machine": "gpu-01", "lines": []}
+    batch = big_batch()
     bad = [({}, 401), ({"Authorization": "Bearer not-a-token"}, 401), ({"Authorization": "Basic Zm9vOmJhcg=="}, 401),
            ({"Authorization": f"Bearer {server['token']}"}, 403)]  # a user's token
     real: list[int] = []
@@ -150,3 +174,77 @@ def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
         for h, status in bad:
             r = c.post(url, json=batch, headers=h)
             assert r.status_code == status, (h, r.text)
+
+
+def test_a_small_batch_has_a_lane_of_its_own_while_the_flood_fills_admission(server):
+    """While the big batches fill their admission (stores waiting on SQLite's state lock, held here), a small batch
+    (at most SMALL_BATCH_BYTES) is still admitted, and stored once the stores go on; the small lane has its own
+    bound, past which a small batch gets the same 429."""
+    url = f"{server['url']}/api/v1/agent/logs"
+    with httpx.Client(timeout=30) as c:
+        r = c.post(f"{server['url']}/api/v1/agent/register", json={"name": "gpu-01", "gpus": 1},
+                   headers={"Authorization": f"Bearer {server['machine_token']}"})
+        assert r.status_code == 200, r.text
+        cred = {"Authorization": f"Bearer {r.json()['credential']}"}
+    codes: dict[str, list[int]] = {"big": [], "small": []}
+
+    def post(kind: str):
+        with httpx.Client(timeout=60) as fc:
+            body = big_batch() if kind == "big" else {"machine": "gpu-01", "lines": []}
+            codes[kind].append(fc.post(url, json=body, headers=cred).status_code)
+
+    def start(kind: str, n: int) -> list[threading.Thread]:
+        ts = [threading.Thread(target=post, args=(kind,)) for _ in range(n)]
+        for t in ts:
+            t.start()
+        return ts
+
+    held: list[threading.Thread] = []
+    with STATE_LOCK:
+        held += start("big", LOG_STORES_AT_ONCE + LOG_STORES_WAITING + 1)
+        wait_for(lambda: codes["big"] == [429], timeout=20, what="a big batch refused: its admission full")
+        held += start("small", SMALL_STORES_AT_ONCE + SMALL_STORES_WAITING)
+        time.sleep(1.0)
+        assert codes["small"] == [], f"small batches answered while the state lock was held: {codes['small']}"
+        held += start("small", 1)  # past the small lane's own bound
+        wait_for(lambda: codes["small"] == [429], timeout=20, what="a small batch refused: its lane full")
+    for t in held:
+        t.join(timeout=60)
+    assert sorted(codes["big"]) == [200] * (LOG_STORES_AT_ONCE + LOG_STORES_WAITING) + [429]
+    assert sorted(codes["small"]) == [200] * (SMALL_STORES_AT_ONCE + SMALL_STORES_WAITING) + [429]
+
+
+def test_while_a_batch_is_deferred_a_quiet_workers_lines_still_ship(server, tmp_path):
+    """After the control plane refused a batch (LogsDeferred sets `logs_deferred_until` to its Retry-After), the
+    agent ships only the attempts that were quiet in its last round, at its usual pace; the flooding worker's
+    lines wait until then, and none is lost."""
+    agent = Agent(server["url"], server["machine_token"], "gpu-01", gpus=2, cpu_cores=8, memory_bytes=64 << 30,
+                  state_dir=str(tmp_path / "agent"), stop_grace=2, poll_wait=5, stop_workers_on_exit=True)
+    agent.start()
+    try:
+        h = {"Authorization": f"Bearer {server['token']}"}
+        with httpx.Client(base_url=server["api"], headers=h, timeout=30) as c:
+            wait_for(lambda: c.get("/machines").json()["items"], timeout=20, what="the machine to join")
+            assert c.post("/runs", json=_run("quiet", QUIET)).status_code == 201
+            assert c.post("/runs", json=_run("flood", FLOOD)).status_code == 201
+
+            def count(worker: str, word: str) -> int:
+                return sum(1 for ln in c.get(f"/workers/{worker}-0/logs").text.splitlines() if ln.startswith(word))
+
+            wait_for(lambda: count("quiet", "quiet") >= 3 and count("flood", "flood") > 2000, timeout=60,
+                     what="both workers' first lines")
+            wait_for(lambda: {k[0].rsplit(".", 1)[-1] for k in agent.quiet_attempts} == {"quiet-0"}, timeout=20,
+                     what="a round where the flood was behind and the quiet worker was not")
+            agent.logs_deferred_until = time.monotonic() + 4.0  # as a 429 with Retry-After: 4 does
+            time.sleep(0.8)  # a round already past its check finishes
+            flood0, quiet0 = count("flood", "flood"), count("quiet", "quiet")
+            time.sleep(1.5)
+            assert count("flood", "flood") == flood0, "the flood's lines were shipped while deferred"
+            assert count("quiet", "quiet") > quiet0, "the quiet worker's lines waited for the deferral"
+            wait_for(lambda: count("flood", "flood") > flood0, timeout=30, what="the flood's lines after the deferral")
+            quiet = [ln.split()[1] for ln in c.get("/workers/quiet-0/logs").text.splitlines()
+                     if ln.startswith("quiet")]
+            assert quiet == [f"{i:06d}" for i in range(len(quiet))]  # none lost, none twice, in order
+    finally:
+        agent.request_exit()
+        agent.shutdown()

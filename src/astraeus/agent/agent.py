@@ -59,6 +59,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import httpx
 import psutil
@@ -145,6 +146,17 @@ def nfs_ability_or_none() -> P.NfsAbility | None:
 
 class NeedsRegister(Exception):
     pass
+
+
+class LogBatch(NamedTuple):
+    """What Agent._collect_logs read: the lines, the log offsets and rate limits they move to once stored (by log
+    key), whether more are waiting, and the attempts that were quiet (all their new lines fitted their share)."""
+
+    lines: list[P.WorkerLogLine]
+    offsets: dict[str, int]
+    limits: dict[str, list]
+    more: bool
+    quiet: set[tuple[str, int]]
 
 
 class LogsDeferred(httpx.HTTPStatusError):
@@ -268,6 +280,11 @@ class Agent:
         self.log_rate = (env or AgentSettings.load()).log_lines_per_second  # per worker: the rest are dropped
         self.log_limits: dict[str, list] = {}  # attempt's log key -> [second, shipped in it, dropped, seq, time]
         self.lines_in_report = True  # an ended attempt's last lines go in its report (False: an older control plane)
+        # The control plane refused a batch (429) until this time (monotonic): meanwhile only the attempts that were
+        # quiet in the last round (all their new lines fitted their share) ship, each LOG_EVERY, in small batches
+        # it admits while busy storing floods (routers/agent.py: the small lane)
+        self.logs_deferred_until = 0.0
+        self.quiet_attempts: set[tuple[str, int]] = set()
         why = "given"
         if runtime is None:
             runtime, why = build_runtime(runtime_kind or env.runtime, self.state_dir, self.stop_grace, env, image_map)
@@ -722,7 +739,7 @@ class Agent:
                 if not ended:
                     break
                 tail = self._collect_logs(ended)
-                lines, _, _, more = tail
+                lines, more = tail.lines, tail.more
                 if not more and (not lines or self.lines_in_report and
                                  sum(len(ln.text) + 100 for ln in lines) < LOG_POST_BYTES):
                     break
@@ -730,7 +747,7 @@ class Agent:
                 tail = None
                 if not more:
                     break
-            body = P.Report(machine=self.name, workers=workers, lines=tail[0] if tail is not None and tail[0] else None)
+            body = P.Report(machine=self.name, workers=workers, lines=tail.lines if tail is not None and tail.lines else None)
             try:
                 self._post(client, "/report", body, omit_none=("lines",))
             except httpx.HTTPStatusError as e:
@@ -763,10 +780,9 @@ class Agent:
                         self.wake_logs.set()
                 except NeedsRegister:
                     self._sleep(backoff.next())
-                except LogsDeferred as e:  # the control plane is busy storing others' lines: as long as it says
-                    log.debug("%s", e)
-                    if not self._sleep(e.retry_after):
-                        self.wake_logs.set()
+                except LogsDeferred as e:  # the control plane is busy storing others' lines: as long as it says,
+                    log.debug("%s", e)  # the quiet attempts' lines alone, at the usual pace
+                    self.logs_deferred_until = time.monotonic() + e.retry_after
                 except (httpx.HTTPError, ValueError) as e:
                     if not self.failover(e):
                         log.warning("log shipping failed (%s); retrying", e)
@@ -795,16 +811,25 @@ class Agent:
             return self._ship_logs(client, only)
 
     def _ship_logs(self, client: httpx.Client, only: set[tuple[str, int]] | None) -> bool:
+        if only is None and time.monotonic() < self.logs_deferred_until:
+            if not self.quiet_attempts:
+                return False
+            batch = self._collect_logs(set(self.quiet_attempts))  # a batch was refused: the quiet ones alone
+            self._post_logs(client, batch)
+            return False  # the rest waits for the refusal's Retry-After
         batch = self._collect_logs(only)
+        if only is None:
+            self.quiet_attempts = batch.quiet
         self._post_logs(client, batch)
-        return batch[3]
+        return batch.more
 
-    def _collect_logs(self, only: set[tuple[str, int]] | None) -> tuple[list[P.WorkerLogLine], dict, dict, bool]:
-        """One batch of new lines from every attempt (or those in `only`): (lines, the log offsets and rate limits
-        once they are stored, whether more are waiting). Without `only`, an attempt that ended and is not reported
-        yet is left to the report, which carries its last lines (send_report). Each attempt first gets its share
-        of the batch (LOG_BATCH / attempts), then those with more take what is left, in turn: a quiet worker's
-        lines never wait behind a flooding neighbour's backlog."""
+    def _collect_logs(self, only: set[tuple[str, int]] | None) -> LogBatch:
+        """One batch of new lines from every attempt (or those in `only`): the lines, the log offsets and rate
+        limits once they are stored, whether more are waiting, and the attempts that were quiet (all their new
+        lines fitted their share). Without `only`, an attempt that ended and is not reported yet is left to the
+        report, which carries its last lines (send_report). Each attempt first gets its share of the batch
+        (LOG_BATCH / attempts), then those with more take what is left, in turn: a quiet worker's lines never
+        wait behind a flooding neighbour's backlog."""
         lines: list[P.WorkerLogLine] = []
         new_offsets: dict[str, int] = {}
         new_limits: dict[str, list] = {}
@@ -840,13 +865,27 @@ class Agent:
                 more = True
                 break
             more = take(st, LOG_BATCH - read) or more
-        return lines, new_offsets, new_limits, more
+        late = {st.key for st in behind}
+        return LogBatch(lines, new_offsets, new_limits, more, {st.key for st in attempts if st.key not in late})
 
-    def _post_logs(self, client: httpx.Client, batch: tuple[list[P.WorkerLogLine], dict, dict, bool]) -> None:
-        """POST /logs a batch of _collect_logs, then note its offsets."""
+    def _post_logs(self, client: httpx.Client, batch: LogBatch) -> None:
+        """POST /logs a batch of _collect_logs, then note its offsets. The quiet attempts' lines go first, in
+        posts of their own (small ones, which the control plane admits while it is busy storing a flood: a worker
+        that prints a little is not held up by a neighbour that floods), their offsets noted once stored."""
+        quiet = {self._log_key(k) for k in batch.quiet}
+        first = [ln for ln in batch.lines if self._log_key((ln.worker, ln.attempt)) in quiet]
+        rest = batch.lines
+        if first and len(first) < len(batch.lines):
+            self._post_log_parts(client, first)
+            self._logs_stored(batch, quiet)
+            rest = [ln for ln in batch.lines if self._log_key((ln.worker, ln.attempt)) not in quiet]
+        self._post_log_parts(client, rest)
+        self._logs_stored(batch)
+
+    def _post_log_parts(self, client: httpx.Client, lines: list[P.WorkerLogLine]) -> None:
         part: list[P.WorkerLogLine] = []
         size = 0
-        for ln in batch[0]:  # bounded posts: a flood of long lines is several, each about LOG_POST_BYTES
+        for ln in lines:  # bounded posts: a flood of long lines is several, each about LOG_POST_BYTES
             part.append(ln)
             size += len(ln.text) + 100
             if size >= LOG_POST_BYTES:
@@ -854,7 +893,6 @@ class Agent:
                 part, size = [], 0
         if part:
             self._post_log_part(client, part)
-        self._logs_stored(batch)
 
     def _post_log_part(self, client: httpx.Client, part: list[P.WorkerLogLine]) -> None:
         """POST /logs one part of a batch; a 429 raises LogsDeferred. A part stored before a later one was refused
@@ -866,11 +904,14 @@ class Agent:
                 raise LogsDeferred(e.response) from None
             raise
 
-    def _logs_stored(self, batch: tuple[list[P.WorkerLogLine], dict, dict, bool]) -> None:
-        _, new_offsets, new_limits, _ = batch
-        if new_offsets:
-            self.log_offsets.update(new_offsets)
-            self.log_limits.update(new_limits)
+    def _logs_stored(self, batch: LogBatch, keys: set[str] | None = None) -> None:
+        """Note the offsets (and rate limits) a stored batch moves to: all of them, or those of the log keys in
+        `keys`."""
+        offsets = batch.offsets if keys is None else {k: v for k, v in batch.offsets.items() if k in keys}
+        if offsets:
+            self.log_offsets.update(offsets)
+            self.log_limits.update(batch.limits if keys is None else
+                                   {k: v for k, v in batch.limits.items() if k in keys})
             self._save_offsets()
 
     def _rate_limited(self, worker: str, attempt: int, batch, state: list, at_end: bool) -> list[P.WorkerLogLine]:

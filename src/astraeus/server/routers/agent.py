@@ -174,9 +174,17 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
 # without a valid token cannot push the real agents into 429s. The check is cheap: a token that passed it in the
 # last KNOWN_SECONDS is known by its digest on the event loop; any other is checked in the thread pool (the store
 # authenticates again in full, so a token revoked meanwhile stores nothing, and is forgotten).
+#
+# A small batch (a Content-Length of at most SMALL_BATCH_BYTES: the lines of workers that print a little, which the
+# agent posts on their own ahead of a flood's, agent.Agent._post_logs) has a lane of its own: one store at a time
+# and SMALL_STORES_WAITING more, so that it never waits behind, nor is refused because of, the flood's big batches
+# (`logs -f` of a quiet worker stays live on a machine whose neighbour floods); past that it gets the same 429.
 LOG_STORES_AT_ONCE = 2
 LOG_STORES_WAITING = 4
 LOG_RETRY_AFTER = 2
+SMALL_BATCH_BYTES = 64 << 10
+SMALL_STORES_AT_ONCE = 1
+SMALL_STORES_WAITING = 16
 KNOWN_SECONDS = 60.0
 KNOWN_MAX = 100_000  # digests remembered; beyond it the memory starts again (every agent is checked once more)
 
@@ -188,10 +196,20 @@ class LogAdmission:
     def __init__(self) -> None:
         self.limiter = anyio.CapacityLimiter(LOG_STORES_AT_ONCE)
         self.held = 0  # running + waiting; changed on the event loop only
+        self.small_limiter = anyio.CapacityLimiter(SMALL_STORES_AT_ONCE)
+        self.small_held = 0
         self.known: dict[str, float] = {}  # a credential's digest -> when it passed (monotonic)
 
-    def full(self) -> bool:
+    def full(self, small: bool = False) -> bool:
+        if small:
+            return self.small_held >= SMALL_STORES_AT_ONCE + SMALL_STORES_WAITING
         return self.held >= LOG_STORES_AT_ONCE + LOG_STORES_WAITING
+
+    def hold(self, small: bool, n: int) -> None:
+        if small:
+            self.small_held += n
+        else:
+            self.held += n
 
     async def check(self, cp, authorization: str | None) -> str:
         """Raises the 401 (403) of a bearer token that is no machine token; returns its key in `known` (which
@@ -242,12 +260,15 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
         admission = request.app.state.log_admission = LogAdmission()
     cp = request.app.state.cp
     key = await admission.check(cp, authorization)  # before it counts: 401 for a token that is no credential
-    if admission.full():
-        busy = errors.error_json(429, "BUSY", f"{admission.held} log batches are being stored or wait: send this "
+    length = request.headers.get("content-length", "")
+    small = length.isdigit() and int(length) <= SMALL_BATCH_BYTES
+    if admission.full(small):
+        held = admission.small_held if small else admission.held
+        busy = errors.error_json(429, "BUSY", f"{held} log batches are being stored or wait: send this "
                                               f"one again in {LOG_RETRY_AFTER} s")
         busy.headers["Retry-After"] = str(LOG_RETRY_AFTER)
         return busy  # type: ignore[return-value]  # a Response goes out as it is
-    admission.held += 1
+    admission.hold(small, 1)
     try:
         raw = await request.body()
 
@@ -266,13 +287,13 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
                     return agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines)
 
         try:
-            n = await anyio.to_thread.run_sync(store, limiter=admission.limiter)
+            n = await anyio.to_thread.run_sync(store, limiter=admission.small_limiter if small else admission.limiter)
         except ApiError as e:
             if e.status == 401:  # revoked or expired since it was known: checked again at its next batch
                 admission.known.pop(key, None)
             raise
     finally:
-        admission.held -= 1
+        admission.hold(small, -1)
     if n:
         cp.notifier.bump_logs()
     return P.LogsStored(stored=n)

@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -322,6 +323,7 @@ class Bench:
         mark_lat: list[float] = []
         mark_srv: list[float] = []  # from its POST answered to the follower reading it
         timeouts: list[str] = []
+        slow: list[tuple[str, float]] = []  # probes held more than 2 s after their submit: (name, submitted)
         waiting: list[asyncio.Task] = []  # each submitted run, until its machine's agent holds it (or 30 s after)
         rss: list[int] = [self.rss()]
         end = time.time() + seconds
@@ -349,8 +351,10 @@ class Bench:
                         while name not in self.seen and time.time() < end + 30:
                             await asyncio.sleep(0.01)
                         if name not in self.seen:
-                            return False
+                            return name
                         sched.append(self.seen[name] - t0)
+                        if self.seen[name] - t0 > 2:
+                            slow.append((name, t0))
                         return True
                     waiting.append(asyncio.get_running_loop().create_task(placed()))
                     await asyncio.sleep(max(0.0, 0.33 - (time.time() - t0)))
@@ -388,7 +392,25 @@ class Bench:
         await asyncio.wait_for(asyncio.gather(sampler(), follower(), *(submitter(k) for k in range(self.a.clients))),
                                seconds + 60)
         await asyncio.gather(*waiting)
-        unplaced = sum(1 for t in waiting if t.result() is False)
+        if slow:  # where their time went: to being placed (the scheduler) or from placed to held (the long-poll)
+            async with self.client() as c:
+                parts = []
+                for name, t0 in sorted(slow, key=lambda x: self.seen[x[0]] - x[1], reverse=True)[:5]:
+                    w = (await c.get(f"/{self.api}/workers/{name}-0", headers=self.user, timeout=60)).json()
+                    placed = datetime.fromisoformat(w["placed_at"].replace("Z", "+00:00")).timestamp() \
+                        if w.get("placed_at") else float("nan")
+                    parts.append(f"{name} submit->placed {placed - t0:.2f} s, placed->held {self.seen[name] - placed:.2f} s")
+            print(f"  {label}: {len(slow)} probes held over 2 s after submit; the slowest: " + "; ".join(parts))
+        late = [t.result() for t in waiting if t.result() is not True]
+        unplaced = len(late)
+        if late:  # where they are: not placed (the scheduler), or placed but not yet in their machine's answer
+            async with self.client() as c:
+                states = []
+                for name in late:
+                    r = await c.get(f"/{self.api}/workers/{name}-0", headers=self.user, timeout=60)
+                    w = r.json() if r.status_code == 200 else {}
+                    states.append(f"{name}: {w.get('state', r.status_code)} on {w.get('machine')}")
+            print(f"  {label}: not held by an agent 30 s after the phase: " + "; ".join(states))
         now = time.time()
         printed = sum(w.printed(now) for w in flood) - printed0
         cpu = self.cpu() - cpu0

@@ -150,13 +150,19 @@ class Machine:
                 workers = [{"worker": w, "attempt": att, "state": st, "pid": 1000,
                             **({"exit_code": 0} if st == "Exited" else {})} for (w, att), st in self.states.items()]
                 try:
-                    await client.post("/api/v1/agent/report", headers=self.h(), timeout=60,
-                                      json={"machine": self.name, "workers": workers})
-                except httpx.HTTPError:
+                    r = await client.post("/api/v1/agent/report", headers=self.h(), timeout=60,
+                                          json={"machine": self.name, "workers": workers})
+                except httpx.HTTPError as e:
+                    r = e
+                if not isinstance(r, httpx.Response) or r.status_code != 200:  # as the agent: all again, soon
+                    b.report_errors.append(repr(r) if not isinstance(r, httpx.Response)
+                                           else f"{r.status_code} {r.text[:200]}")
                     self.changed.set()
                     await asyncio.sleep(0.5)
-                for k in [k for k, st in self.states.items() if st == "Exited"]:
-                    del self.states[k]
+                    continue
+                for w in workers:  # forgotten once an end was sent (not one that came while the report was out)
+                    if w["state"] == "Exited":
+                        self.states.pop((w["worker"], w["attempt"]), None)
 
     async def ship(self) -> None:
         """As Agent.log_loop/_ship_logs: a round of at most LOG_BATCH lines, every 0.5 s or at once if behind; the
@@ -287,6 +293,7 @@ class Bench:
         self.deferred = 0  # log posts answered 429 (sent again after Retry-After)
         self.mark_stored: dict[str, float] = {}  # a marker line -> when the POST that carried it was answered
         self.log_posts: list[float] = []
+        self.report_errors: list[str] = []  # reports not answered 200 (sent again)
 
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.base, limits=httpx.Limits(max_connections=50))
@@ -405,12 +412,41 @@ class Bench:
         unplaced = len(late)
         if late:  # where they are: not placed (the scheduler), or placed but not yet in their machine's answer
             async with self.client() as c:
-                states = []
+                states: dict[str, int] = {}
+                first = []
                 for name in late:
                     r = await c.get(f"/{self.api}/workers/{name}-0", headers=self.user, timeout=60)
                     w = r.json() if r.status_code == 200 else {}
-                    states.append(f"{name}: {w.get('state', r.status_code)} on {w.get('machine')}")
-            print(f"  {label}: not held by an agent 30 s after the phase: " + "; ".join(states))
+                    key = f"{w.get('state', r.status_code)} on {w.get('machine')}"
+                    states[key] = states.get(key, 0) + 1
+                    if len(first) < 2:
+                        first.append(f"{name}: {w.get('reason')!r} why_not {w.get('why_not')}")
+                r = await c.get(f"/{self.api}/machines", headers=self.user, timeout=60)
+                quiet = [m for m in (r.json().get("items", []) if r.status_code == 200 else [])
+                         if m.get("name") == "quiet-002"]
+                on: dict[str, int] = {}  # the probes' machine's workers that hold GPUs, by state
+                holding = []
+                cursor = None
+                while True:
+                    r = await c.get(f"/{self.api}/workers", headers=self.user, timeout=60,
+                                    params={"limit": 1000, **({"cursor": cursor} if cursor else {})})
+                    page = r.json()
+                    for w in page["items"]:
+                        if w["machine"] == "quiet-002" and w["state"] in ("Starting", "Running", "Stopping"):
+                            on[w["state"]] = on.get(w["state"], 0) + 1
+                            if len(holding) < 3:
+                                mm, ident = self.placed.get(w["name"], (None, None))
+                                holding.append(f"{w['name']} {w['state']} placed {w['placed_at']} started "
+                                               f"{w['started_at']}; the machine saw it "
+                                               f"{ident is not None}, its state there "
+                                               f"{mm.states.get((ident, w['attempt'])) if mm else None}, done "
+                                               f"{(ident, w['attempt']) in mm.done if mm else None}")
+                    cursor = page.get("next_cursor")
+                    if not cursor:
+                        break
+            print(f"  {label}: not held by an agent 30 s after the phase: {states}; {'; '.join(first[:1])}; "
+                  f"the probes' machine: {[(m['gpus_used'], m['last_heartbeat']) for m in quiet]}, its workers "
+                  f"not ended: {on}: {holding}")
         now = time.time()
         printed = sum(w.printed(now) for w in flood) - printed0
         cpu = self.cpu() - cpu0
@@ -544,6 +580,9 @@ def main() -> None:
             asyncio.run(b.main())
         finally:
             b.close()
+        errors = b.report_errors
+        if errors:
+            print(f"  reports not answered 200 (sent again): {len(errors)}; the first: {errors[:3]}")
         print(f"  load average after: {os.getloadavg()[0]:.1f}")
 
 

@@ -190,6 +190,57 @@ def test_plans_over_the_index_equal_plans_of_the_plain_scan(snap):
 
 
 @SETTINGS
+@given(snapshots(), snapshots())
+def test_what_the_fleet_keeps_from_one_plan_changes_no_later_plan(snap, other):
+    """Plans that pass the same machines keep what the machines alone decide (a selection's machines and why-not
+    lines, whether a shape could ever fit) in their Fleet: another queue planned on them first changes nothing."""
+    fresh = plan(replace(snap, machines=tuple(list(snap.machines))), NOW)  # a tuple of its own: nothing kept
+    plan(replace(other, machines=snap.machines), NOW)  # fills what the fleet of snap.machines keeps
+    assert plan(snap, NOW) == fresh
+    assert plan(snap, NOW) == fresh  # and again, from what snap's own plan kept
+
+
+@SETTINGS
+@given(snapshots(), snapshots())
+def test_what_the_fleet_keeps_from_one_plan_changes_no_later_plan_without_pools(snap, other):
+    """The same, with no pools and no excluded machines: every restricted run takes what the fleet keeps."""
+    def plain(x: Snapshot) -> Snapshot:
+        runs = tuple(replace(r, node_selection=replace(r.node_selection, pools=()), excluded_machines=())
+                     for r in x.waiting)
+        return replace(x, waiting=runs, workspaces=tuple(replace(w, pools=None) for w in x.workspaces))
+
+    snap, other = plain(snap), plain(other)
+    fresh = plan(replace(snap, machines=tuple(list(snap.machines))), NOW)
+    plan(replace(other, machines=snap.machines), NOW)
+    assert plan(snap, NOW) == fresh
+
+
+def test_a_selection_kept_by_the_fleet_is_told_from_another_of_the_same_mode():
+    """Two plans on the same machines, one asking for A100s and one for H100s (and by label): each gets its own
+    machines and why-not lines, as on machines given afresh."""
+    machines = tuple(Machine(f"m{i}", 4, 32, 256 * GIB, labels=(("model", model),), gpu_model=model)
+                     for i, model in enumerate(["A100", "H100", "A100", "H100"]))
+    ws = (Workspace(SPACES[0], SPACES[0]),)
+
+    def queue(model: str) -> Snapshot:
+        runs = (WaitingRun("by-model", SPACES[0], 0, NOW - 10, (WorkerRequest(0, 4, 1, GIB),), "Gang", None,
+                           NodeSelection(gpu_model=model)),
+                WaitingRun("by-label", SPACES[0], 0, NOW - 5, (WorkerRequest(0, 4, 1, GIB),), "Gang", None,
+                           NodeSelection("Labels", labels=(("model", model),))),
+                WaitingRun("too-big", SPACES[0], 0, NOW, (WorkerRequest(0, 8, 1, GIB),), "Gang", None,
+                           NodeSelection(gpu_model=model)))
+        return Snapshot("c", machines, (), runs, ws)
+
+    for first, then in (("A100", "H100"), ("H100", "A100")):
+        fresh = plan(replace(queue(then), machines=tuple(list(machines))), NOW)
+        plan(queue(first), NOW)
+        got = plan(queue(then), NOW)
+        assert got == fresh
+        placed = {s.run: s.placements[0].machine for s in got.starts}
+        assert {machines[int(m[1:])].gpu_model for m in placed.values()} == {then}, placed
+
+
+@SETTINGS
 @given(snapshots())
 def test_why_not_lines_of_restricted_runs_equal_the_machine_by_machine_reference(snap):
     """Lines laid over the per-shape template equal the lines made machine by machine."""

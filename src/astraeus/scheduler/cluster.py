@@ -27,6 +27,9 @@ Shape = tuple[int, float, int]  # (gpus, cpu cores, memory bytes) of one worker
 SCAN_AT_MOST = 32
 
 
+_UNSET = object()
+
+
 def shape(w: WorkerRequest) -> Shape:
     return (w.gpus, w.cpu_cores, w.memory_bytes)
 
@@ -144,6 +147,14 @@ class Fleet:
         self.by_label: dict[tuple[str, str], set[int]] | None = None
         self.with_model: dict[str, frozenset[int]] = {}  # asked GPU model -> the machines that have it
         self.gpu_kinds: list[tuple[str, int]] | None = None  # per machine (GPU model, GPUs), made when first asked
+        # What the machines alone decide, kept across the cycles that pass the same machines (the simulator, the
+        # scale benchmark): per node selection that names no pool or reservation, (its why-not lines, the set and
+        # sorted list of the machines it may use), and per (allowed list or None, shapes) whether the run could
+        # ever fit (Cluster.never_fits); a list kept here is known by its id (`fixed`), the entry keeping it alive.
+        self.allowed_by_selection: dict[NodeSelection, tuple[dict[int, str], frozenset[int] | None,
+                                                               list[int] | None]] = {}
+        self.fixed: set[int] = set()
+        self.never: dict[tuple, str | None] = {}
 
 
 _last_fleet: list[Fleet] = []
@@ -323,11 +334,31 @@ class Cluster:
         hit = self._allowed_cache.get(k)
         if hit is not None:
             return hit
+        key = len(self._allowed_cache)
+        if res_key is None and not run.excluded_machines and ws_pools is None and not sel.pools and \
+                sel.reservation is None:  # the machines alone decide (names, labels, GPU model): kept by the fleet
+            f = self.fleet
+            fixed = f.allowed_by_selection.get(sel)
+            if fixed is None:
+                lines = self._restrictions(sel, None, {})
+                if sel.mode == "Any" and not lines:
+                    fixed = (lines, None, None)
+                else:
+                    chosen = list(filterfalse(lines.__contains__, self._candidates(sel)) if lines
+                                  else self._candidates(sel))
+                    fixed = (lines, frozenset(chosen), chosen)
+                    f.fixed.add(id(chosen))
+                f.allowed_by_selection[sel] = fixed
+            lines, fs, chosen = fixed
+            result: tuple = (key, fs, chosen)
+            if lines:
+                self.restricted[key] = lines
+            self._allowed_cache[k] = result
+            return result
         excluded = {self.index[n] for n, _ in run.excluded_machines if n in self.index}
         lines = self._restrictions(sel, ws_pools, res_lines)
-        key = len(self._allowed_cache)
         if sel.mode == "Any" and not excluded and not lines:
-            result: tuple = (key, None, None)
+            result = (key, None, None)
         else:
             found = self._candidates(sel)
             if excluded:
@@ -575,9 +606,19 @@ class Cluster:
     ) -> str | None:
         """Why the run cannot run on this cluster even if it were empty, or None if it could."""
         machines = self.all_schedulable if allowed_list is None else allowed_list
-        restricted = allowed_list is not None
         if not machines:
             return self._nothing_allowed(run.node_selection, ws_pools)
+        f = self.fleet
+        if allowed_list is None or id(allowed_list) in f.fixed:  # the machines alone decide: kept by the fleet
+            k = (None if allowed_list is None else id(allowed_list),
+                 shape(workers[0]) if len(workers) == 1 else tuple(sorted(map(shape, workers))))
+            why = f.never.get(k, _UNSET)
+            if why is _UNSET:
+                why = f.never[k] = self._never_fits(workers, machines, allowed_list is not None)
+            return why
+        return self._never_fits(workers, machines, True)
+
+    def _never_fits(self, workers, machines: list[int], restricted: bool) -> str | None:
         largest = "the largest machine it may use has" if restricted else "the largest machine has"
         fitting: set[int] = set()
         cap_g, cap_c, cap_m = self.cap_g, self.cap_c, self.cap_m

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 
@@ -53,8 +54,18 @@ def _run(name: str, script: str = SCRIPT) -> dict:
         "configs": [{"mounts": ["/app/w.py"], "value": script}]}}}
 
 
-def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path, caplog):
-    caplog.set_level(logging.DEBUG, logger="astraeus.agent")
+def registered(server) -> dict:
+    """gpu-01 registered with the join token: the Authorization header of its own credential."""
+    with httpx.Client(timeout=30) as c:
+        r = c.post(f"{server['url']}/api/v1/agent/register", json={"name": "gpu-01", "gpus": 1},
+                   headers={"Authorization": f"Bearer {server['machine_token']}"})
+        assert r.status_code == 200, r.text
+        return {"Authorization": f"Bearer {r.json()['credential']}"}
+
+
+@contextmanager
+def joined_agent(server, tmp_path):
+    """The real agent as gpu-01, joined, and a client of the API as the workspace's user; the agent stopped after."""
     agent = Agent(server["url"], server["machine_token"], "gpu-01", gpus=2, cpu_cores=8, memory_bytes=64 << 30,
                   state_dir=str(tmp_path / "agent"), stop_grace=2, poll_wait=5, stop_workers_on_exit=True)
     agent.start()
@@ -62,59 +73,65 @@ def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path,
         h = {"Authorization": f"Bearer {server['token']}"}
         with httpx.Client(base_url=server["api"], headers=h, timeout=30) as c:
             wait_for(lambda: c.get("/machines").json()["items"], timeout=20, what="the machine to join")
-            assert c.post("/runs", json=_run("chatty")).status_code == 201
-            wait_for(lambda: "line 000005" in c.get("/workers/chatty-0/logs").text, timeout=30, what="first lines")
-
-            def deferred() -> bool:
-                return any("log lines deferred" in r.getMessage() for r in caplog.records)
-
-            refused: list[httpx.Response] = []
-            # Stores on SQLite take the process's state lock: held here, the stores in flight wait for it and the
-            # batches behind them fill the admission; then the agent's next batch is refused. The agent's own
-            # shipping is held back (its ship lock, taken once its batch in flight is answered) until the
-            # admission is full, so that its next batch comes after the others, not among those held.
-            agent.ship_lock.acquire()
-            STATE_LOCK.acquire()
-            shipping_held = True
-            held: list[threading.Thread] = []
-            try:
-                def filler():
-                    with httpx.Client(timeout=60) as fc:
-                        r = fc.post(f"{server['url']}/api/v1/agent/logs", json=big_batch(),
-                                    headers={"Authorization": f"Bearer {agent.credential}"})
-                        if r.status_code == 429:
-                            refused.append(r)
-                for _ in range(LOG_STORES_AT_ONCE + LOG_STORES_WAITING + 1):
-                    t = threading.Thread(target=filler)
-                    t.start()
-                    held.append(t)
-                wait_for(lambda: refused, timeout=20, what="a batch refused: the admission full")
-                time.sleep(1.5)  # the worker's lines pile up past SMALL_BATCH_BYTES: the agent's batch is a big one
-                agent.ship_lock.release()  # now the agent's next batch finds the admission full
-                shipping_held = False
-                wait_for(deferred, timeout=20, what="the agent's batch refused")
-            finally:
-                if shipping_held:
-                    agent.ship_lock.release()
-                STATE_LOCK.release()
-                for t in held:
-                    t.join(timeout=60)
-            assert deferred(), "the agent never had a batch refused"
-            r = refused[0]
-            assert r.headers["Retry-After"] == str(LOG_RETRY_AFTER)
-            assert r.json()["code"] == "BUSY"
-
-            def shown() -> list[str]:
-                return [ln.split()[1] for ln in c.get("/workers/chatty-0/logs").text.splitlines()
-                        if ln.startswith("line ")]
-
-            at_refusal = len(shown())
-            wait_for(lambda: len(shown()) >= at_refusal + LINES, timeout=60, what="the lines after the refusal")
-            lines = shown()
-            assert lines == [f"{i:06d}" for i in range(len(lines))]  # none lost, none twice, in order
+            yield agent, c
     finally:
         agent.request_exit()
         agent.shutdown()
+
+
+def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="astraeus.agent")
+    with joined_agent(server, tmp_path) as (agent, c):
+        assert c.post("/runs", json=_run("chatty")).status_code == 201
+        wait_for(lambda: "line 000005" in c.get("/workers/chatty-0/logs").text, timeout=30, what="first lines")
+
+        def deferred() -> bool:
+            return any("log lines deferred" in r.getMessage() for r in caplog.records)
+
+        refused: list[httpx.Response] = []
+        # Stores on SQLite take the process's state lock: held here, the stores in flight wait for it and the
+        # batches behind them fill the admission; then the agent's next batch is refused. The agent's own
+        # shipping is held back (its ship lock, taken once its batch in flight is answered) until the
+        # admission is full, so that its next batch comes after the others, not among those held.
+        agent.ship_lock.acquire()
+        STATE_LOCK.acquire()
+        shipping_held = True
+        held: list[threading.Thread] = []
+        try:
+            def filler():
+                with httpx.Client(timeout=60) as fc:
+                    r = fc.post(f"{server['url']}/api/v1/agent/logs", json=big_batch(),
+                                headers={"Authorization": f"Bearer {agent.credential}"})
+                    if r.status_code == 429:
+                        refused.append(r)
+            for _ in range(LOG_STORES_AT_ONCE + LOG_STORES_WAITING + 1):
+                t = threading.Thread(target=filler)
+                t.start()
+                held.append(t)
+            wait_for(lambda: refused, timeout=20, what="a batch refused: the admission full")
+            time.sleep(1.5)  # the worker's lines pile up past SMALL_BATCH_BYTES: the agent's batch is a big one
+            agent.ship_lock.release()  # now the agent's next batch finds the admission full
+            shipping_held = False
+            wait_for(deferred, timeout=20, what="the agent's batch refused")
+        finally:
+            if shipping_held:
+                agent.ship_lock.release()
+            STATE_LOCK.release()
+            for t in held:
+                t.join(timeout=60)
+        assert deferred(), "the agent never had a batch refused"
+        r = refused[0]
+        assert r.headers["Retry-After"] == str(LOG_RETRY_AFTER)
+        assert r.json()["code"] == "BUSY"
+
+        def shown() -> list[str]:
+            return [ln.split()[1] for ln in c.get("/workers/chatty-0/logs").text.splitlines()
+                    if ln.startswith("line ")]
+
+        at_refusal = len(shown())
+        wait_for(lambda: len(shown()) >= at_refusal + LINES, timeout=60, what="the lines after the refusal")
+        lines = shown()
+        assert lines == [f"{i:06d}" for i in range(len(lines))]  # none lost, none twice, in order
 
 
 def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
@@ -123,11 +140,7 @@ def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
     admission is one short of full, a flood of them is refused without waiting, and a real credential's batch is
     still admitted (not 429) and stored once the stores go on."""
     url = f"{server['url']}/api/v1/agent/logs"
-    with httpx.Client(timeout=30) as c:
-        r = c.post(f"{server['url']}/api/v1/agent/register", json={"name": "gpu-01", "gpus": 1},
-                   headers={"Authorization": f"Bearer {server['machine_token']}"})
-        assert r.status_code == 200, r.text
-        cred = {"Authorization": f"Bearer {r.json()['credential']}"}
+    cred = registered(server)
     batch = big_batch()
     bad = [({}, 401), ({"Authorization": "Bearer not-a-token"}, 401), ({"Authorization": "Basic Zm9vOmJhcg=="}, 401),
            ({"Authorization": f"Bearer {server['token']}"}, 403)]  # a user's token
@@ -181,11 +194,7 @@ def test_a_small_batch_has_a_lane_of_its_own_while_the_flood_fills_admission(ser
     (at most SMALL_BATCH_BYTES) is still admitted, and stored once the stores go on; the small lane has its own
     bound, past which a small batch gets the same 429."""
     url = f"{server['url']}/api/v1/agent/logs"
-    with httpx.Client(timeout=30) as c:
-        r = c.post(f"{server['url']}/api/v1/agent/register", json={"name": "gpu-01", "gpus": 1},
-                   headers={"Authorization": f"Bearer {server['machine_token']}"})
-        assert r.status_code == 200, r.text
-        cred = {"Authorization": f"Bearer {r.json()['credential']}"}
+    cred = registered(server)
     codes: dict[str, list[int]] = {"big": [], "small": []}
 
     def post(kind: str):
@@ -218,33 +227,24 @@ def test_while_a_batch_is_deferred_a_quiet_workers_lines_still_ship(server, tmp_
     """After the control plane refused a batch (LogsDeferred sets `logs_deferred_until` to its Retry-After), the
     agent ships only the attempts that were quiet in its last round, at its usual pace; the flooding worker's
     lines wait until then, and none is lost."""
-    agent = Agent(server["url"], server["machine_token"], "gpu-01", gpus=2, cpu_cores=8, memory_bytes=64 << 30,
-                  state_dir=str(tmp_path / "agent"), stop_grace=2, poll_wait=5, stop_workers_on_exit=True)
-    agent.start()
-    try:
-        h = {"Authorization": f"Bearer {server['token']}"}
-        with httpx.Client(base_url=server["api"], headers=h, timeout=30) as c:
-            wait_for(lambda: c.get("/machines").json()["items"], timeout=20, what="the machine to join")
-            assert c.post("/runs", json=_run("quiet", QUIET)).status_code == 201
-            assert c.post("/runs", json=_run("flood", FLOOD)).status_code == 201
+    with joined_agent(server, tmp_path) as (agent, c):
+        assert c.post("/runs", json=_run("quiet", QUIET)).status_code == 201
+        assert c.post("/runs", json=_run("flood", FLOOD)).status_code == 201
 
-            def count(worker: str, word: str) -> int:
-                return sum(1 for ln in c.get(f"/workers/{worker}-0/logs").text.splitlines() if ln.startswith(word))
+        def count(worker: str, word: str) -> int:
+            return sum(1 for ln in c.get(f"/workers/{worker}-0/logs").text.splitlines() if ln.startswith(word))
 
-            wait_for(lambda: count("quiet", "quiet") >= 3 and count("flood", "flood") > 2000, timeout=60,
-                     what="both workers' first lines")
-            wait_for(lambda: {k[0].rsplit(".", 1)[-1] for k in agent.quiet_attempts} == {"quiet-0"}, timeout=20,
-                     what="a round where the flood was behind and the quiet worker was not")
-            agent.logs_deferred_until = time.monotonic() + 4.0  # as a 429 with Retry-After: 4 does
-            time.sleep(0.8)  # a round already past its check finishes
-            flood0, quiet0 = count("flood", "flood"), count("quiet", "quiet")
-            time.sleep(1.5)
-            assert count("flood", "flood") == flood0, "the flood's lines were shipped while deferred"
-            assert count("quiet", "quiet") > quiet0, "the quiet worker's lines waited for the deferral"
-            wait_for(lambda: count("flood", "flood") > flood0, timeout=30, what="the flood's lines after the deferral")
-            quiet = [ln.split()[1] for ln in c.get("/workers/quiet-0/logs").text.splitlines()
-                     if ln.startswith("quiet")]
-            assert quiet == [f"{i:06d}" for i in range(len(quiet))]  # none lost, none twice, in order
-    finally:
-        agent.request_exit()
-        agent.shutdown()
+        wait_for(lambda: count("quiet", "quiet") >= 3 and count("flood", "flood") > 2000, timeout=60,
+                 what="both workers' first lines")
+        wait_for(lambda: {k[0].rsplit(".", 1)[-1] for k in agent.quiet_attempts} == {"quiet-0"}, timeout=20,
+                 what="a round where the flood was behind and the quiet worker was not")
+        agent.logs_deferred_until = time.monotonic() + 4.0  # as a 429 with Retry-After: 4 does
+        time.sleep(0.8)  # a round already past its check finishes
+        flood0, quiet0 = count("flood", "flood"), count("quiet", "quiet")
+        time.sleep(1.5)
+        assert count("flood", "flood") == flood0, "the flood's lines were shipped while deferred"
+        assert count("quiet", "quiet") > quiet0, "the quiet worker's lines waited for the deferral"
+        wait_for(lambda: count("flood", "flood") > flood0, timeout=30, what="the flood's lines after the deferral")
+        quiet = [ln.split()[1] for ln in c.get("/workers/quiet-0/logs").text.splitlines()
+                 if ln.startswith("quiet")]
+        assert quiet == [f"{i:06d}" for i in range(len(quiet))]  # none lost, none twice, in order

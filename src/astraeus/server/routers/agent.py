@@ -189,27 +189,31 @@ KNOWN_SECONDS = 60.0
 KNOWN_MAX = 100_000  # digests remembered; beyond it the memory starts again (every agent is checked once more)
 
 
+class Lane:
+    """Stores of log batches: at most `at_once` running, `waiting` more waiting without a thread; past that, 429."""
+
+    def __init__(self, at_once: int, waiting: int) -> None:
+        self.limiter = anyio.CapacityLimiter(at_once)
+        self.bound = at_once + waiting
+        self.held = 0  # running + waiting; changed on the event loop only
+
+    def full(self) -> bool:
+        return self.held >= self.bound
+
+
 class LogAdmission:
     """Counts the stores running or waiting for one app, and remembers the credentials that passed the check before
     admission; one per app, made in its event loop."""
 
     def __init__(self) -> None:
-        self.limiter = anyio.CapacityLimiter(LOG_STORES_AT_ONCE)
-        self.held = 0  # running + waiting; changed on the event loop only
-        self.small_limiter = anyio.CapacityLimiter(SMALL_STORES_AT_ONCE)
-        self.small_held = 0
+        self.big = Lane(LOG_STORES_AT_ONCE, LOG_STORES_WAITING)
+        self.small = Lane(SMALL_STORES_AT_ONCE, SMALL_STORES_WAITING)
         self.known: dict[str, float] = {}  # a credential's digest -> when it passed (monotonic)
 
-    def full(self, small: bool = False) -> bool:
-        if small:
-            return self.small_held >= SMALL_STORES_AT_ONCE + SMALL_STORES_WAITING
-        return self.held >= LOG_STORES_AT_ONCE + LOG_STORES_WAITING
-
-    def hold(self, small: bool, n: int) -> None:
-        if small:
-            self.small_held += n
-        else:
-            self.held += n
+    def lane(self, request: Request) -> Lane:
+        """The small lane for a batch whose Content-Length is at most SMALL_BATCH_BYTES, else the big one."""
+        length = request.headers.get("content-length", "")
+        return self.small if length.isdigit() and int(length) <= SMALL_BATCH_BYTES else self.big
 
     async def check(self, cp, authorization: str | None) -> str:
         """Raises the 401 (403) of a bearer token that is no machine token; returns its key in `known` (which
@@ -260,15 +264,13 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
         admission = request.app.state.log_admission = LogAdmission()
     cp = request.app.state.cp
     key = await admission.check(cp, authorization)  # before it counts: 401 for a token that is no credential
-    length = request.headers.get("content-length", "")
-    small = length.isdigit() and int(length) <= SMALL_BATCH_BYTES
-    if admission.full(small):
-        held = admission.small_held if small else admission.held
-        busy = errors.error_json(429, "BUSY", f"{held} log batches are being stored or wait: send this "
+    lane = admission.lane(request)
+    if lane.full():
+        busy = errors.error_json(429, "BUSY", f"{lane.held} log batches are being stored or wait: send this "
                                               f"one again in {LOG_RETRY_AFTER} s")
         busy.headers["Retry-After"] = str(LOG_RETRY_AFTER)
         return busy  # type: ignore[return-value]  # a Response goes out as it is
-    admission.hold(small, 1)
+    lane.held += 1
     try:
         raw = await request.body()
 
@@ -287,13 +289,13 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
                     return agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines)
 
         try:
-            n = await anyio.to_thread.run_sync(store, limiter=admission.small_limiter if small else admission.limiter)
+            n = await anyio.to_thread.run_sync(store, limiter=lane.limiter)
         except ApiError as e:
             if e.status == 401:  # revoked or expired since it was known: checked again at its next batch
                 admission.known.pop(key, None)
             raise
     finally:
-        admission.hold(small, -1)
+        lane.held -= 1
     if n:
         cp.notifier.bump_logs()
     return P.LogsStored(stored=n)

@@ -263,3 +263,48 @@ def test_an_old_cluster_wide_machine_token_is_a_join_token(old_database):
     assert client.get("/api/v1/agent/assignments?machine=gpu-02", headers=_h(cred)).status_code == 403
     # gpu-01 now has a live credential: the old token cannot take its name again
     assert client.post("/api/v1/agent/register", headers=old, json={"name": "gpu-01"}).status_code == 409
+
+
+def test_a_state_change_goes_between_the_chunks_of_a_big_batch_of_lines(app):
+    """A submit, a report or the scheduling loop's apply that waits for the state lock while a batch of log lines is
+    being stored does not wait for the whole batch: on SQLite (one writer: the store holds the state lock) it goes
+    between the batch's chunks of agents.LOG_CHUNK lines; on PostgreSQL the store holds no state lock at all. The
+    whole batch is stored all the same, in order."""
+    import threading
+
+    from sqlalchemy import event, func, select
+
+    from astraeus.server.agents import LOG_CHUNK
+    from astraeus.server.core import STATE_LOCK
+    from astraeus.server.db import LogLine
+
+    cred = _register(app, "gpu-01")["credential"]
+    w = _placed(app, "chatty")
+    ident = f"{app.boot['ns']}.chatty-0"
+    n = 4 * LOG_CHUNK
+    seen: list[int] = []  # the lines stored when the state change got the lock
+
+    def state_change():
+        with STATE_LOCK, app.cp.sessions() as s:
+            seen.append(s.scalar(select(func.count()).select_from(LogLine)))
+
+    started: list[threading.Thread] = []
+
+    def on_insert(conn, cursor, statement, *args):
+        if "INSERT INTO log_lines" in statement and not started:
+            t = threading.Thread(target=state_change)
+            started.append(t)
+            t.start()  # it waits for the state lock (SQLite) or gets it at once (PostgreSQL)
+            wait_for(lambda: STATE_LOCK.waiting or seen, timeout=10, what="the state change to wait or run")
+
+    event.listen(app.cp.engine, "before_cursor_execute", on_insert)
+    try:
+        lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
+        r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
+    finally:
+        event.remove(app.cp.engine, "before_cursor_execute", on_insert)
+    assert r.status_code == 200 and r.json()["stored"] == n, r.text
+    started[0].join(timeout=10)
+    assert seen and seen[0] < n, f"the state change waited for the whole batch: it saw {seen} of {n} lines"
+    shown = app.client.get(f"{app.api}/workers/chatty-0/logs", headers=app.h()).text.splitlines()
+    assert shown == [f"line {i:05d}" for i in range(n)]

@@ -9,6 +9,7 @@ its own machine only. Workers are named by their identity (`astraeus.protocol.wo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session, joinedload
@@ -354,28 +355,24 @@ _PG_STORE_LINES = (
     "bytes = log_usage.bytes + excluded.bytes RETURNING worker_id, lines, bytes")
 
 
+# Lines a store writes between two steps aside (store_logs' `pause`): a few milliseconds of SQLite's insert.
+LOG_CHUNK = 500
+
+
 def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine], max_bytes: int = 8 << 20,
-               max_lines: int = 100_000) -> int:
+               max_lines: int = 100_000, pause: Callable[[], None] | None = None) -> int:
     """Store the lines of workers placed on machine `m` (by identity); lines naming any other worker, or a
     deleted run's, are dropped, as are lines past services.LOG_LINES_PER_REQUEST; a worker whose running count
     (services.add_log_usage) is then past its log limits is trimmed (services.trim_logs). The agent ships an
-    ended attempt's lines before it reports the end (which may release the worker from the machine)."""
+    ended attempt's lines before it reports the end (which may release the worker from the machine). On SQLite,
+    `pause` (services.let_state_changes_in) is called between chunks of LOG_CHUNK lines, and each chunk finds its
+    workers again (a run deleted meanwhile gets none of the rest)."""
     if not lines:
         return 0
-    names = {ln.worker.partition(".")[2] for ln in lines}
-    # PostgreSQL stores lines without the state lock: FOR SHARE of the runs, so that deleting one
-    # (services.delete_run) waits for this store, or this store sees it deleted (SQLite: under the state lock)
-    ids = {P.worker_identity(ns, n): i for ns, n, i in session.execute(
-        select(Workspace.ns, Worker.name, Worker.id).join(Run, Worker.run_id == Run.id)
-        .join(Workspace, Run.workspace_id == Workspace.id)
-        .where(Worker.machine_id == m.id, Run.live_key == "", Run.deleting.is_(False), Worker.name.in_(names))
-        .with_for_update(read=True, of=Run))}
-    rows = [{"worker_id": ids[ln.worker], "attempt": ln.attempt, "seq": ln.seq, "time": ln.time,
-             "stream": ln.stream, "text": ln.text.replace("\x00", "\ufffd")}  # PostgreSQL text holds no NUL
-            for ln in lines if ln.worker in ids][:services.LOG_LINES_PER_REQUEST]
-    if not rows:
-        return 0
     if session.get_bind().dialect.name == "postgresql":
+        rows = _log_rows(session, m, lines)[:services.LOG_LINES_PER_REQUEST]
+        if not rows:
+            return 0
         # the batch as one JSON parameter that PostgreSQL takes apart, the lines and the running counts in one
         # statement: the driver's executemany adapted every row's parameters in Python (two thirds of the server's
         # time for a flood of lines, holding the interpreter's lock that the scheduling loop and the API wait for)
@@ -384,16 +381,41 @@ def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine], max_b
         for wid in services.over_log_limits(usage, max_bytes, max_lines):
             services.trim_logs(session, wid, max_bytes, max_lines)
         return len(rows)
-    t = LogLine.__table__
-    ins = services.dialect_insert(session, t)
-    # one statement run for many rows (the driver's executemany): compiling a VALUES list of 10,000 rows cost
-    # more than storing them
-    session.execute(ins.on_conflict_do_nothing(index_elements=["worker_id", "attempt", "seq"]), rows)
-    added: dict[int, tuple[int, int]] = {}
-    for r in rows:  # a line sent again (a retry) counts again here: the count only ever runs ahead of the rows
-        n, b = added.get(r["worker_id"], (0, 0))
-        added[r["worker_id"]] = (n + 1, b + services.line_bytes(r["text"]))
-    usage = services.add_log_usage(session, added)
-    for wid in services.over_log_limits(usage, max_bytes, max_lines):
-        services.trim_logs(session, wid, max_bytes, max_lines)
-    return len(rows)
+    ins = services.dialect_insert(session, LogLine.__table__) \
+        .on_conflict_do_nothing(index_elements=["worker_id", "attempt", "seq"])
+    stored, step = 0, LOG_CHUNK if pause else len(lines)
+    for i in range(0, len(lines), step):
+        if stored >= services.LOG_LINES_PER_REQUEST:
+            break
+        if i and pause:
+            pause()
+        rows = _log_rows(session, m, lines[i:i + step])[:services.LOG_LINES_PER_REQUEST - stored]
+        if not rows:
+            continue
+        # one statement run for many rows (the driver's executemany): compiling a VALUES list of 10,000 rows cost
+        # more than storing them
+        session.execute(ins, rows)
+        added: dict[int, tuple[int, int]] = {}
+        for r in rows:  # a line sent again (a retry) counts again here: the count only ever runs ahead of the rows
+            n, b = added.get(r["worker_id"], (0, 0))
+            added[r["worker_id"]] = (n + 1, b + services.line_bytes(r["text"]))
+        usage = services.add_log_usage(session, added)
+        for wid in services.over_log_limits(usage, max_bytes, max_lines):
+            services.trim_logs(session, wid, max_bytes, max_lines)
+        stored += len(rows)
+    return stored
+
+
+def _log_rows(session: Session, m: Machine, lines: list[P.WorkerLogLine]) -> list[dict]:
+    """The rows of the lines whose workers are placed on machine `m` and whose runs are not being deleted."""
+    names = {ln.worker.partition(".")[2] for ln in lines}
+    # PostgreSQL stores lines without the state lock: FOR SHARE of the runs, so that deleting one
+    # (services.delete_run) waits for this store, or this store sees it deleted (SQLite: under the state lock)
+    ids = {P.worker_identity(ns, n): i for ns, n, i in session.execute(
+        select(Workspace.ns, Worker.name, Worker.id).join(Run, Worker.run_id == Run.id)
+        .join(Workspace, Run.workspace_id == Workspace.id)
+        .where(Worker.machine_id == m.id, Run.live_key == "", Run.deleting.is_(False), Worker.name.in_(names))
+        .with_for_update(read=True, of=Run))}
+    return [{"worker_id": ids[ln.worker], "attempt": ln.attempt, "seq": ln.seq, "time": ln.time,
+             "stream": ln.stream, "text": ln.text.replace("\x00", "\ufffd")}  # PostgreSQL text holds no NUL
+            for ln in lines if ln.worker in ids]

@@ -79,7 +79,52 @@ class Settings:
 # apply. One control-plane process then never applies a decision made on state that another write has since
 # changed (a delete racing a scheduling cycle, say). Reads never take it. Across replicas on PostgreSQL the same
 # transactions also take the advisory lock below (lock_state; why one lock: astraeus.server.leader).
-STATE_LOCK = threading.RLock()
+class StateLock:
+    """The state lock: reentrant, and it counts the threads waiting for it, so that a long write that changes no
+    state (a flood's log lines on SQLite, whose one writer the state changes also need) can step aside for them
+    between its chunks (services.let_state_changes_in)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._count = threading.Condition(threading.Lock())  # notified when no thread waits any more
+        self.waiting = 0  # threads blocked in acquire
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(blocking=False):
+            return True
+        if not blocking:
+            return False
+        with self._count:
+            self.waiting += 1
+        try:
+            return self._lock.acquire(True, timeout)
+        finally:
+            with self._count:
+                self.waiting -= 1
+                if not self.waiting:
+                    self._count.notify_all()
+
+    def step_aside(self, at_most: float) -> None:
+        """Release the lock (held once by this thread), wait until no thread waits for it (at most `at_most`
+        seconds: more may keep coming), and take it again."""
+        self.release()
+        try:
+            with self._count:
+                self._count.wait_for(lambda: not self.waiting, at_most)
+        finally:
+            self.acquire()
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+STATE_LOCK = StateLock()
 
 # pg_advisory_xact_lock's key for state changes (any bigint; "astraSTA").
 STATE_LOCK_KEY = 0x6173747261535441

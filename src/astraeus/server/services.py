@@ -86,6 +86,22 @@ def side_tx(s: Session):
             STATE_LOCK.release()
 
 
+# How long a side write steps aside at most (let_state_changes_in) while state changes keep queueing for the lock.
+STEP_ASIDE_MAX = 0.2
+
+
+def let_state_changes_in(s: Session) -> None:
+    """Within side_tx on SQLite, between the chunks of a long write: commit what is written so far and, when state
+    changes (a submit, a report, the scheduling loop's apply) wait for the state lock, let them go first, then take
+    the lock again (for at most STEP_ASIDE_MAX while more keep coming). A submit then waits for one chunk of a
+    flood's log lines, not for the whole batch (and a chunk that no one waits for is not committed on its own).
+    PostgreSQL: nothing to do (side_tx holds no lock there)."""
+    if s.get_bind().dialect.name != "sqlite" or not STATE_LOCK.waiting:
+        return
+    s.commit()
+    STATE_LOCK.step_aside(STEP_ASIDE_MAX)
+
+
 @event.listens_for(Session, "after_flush")
 def _wrote(session: Session, _context) -> None:
     session.info["wrote"] = True

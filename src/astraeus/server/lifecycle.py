@@ -323,6 +323,9 @@ def set_why_not(worker: Worker, lines: list) -> None:
         worker.why_not = lines
 
 
+REASON_IDS = 500  # runs named in one UPDATE of a reason many share (set_queue_reasons)
+
+
 def set_queue_reasons(session: Session, reasons: dict[int, str], why_not: dict[int, list], at: float) -> None:
     """The queue's word on waiting runs that the plan does not otherwise act on, written without reading them: one
     UPDATE by primary key per table, sent as one batch (executemany). `reasons`: run id -> "Queued behind …";
@@ -337,10 +340,25 @@ def set_queue_reasons(session: Session, reasons: dict[int, str], why_not: dict[i
             workers.c.restart_at > bindparam("at")).exists()
         plainly_waiting = and_(runs.c.state == R.PENDING.value, runs.c.preempted_by.is_(None),
                                ~backing_off)
-        session.execute(
-            update(runs).where(runs.c.id == bindparam("rid"), runs.c.deleting.is_(False))
-            .values(queue_reason=bindparam("q"), reason=case((plainly_waiting, bindparam("q")), else_=runs.c.reason)),
-            [{"rid": rid, "q": q, "at": at} for rid, q in sorted(reasons.items())])
+        set_reason = dict(queue_reason=bindparam("q"), reason=case((plainly_waiting, bindparam("q")),
+                                                                  else_=runs.c.reason))
+        # most waiting runs share their reason ("Queued behind <the head>, which …", changed for all of them when
+        # the head does): one UPDATE for each reason that many share (by id, REASON_IDS at a time), the others
+        # one batch by primary key
+        by_reason: dict[str, list[int]] = {}
+        for rid, q in sorted(reasons.items()):
+            by_reason.setdefault(q, []).append(rid)
+        alone = []
+        for q, rids in by_reason.items():
+            if len(rids) < 4:
+                alone.extend({"rid": rid, "q": q, "at": at} for rid in rids)
+                continue
+            for i in range(0, len(rids), REASON_IDS):
+                session.execute(update(runs).where(runs.c.id.in_(rids[i:i + REASON_IDS]), runs.c.deleting.is_(False))
+                                .values(**set_reason), {"q": q, "at": at})
+        if alone:
+            session.execute(update(runs).where(runs.c.id == bindparam("rid"), runs.c.deleting.is_(False))
+                            .values(**set_reason), alone)
     if why_not:
         workers = Worker.__table__
         session.execute(

@@ -303,6 +303,20 @@ class Bench:
         t = psutil.Process(self.server.proc.pid).cpu_times()
         return t.user + t.system
 
+    @staticmethod
+    def others_cpu() -> dict[str, float]:
+        """CPU seconds used so far by the whole machine (busy, all cores), by this benchmark's own process (its played
+        agents and clients, and its waited-for children: the `logs -f` followers) and by PostgreSQL's processes
+        (those alive now: a backend that ended meanwhile is missed): who else had the machine's cores."""
+        t = psutil.cpu_times()
+        me = psutil.Process().cpu_times()
+        pg = 0.0
+        for p in psutil.process_iter(["name", "cpu_times"]):
+            if (p.info["name"] or "").startswith("postgres") and p.info["cpu_times"]:
+                pg += p.info["cpu_times"].user + p.info["cpu_times"].system
+        return {"machine": sum(t) - t.idle - getattr(t, "iowait", 0.0),
+                "bench": me.user + me.system + me.children_user + me.children_system, "pg": pg}
+
     def rss(self) -> int:
         p = psutil.Process(self.server.proc.pid)
         return p.memory_info().rss
@@ -336,6 +350,7 @@ class Bench:
         end = time.time() + seconds
         stored0, posts0, deferred0 = self.stored, len(self.log_posts), self.deferred
         cpu0 = self.cpu()
+        others0, t_cpu0 = self.others_cpu(), time.time()
         now = time.time()
         for w in flood:
             w.since = now if label == "flood" else None
@@ -450,6 +465,7 @@ class Bench:
         now = time.time()
         printed = sum(w.printed(now) for w in flood) - printed0
         cpu = self.cpu() - cpu0
+        others = {k: v - others0[k] for k, v in self.others_cpu().items()}
         shipped = self.stored - stored0
         res = {"submit_p50_ms": pct(sub_lat, 50) * 1e3, "submit_p99_ms": pct(sub_lat, 99) * 1e3, "submits": len(sub_lat),
                "submit_timeouts": len(timeouts),
@@ -459,6 +475,8 @@ class Bench:
                "follow_srv_p99_ms": pct(mark_srv, 99) * 1e3, "rss_start_mib": rss[0] / 2**20, "rss_peak_mib": max(rss) / 2**20,
                "rss_end_mib": rss[-1] / 2**20, "printed": printed, "stored": shipped,
                "stored_per_s": shipped / seconds, "server_cpu_s": cpu,
+               "machine_busy": others["machine"] / ((time.time() - t_cpu0) * (os.cpu_count() or 1)), "bench_cpu_s": others["bench"],
+               "pg_cpu_s": others["pg"] if self.db else float("nan"),
                "cpu_us_per_line": cpu / shipped * 1e6 if shipped > 100 else float("nan"), "log_post_p99_ms": pct(self.log_posts[posts0:], 99) * 1e3,
                "deferred": self.deferred - deferred0}
         for w in flood:
@@ -543,7 +561,9 @@ class Bench:
               f"{r['rss_start_mib']:.0f} -> peak {r['rss_peak_mib']:.0f} -> {r['rss_end_mib']:.0f} MiB; lines "
               f"printed {r['printed']:,}, stored {r['stored']:,} ({r['stored_per_s']:,.0f}/s), server CPU "
               f"{r['server_cpu_s']:.1f} s ({r['cpu_us_per_line']:.0f} µs per line stored), log POST p99 "
-              f"{r['log_post_p99_ms']:.0f} ms, {r['deferred']} log posts answered 429")
+              f"{r['log_post_p99_ms']:.0f} ms, {r['deferred']} log posts answered 429; the machine's "
+              f"{os.cpu_count()} cores {r['machine_busy']:.0%} busy (this benchmark's played agents and clients "
+              f"{r['bench_cpu_s']:.1f} s" + (f", PostgreSQL {r['pg_cpu_s']:.1f} s" if r['pg_cpu_s'] == r['pg_cpu_s'] else "") + ")")
 
     def close(self) -> None:
         self.server.stop()

@@ -167,11 +167,15 @@ class Machine:
     async def ship(self) -> None:
         """As Agent.log_loop/_ship_logs: a round of at most LOG_BATCH lines, every 0.5 s or at once if behind; the
         quiet workers' lines (all that was new fitted their share) posted first, on their own; after a 429, only
-        the quiet workers' lines every 0.5 s until its Retry-After, then the refused lines again."""
+        the quiet workers' lines every 0.5 s until its Retry-After, then the refused lines again (a refused post's quiet
+        lines go again with the quiet ones, as the agent reads them again from those attempts' offsets)."""
         b = self.bench
         quiet: set[str] = set()  # identities quiet in the last full round
         deferred_until = 0.0
         refused: list[dict] = []  # the lines of a refused post (the agent's offsets did not move: read again)
+        # a refused post's quiet lines: read again with the quiet ones (the agent's offsets of those attempts did not
+        # move), never sent again behind the flood's refused lines in a big post
+        quiet_refused: list[dict] = []
         async with b.client() as client:
             while not b.stopping:
                 ws = list(self.workers.values())
@@ -179,10 +183,10 @@ class Machine:
                 if time.monotonic() < deferred_until:  # as Agent._ship_logs while deferred: the quiet ones alone
                     q = [w for w in ws if w.identity in quiet]
                     share = max(1, LOG_BATCH // max(1, len(q)))
-                    lines = [ln for w in q for ln in w.lines(now, share)]
+                    lines, quiet_refused = quiet_refused + [ln for w in q for ln in w.lines(now, share)], []
                     wait = await self._post_parts(client, lines)
                     if wait is not None:
-                        refused += wait[1]
+                        quiet_refused = wait[1]
                         deferred_until = time.monotonic() + wait[0]
                     await asyncio.sleep(0.5)
                     continue
@@ -208,15 +212,15 @@ class Machine:
                     if w.identity in behind:
                         lines += w.lines(now, LOG_BATCH - len(lines))
                 quiet = {w.identity for w in ws} - behind
-                first = [ln for ln in lines if ln["worker"] in quiet]
+                first, quiet_refused = quiet_refused + [ln for ln in lines if ln["worker"] in quiet], []
                 rest = [ln for ln in lines if ln["worker"] not in quiet]
                 wait = None
                 if first and rest:
                     wait = await self._post_parts(client, first)
                     if wait is not None:
-                        wait = (wait[0], wait[1] + rest)
+                        quiet_refused, wait = wait[1], (wait[0], rest)
                 if wait is None:
-                    wait = await self._post_parts(client, rest if first and rest else lines)
+                    wait = await self._post_parts(client, rest if first and rest else first + rest)
                 if wait is not None:
                     refused = wait[1]
                     deferred_until = time.monotonic() + wait[0]

@@ -23,7 +23,7 @@ from astraeus.main import bootstrap
 from astraeus.server import leader as L
 from astraeus.server import loop as sched_loop
 from astraeus.server.app import create_app
-from astraeus.server.core import ControlPlane, Settings
+from astraeus.server.core import STATE_IDLE_TIMEOUT_MS, ControlPlane, Settings
 from tests.conftest import VENV_BIN, drop_postgres, free_port, postgres_url, read_env, wait_for
 
 
@@ -413,8 +413,12 @@ def test_a_leader_paused_past_its_lease_applies_nothing_and_rejoins_as_a_followe
         new = next(r for r in (r2, r3) if r.health().get("role") == "leader")
         epoch = new.health()["epoch"]
         assert epoch > before["epoch"]
-        for i in range(6):  # more than fits: the new leader places what fits
-            assert httpx.post(new.url + api + "/runs", headers=user, json=_run(f"b{i}", 2)).status_code == 201
+        # more than fits: the new leader places what fits. A submit may wait for the paused leader's state lock
+        # (stopped in the middle of an apply) until PostgreSQL ends its idle transaction: STATE_IDLE_TIMEOUT_MS,
+        # longer than httpx's default 5 s (a ReadTimeout here under a full suite's load)
+        for i in range(6):
+            assert httpx.post(new.url + api + "/runs", headers=user, json=_run(f"b{i}", 2),
+                              timeout=STATE_IDLE_TIMEOUT_MS / 1000 + 20).status_code == 201
         time.sleep(max(0.0, 2 * lease - (time.monotonic() - t0)))
         os.killpg(r1.proc.pid, signal.SIGCONT)
         # (under load a renewal the new leader missed may have raised the epoch again: never lowered it)

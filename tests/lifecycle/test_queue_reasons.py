@@ -60,8 +60,9 @@ def test_a_waiting_run_shows_the_queue_reason_and_its_lines(world):
 
 
 def test_runs_that_share_a_reason_end_as_each_written_alone(world):
-    """A reason many waiting runs share is written for them in one UPDATE (by id): each run ends as the per-run
-    write leaves it, whatever it went through since the snapshot (every case at once, one reason)."""
+    """A reason many waiting runs share, and why-not lines many waiting workers share, are written for them in one
+    UPDATE (by id): each run ends as the per-run write leaves it, whatever it went through since the snapshot (every
+    case at once, one reason, one set of lines: only a worker still waiting gets them)."""
     at = T0 + 5
     expected = {}
     for case, steps in sorted(CASES.items()):
@@ -71,8 +72,10 @@ def test_runs_that_share_a_reason_end_as_each_written_alone(world):
         expected[case] = shown(world, one)
     bulk = {case: prepared(world, steps, f"bulk-{case}") for case, steps in sorted(CASES.items())}
     assert len(bulk) >= 4  # the shared reason's own UPDATE, not the per-row batch
-    L.set_queue_reasons(world.s, {r.id: REASON for r in bulk.values()}, {}, at)
+    L.set_queue_reasons(world.s, {r.id: REASON for r in bulk.values()}, {r.workers[0].id: LINES for r in bulk.values()},
+                        at)
     for case, run in bulk.items():
         got = shown(world, run)
         assert got[:3] == expected[case][:3], case
+        assert got[3] == (LINES if run.workers[0].state == "Pending" else expected[case][3]), case
         assert [h[1] for h in got[4]] == [h[1] for h in expected[case][4]], case

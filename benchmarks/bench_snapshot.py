@@ -4,6 +4,7 @@ is not only new submits: an exit, a report, a delete, the schedule interval).
 
     .venv/bin/python benchmarks/bench_snapshot.py [--runs 10000] [--reads 7] [--databases sqlite,postgresql]
     .venv/bin/python benchmarks/bench_snapshot.py --against /tmp/was/src   # another checkout's loop, alternately
+    .venv/bin/python benchmarks/bench_snapshot.py --queue-reasons [--against /tmp/was/src]  # the apply's reasons
 
 The database: one organisation, workspace and cluster, one 8-GPU machine, N one-worker runs waiting (the spec a
 fine-tune would have: image, command, args, env, resources, a time limit), written once with Core INSERTs. Each
@@ -92,9 +93,36 @@ def measure(url: str, reads: int) -> dict:
     return {"first_ms": times[0], "p50_ms": statistics.median(times[1:]), "waiting": waiting}
 
 
-def run_in(src: Path, url: str, reads: int) -> dict:
+def measure_reasons(url: str, writes: int) -> dict:
+    """In this process: the apply's write of the queue's word on every waiting run when the head changes (a new
+    "Queued behind …" for each run, new why-not lines for each worker: lifecycle.set_queue_reasons, committed),
+    `writes` + 1 times; wall ms (on PostgreSQL most of it is the server's), the first and the p50 of the rest."""
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from astraeus.server import lifecycle
+    from astraeus.server.db import Worker
+
+    engine = create_engine(url)
+    times = []
+    with Session(engine) as s:
+        pairs = list(s.execute(select(Worker.run_id, Worker.id)))
+        s.rollback()
+        for k in range(writes + 1):
+            t = time.perf_counter()
+            lifecycle.set_queue_reasons(
+                s, {rid: f"Queued behind r{k}, which waits for running work to end" for rid, _ in pairs},
+                {wid: [["gpu-01", f"{k % 8} GPUs free, needs 8"]] for _, wid in pairs}, 2e9)
+            s.commit()
+            times.append((time.perf_counter() - t) * 1e3)
+    engine.dispose()
+    return {"first_ms": times[0], "p50_ms": statistics.median(times[1:]), "waiting": len(pairs)}
+
+
+def run_in(src: Path, url: str, reads: int, reasons: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(src))
-    out = subprocess.run([sys.executable, __file__, "--measure-here", url, "--reads", str(reads)], env=env,
+    out = subprocess.run([sys.executable, __file__, "--measure-here", url, "--reads", str(reads)]
+                         + (["--queue-reasons"] if reasons else []), env=env,
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -105,19 +133,23 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=7, help="timed reads after the first")
     ap.add_argument("--databases", default="sqlite,postgresql")
     ap.add_argument("--against", metavar="SRC", help="another checkout's src/ folder, measured alternately (twice)")
+    ap.add_argument("--queue-reasons", action="store_true",
+                    help="time the apply's write of a new head's reasons and why-not lines to every waiting run "
+                         "(lifecycle.set_queue_reasons, wall ms), --reads times, instead of the read")
     ap.add_argument("--measure-here", metavar="URL", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.runs < 1 or a.reads < 1:
         ap.error("--runs and --reads: give numbers >= 1")
     if a.measure_here:
-        print(json.dumps(measure(a.measure_here, a.reads)))
+        print(json.dumps(measure_reasons(a.measure_here, a.reads) if a.queue_reasons else measure(a.measure_here, a.reads)))
         return
     here = HERE.parent / "src"
     trees = [(here, "this checkout")]
     if a.against:
         trees = [(Path(a.against).resolve(), "against"), (here, "this checkout")] * 2
-    print(f"build_snapshot of {a.runs:,} waiting runs, CPU per read (first, then p50 of {a.reads}); load "
-          f"{os.getloadavg()[0]:.1f}")
+    what = ("a new head's reasons and why-not lines written to every waiting run, wall ms per write"
+            if a.queue_reasons else "build_snapshot of the waiting runs, CPU per read")
+    print(f"{a.runs:,} waiting runs: {what} (first, then p50 of {a.reads}); load {os.getloadavg()[0]:.1f}")
     for db in a.databases.split(","):
         tmp = tempfile.mkdtemp(prefix="bench-snapshot-")
         if db == "sqlite":
@@ -134,7 +166,13 @@ def main() -> None:
         try:
             fill(url, a.runs)
             for src, label in trees:
-                r = run_in(src, url, a.reads)
+                if a.queue_reasons and db == "postgresql":  # each turn on a vacuumed table: the last one's dead rows
+                    import psycopg  # (every write leaves 20,000) would slow whichever turn comes later
+
+                    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as c:
+                        c.execute("VACUUM ANALYZE runs")
+                        c.execute("VACUUM ANALYZE workers")
+                r = run_in(src, url, a.reads, a.queue_reasons)
                 print(f"  {db:<10} {label:<14} first {r['first_ms']:7.0f} ms   p50 {r['p50_ms']:7.0f} ms   "
                       f"({r['waiting']:,} waiting)", flush=True)
         finally:

@@ -327,13 +327,14 @@ def set_why_not(worker: Worker, lines: list) -> None:
 SHARED_IDS = 500  # rows named in one UPDATE of a value many share (set_queue_reasons)
 
 
-def _write_shared(session: Session, stmt, key: str, values: dict[int, object], params: dict) -> None:
-    """Run `stmt` (an UPDATE whose WHERE names its rows by bindparam("ids"), expanding, and sets bindparam(key))
-    once per value that four rows or more share, SHARED_IDS rows at a time; the other rows as one batch of `single`
-    (executemany by primary key, bindparam("row_id")). Waiting runs share their queue reason ("Queued behind <the head>,
-    which …", changed for all of them when the head does) and workers of one shape their why-not lines (10,000 of
-    each: 180-410 -> 110-305 ms on SQLite, 1.0-1.2 -> 0.8-1.4 s on PostgreSQL, where each row's new version is the
-    cost, benchmarks/README.md)."""
+def _write_shared(session: Session, stmt: dict, key: str, values: dict[int, object], params: dict) -> None:
+    """Write `values` (row id -> value) with the two UPDATEs of `stmt`, both setting bindparam(key): "shared", whose
+    rows are named by an expanding bindparam("ids"), once for each value that four rows or more share (SHARED_IDS rows
+    at a time); "single", by primary key (bindparam("row_id")), for the other rows in one batch (executemany).
+    Waiting runs share their queue reason ("Queued behind <the head>, which …", changed for all of them when the
+    head does) and workers of one shape their why-not lines (10,000 of each: 480-520 -> 270-310 ms on SQLite;
+    1.1-1.6 -> 1.1-1.3 s on PostgreSQL, where each row's new version is the cost: `bench_snapshot.py
+    --queue-reasons`)."""
     by_value: dict[str, tuple[object, list[int]]] = {}
     for rid, v in sorted(values.items()):
         by_value.setdefault(json.dumps(v, sort_keys=True), (v, []))[1].append(rid)

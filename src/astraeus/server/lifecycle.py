@@ -327,10 +327,10 @@ def set_why_not(worker: Worker, lines: list) -> None:
 SHARED_IDS = 500  # rows named in one UPDATE of a value many share (set_queue_reasons)
 
 
-def _write_shared(session: Session, stmt: dict, key: str, values: dict[int, object], params: dict) -> None:
-    """Write `values` (row id -> value) with the two UPDATEs of `stmt`, both setting bindparam(key): "shared", whose
-    rows are named by an expanding bindparam("ids"), once for each value that four rows or more share (SHARED_IDS rows
-    at a time); "single", by primary key (bindparam("row_id")), for the other rows in one batch (executemany).
+def _write_shared(session: Session, update_rows, id_col, key: str, values: dict[int, object], **params) -> None:
+    """Write `values` (row id -> value) with `update_rows` (an UPDATE setting bindparam(key), its WHERE still to
+    add): with `id_col` IN the rows, once for each value that four rows or more share (SHARED_IDS rows at a time);
+    by primary key, the other rows in one batch (executemany).
     Waiting runs share their queue reason ("Queued behind <the head>, which …", changed for all of them when the
     head does) and workers of one shape their why-not lines (10,000 of each: 480-520 -> 270-310 ms on SQLite;
     1.1-1.6 -> 1.1-1.3 s on PostgreSQL, where each row's new version is the cost: `bench_snapshot.py
@@ -344,9 +344,10 @@ def _write_shared(session: Session, stmt: dict, key: str, values: dict[int, obje
             alone.extend({"row_id": rid, key: v, **params} for rid in rids)
             continue
         for i in range(0, len(rids), SHARED_IDS):
-            session.execute(stmt["shared"], {"ids": rids[i:i + SHARED_IDS], key: v, **params})
+            session.execute(update_rows.where(id_col.in_(bindparam("ids", expanding=True))),
+                            {"ids": rids[i:i + SHARED_IDS], key: v, **params})
     if alone:
-        session.execute(stmt["single"], alone)
+        session.execute(update_rows.where(id_col == bindparam("row_id")), alone)
 
 
 def set_queue_reasons(session: Session, reasons: dict[int, str], why_not: dict[int, list], at: float) -> None:
@@ -364,19 +365,13 @@ def set_queue_reasons(session: Session, reasons: dict[int, str], why_not: dict[i
             workers.c.restart_at > bindparam("at")).exists()
         plainly_waiting = and_(runs.c.state == R.PENDING.value, runs.c.preempted_by.is_(None),
                                ~backing_off)
-        set_reason = update(runs).values(queue_reason=bindparam("q"),
-                                         reason=case((plainly_waiting, bindparam("q")), else_=runs.c.reason))
-        _write_shared(session, {
-            "shared": set_reason.where(runs.c.id.in_(bindparam("ids", expanding=True)), runs.c.deleting.is_(False)),
-            "single": set_reason.where(runs.c.id == bindparam("row_id"), runs.c.deleting.is_(False))},
-            "q", reasons, {"at": at})
+        _write_shared(session, update(runs).where(runs.c.deleting.is_(False)).values(
+            queue_reason=bindparam("q"), reason=case((plainly_waiting, bindparam("q")), else_=runs.c.reason)),
+            runs.c.id, "q", reasons, at=at)
     if why_not:
-        set_lines = update(workers).values(why_not=bindparam("lines", type_=workers.c.why_not.type))
-        _write_shared(session, {
-            "shared": set_lines.where(workers.c.id.in_(bindparam("ids", expanding=True)),
-                                      workers.c.state == W.PENDING.value),
-            "single": set_lines.where(workers.c.id == bindparam("row_id"), workers.c.state == W.PENDING.value)},
-            "lines", why_not, {})
+        _write_shared(session, update(workers).where(workers.c.state == W.PENDING.value)
+                      .values(why_not=bindparam("lines", type_=workers.c.why_not.type)),
+                      workers.c.id, "lines", why_not)
 
 
 def note_quota(session: Session, run: Run, message: str, at: float) -> None:

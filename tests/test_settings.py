@@ -31,6 +31,8 @@ def _clean_env(tmp_path, **extra) -> dict:
     (["server"], "ASTRAEUS_DATABASE_URL", "db.example.com",
      "astraeus server: ASTRAEUS_DATABASE_URL: must be a database URL such as "
      'postgresql+psycopg://user@host:5432/astraeus or sqlite:///path, got "db.example.com"'),
+    (["server"], "ASTRAEUS_LOG_STORES_AT_ONCE", "0",
+     'astraeus server: ASTRAEUS_LOG_STORES_AT_ONCE: must be a whole number from 1 to 64, got "0"'),
     (["up"], "ASTRAEUS_IMAGE_MAP", "[1]",
      'astraeus up: ASTRAEUS_IMAGE_MAP: must be a JSON object {"image glob": "environment dir"} or the path of a '
      'file holding one, got "[1]"'),

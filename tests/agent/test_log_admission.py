@@ -10,12 +10,12 @@ import time
 from contextlib import contextmanager
 
 import httpx
+import pytest
 
 from astraeus.agent.agent import Agent
 from astraeus.server.core import STATE_LOCK
 from astraeus.server.routers.agent import (
     LOG_RETRY_AFTER,
-    LOG_STORES_AT_ONCE,
     LOG_STORES_WAITING,
     SMALL_BATCH_BYTES,
     SMALL_STORES_AT_ONCE,
@@ -38,6 +38,11 @@ FLOOD = ("import itertools, time\n"  # about 6,000 lines a second: more than its
          "    print(f'flood {i:07d}', flush=True)\n"
          "    if i % 300 == 0:\n"
          "        time.sleep(0.05)\n")
+
+
+def at_once(server) -> int:
+    """How many batches the server stores at once (ASTRAEUS_LOG_STORES_AT_ONCE)."""
+    return server["cp"].settings.log_stores_at_once
 
 
 def big_batch(machine: str = "gpu-01") -> dict:
@@ -104,7 +109,7 @@ def test_a_refused_batch_of_lines_is_shipped_after_retry_after(server, tmp_path,
                                 headers={"Authorization": f"Bearer {agent.credential}"})
                     if r.status_code == 429:
                         refused.append(r)
-            for _ in range(LOG_STORES_AT_ONCE + LOG_STORES_WAITING + 1):
+            for _ in range(at_once(server) + LOG_STORES_WAITING + 1):
                 t = threading.Thread(target=filler)
                 t.start()
                 held.append(t)
@@ -159,7 +164,7 @@ def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
 
     held: list[threading.Thread] = []
     with STATE_LOCK:  # the stores wait for it: the admitted batches stay counted meanwhile
-        for _ in range(LOG_STORES_AT_ONCE + LOG_STORES_WAITING - 1):
+        for _ in range(at_once(server) + LOG_STORES_WAITING - 1):
             t = threading.Thread(target=post_real)
             t.start()
             held.append(t)
@@ -181,7 +186,7 @@ def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
         assert 429 not in real, real
     for t in held:
         t.join(timeout=30)
-    assert real == [200] * (LOG_STORES_AT_ONCE + LOG_STORES_WAITING), real
+    assert real == [200] * (at_once(server) + LOG_STORES_WAITING), real
     # and each of the bad tokens is refused with its own status, also when the admission is empty
     with httpx.Client(timeout=30) as c:
         for h, status in bad:
@@ -189,10 +194,13 @@ def test_an_unauthenticated_flood_gets_401s_and_takes_no_admission_slot(server):
             assert r.status_code == status, (h, r.text)
 
 
-def test_a_small_batch_has_a_lane_of_its_own_while_the_flood_fills_admission(server):
+@pytest.mark.parametrize("server, stores_at_once", [({}, 1), ({"log_stores_at_once": 3}, 3)], indirect=["server"],
+                         ids=["default", "three-at-once"])
+def test_a_small_batch_has_a_lane_of_its_own_while_the_flood_fills_admission(server, stores_at_once):
     """While the big batches fill their admission (stores waiting on SQLite's state lock, held here), a small batch
     (at most SMALL_BATCH_BYTES) is still admitted, and stored once the stores go on; the small lane has its own
-    bound, past which a small batch gets the same 429."""
+    bound, past which a small batch gets the same 429. The big lane admits ASTRAEUS_LOG_STORES_AT_ONCE (1 unless
+    set) stores and LOG_STORES_WAITING more."""
     url = f"{server['url']}/api/v1/agent/logs"
     cred = registered(server)
     codes: dict[str, list[int]] = {"big": [], "small": []}
@@ -210,7 +218,7 @@ def test_a_small_batch_has_a_lane_of_its_own_while_the_flood_fills_admission(ser
 
     held: list[threading.Thread] = []
     with STATE_LOCK:
-        held += start("big", LOG_STORES_AT_ONCE + LOG_STORES_WAITING + 1)
+        held += start("big", stores_at_once + LOG_STORES_WAITING + 1)
         wait_for(lambda: codes["big"] == [429], timeout=20, what="a big batch refused: its admission full")
         held += start("small", SMALL_STORES_AT_ONCE + SMALL_STORES_WAITING)
         time.sleep(1.0)
@@ -219,7 +227,7 @@ def test_a_small_batch_has_a_lane_of_its_own_while_the_flood_fills_admission(ser
         wait_for(lambda: codes["small"] == [429], timeout=20, what="a small batch refused: its lane full")
     for t in held:
         t.join(timeout=60)
-    assert sorted(codes["big"]) == [200] * (LOG_STORES_AT_ONCE + LOG_STORES_WAITING) + [429]
+    assert sorted(codes["big"]) == [200] * (stores_at_once + LOG_STORES_WAITING) + [429]
     assert sorted(codes["small"]) == [200] * (SMALL_STORES_AT_ONCE + SMALL_STORES_WAITING) + [429]
 
 

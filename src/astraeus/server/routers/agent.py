@@ -164,9 +164,10 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
 
 
 # A batch of log lines (up to 1 MiB) is read and stored in a worker thread, never on the event loop (where FastAPI
-# would parse a declared body, holding up every long-poll and follower meanwhile), and at most LOG_STORES_AT_ONCE
-# at a time: under a flood the other batches wait without a thread, so the API's threads and the database stay
-# free for everything else. Admission: when LOG_STORES_WAITING more already wait, a batch is refused at once with
+# would parse a declared body, holding up every long-poll and follower meanwhile), and at most
+# ASTRAEUS_LOG_STORES_AT_ONCE (settings.log_stores_at_once, 1) at a time: under a flood the other batches wait
+# without a thread, so the API's threads and the database stay free for everything else (on PostgreSQL, two stores
+# at once took both of a 2-core machine's cores in a flood and tripled the API's p99: benchmarks/README.md). Admission: when LOG_STORES_WAITING more already wait, a batch is refused at once with
 # 429 and Retry-After (LOG_RETRY_AFTER seconds), before it is parsed: the agent keeps its lines and sends them again
 # then (agent.Agent.ship_logs), so a flood costs the server a refusal per batch, not a store, and the scheduling
 # loop keeps its share of the CPU (benchmarks/bench_logs.py). Only a machine token is admitted: a batch whose bearer
@@ -179,7 +180,6 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
 # agent posts on their own ahead of a flood's, agent.Agent._post_logs) has a lane of its own: one store at a time
 # and SMALL_STORES_WAITING more, so that it never waits behind, nor is refused because of, the flood's big batches
 # (`logs -f` of a quiet worker stays live on a machine whose neighbour floods); past that it gets the same 429.
-LOG_STORES_AT_ONCE = 2
 LOG_STORES_WAITING = 4
 LOG_RETRY_AFTER = 2
 SMALL_BATCH_BYTES = 64 << 10
@@ -205,8 +205,8 @@ class LogAdmission:
     """Counts the stores running or waiting for one app, and remembers the credentials that passed the check before
     admission; one per app, made in its event loop."""
 
-    def __init__(self) -> None:
-        self.big = Lane(LOG_STORES_AT_ONCE, LOG_STORES_WAITING)
+    def __init__(self, at_once: int) -> None:
+        self.big = Lane(at_once, LOG_STORES_WAITING)
         self.small = Lane(SMALL_STORES_AT_ONCE, SMALL_STORES_WAITING)
         self.known: dict[str, float] = {}  # a credential's digest -> when it passed (monotonic)
 
@@ -259,10 +259,10 @@ def _inline(schema: dict) -> dict:
     responses={429: {"description": "too many log batches being stored: send this one again after Retry-After "
                                     "seconds (the lines are not stored)"}})
 async def agent_logs(request: Request, authorization: Annotated[str | None, Header()] = None) -> P.LogsStored:
+    cp = request.app.state.cp
     admission = getattr(request.app.state, "log_admission", None)
     if admission is None:
-        admission = request.app.state.log_admission = LogAdmission()
-    cp = request.app.state.cp
+        admission = request.app.state.log_admission = LogAdmission(cp.settings.log_stores_at_once)
     key = await admission.check(cp, authorization)  # before it counts: 401 for a token that is no credential
     lane = admission.lane(request)
     if lane.full():

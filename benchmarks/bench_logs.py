@@ -69,22 +69,61 @@ class Worker:
     def __init__(self, identity: str, name: str, rate: float, line_bytes: int):
         self.identity, self.name, self.rate = identity, name, rate
         self.since: float | None = None  # when it started printing
-        self.shipped = 0  # lines shipped (the next seq)
+        self.shipped = 0  # the agent's offset: lines stored (the next seq to ship)
         self.pad = "x" * max(0, line_bytes - 30)
 
     def printed(self, now: float) -> int:
         return 0 if self.since is None else int((now - self.since) * self.rate)
 
-    def lines(self, now: float, limit: int) -> list[dict]:
-        n = min(self.printed(now) - self.shipped, limit)
+    def lines(self, now: float, start: int, limit: int) -> list[dict]:
+        """Up to `limit` printed lines from seq `start` (the offset does not move until they are stored)."""
+        n = max(0, min(self.printed(now) - start, limit))
         out = []
-        for seq in range(self.shipped, self.shipped + n):
+        for seq in range(start, start + n):
             t = self.since + seq / self.rate
             text = f"MARK {t:.6f}" if self.name.startswith("marker") else f"{seq} {t:.3f} {self.pad}"
             out.append({"worker": self.identity, "attempt": 0, "seq": seq, "time": t, "stream": "stdout",
                         "text": text})
-        self.shipped += n
         return out
+
+
+class Batch:
+    """As agent.LogBatch: one round's lines, the offsets they move to once stored, whether more wait, and the
+    workers that were quiet (all their new lines fitted their share)."""
+
+    def __init__(self, ws: list[Worker], now: float):
+        self.lines: list[dict] = []
+        self.offsets: dict[str, int] = {}
+        read = 0
+        by_id = {w.identity: w for w in ws}
+
+        def take(w: Worker, want: int) -> bool:
+            nonlocal read
+            got = w.lines(now, self.offsets.get(w.identity, w.shipped), want)
+            self.lines += got
+            read += len(got)
+            self.offsets[w.identity] = self.offsets.get(w.identity, w.shipped) + len(got)
+            return len(got) >= want
+
+        share = max(1, LOG_BATCH // max(1, len(ws)))  # as Agent._collect_logs: each its share, then the rest
+        behind = [w for w in ws if take(w, share)]
+        self.more = False
+        for w in behind:
+            if read >= LOG_BATCH:
+                self.more = True
+                break
+            self.more = take(w, LOG_BATCH - read) or self.more
+        self.quiet = set(by_id) - {w.identity for w in behind}
+        self.by_id = by_id
+
+    def stored(self, keys: set[str] | None = None) -> int:
+        """As Agent._logs_stored: the offsets move (all, or those of `keys`); how many lines they passed."""
+        moved = 0
+        for k, off in self.offsets.items():
+            w = self.by_id[k]
+            if (keys is None or k in keys) and off > w.shipped:
+                moved, w.shipped = moved + off - w.shipped, off
+        return moved
 
 
 class Machine:
@@ -166,83 +205,67 @@ class Machine:
                         self.states.pop((w["worker"], w["attempt"]), None)
 
     async def ship(self) -> None:
-        """As Agent.log_loop/_ship_logs: a round of at most LOG_BATCH lines, every 0.5 s or at once if behind; the
-        quiet workers' lines (all that was new fitted their share) posted first, on their own; after a 429, only
-        the quiet workers' lines every 0.5 s until its Retry-After, then the refused lines again (a refused post's quiet
-        lines go again with the quiet ones, as the agent reads them again from those attempts' offsets)."""
+        """As Agent.log_loop/_ship_logs: a round of at most LOG_BATCH lines from each worker's offset, every 0.5 s
+        or at once if behind; the quiet workers' lines (all that was new fitted their share) posted first, on their
+        own; after a 429, until its Retry-After, only the lines of the workers quiet in the last round that are
+        still quiet, every 0.5 s. A refused post's lines are read again from the offsets, which move only once
+        stored."""
         b = self.bench
         quiet: set[str] = set()  # identities quiet in the last full round
         deferred_until = 0.0
-        refused: list[dict] = []  # the lines of a refused post (the agent's offsets did not move: read again)
-        # a refused post's quiet lines: read again with the quiet ones (the agent's offsets of those attempts did not
-        # move), never sent again behind the flood's refused lines in a big post
-        quiet_refused: list[dict] = []
         async with b.client() as client:
             while not b.stopping:
                 ws = list(self.workers.values())
                 now = time.time()
-                if time.monotonic() < deferred_until:  # as Agent._ship_logs while deferred: the quiet ones alone
-                    q = [w for w in ws if w.identity in quiet]
-                    share = max(1, LOG_BATCH // max(1, len(q)))
-                    lines, quiet_refused = quiet_refused + [ln for w in q for ln in w.lines(now, share)], []
-                    wait = await self._post_parts(client, lines)
-                    if wait is not None:
-                        quiet_refused = wait[1]
-                        deferred_until = time.monotonic() + wait[0]
+                if time.monotonic() < deferred_until:
+                    if quiet:
+                        batch = Batch([w for w in ws if w.identity in quiet], now)
+                        quiet = batch.quiet
+                        wait = await self._post_batch(client, batch, quiet_only=True)
+                        if wait is not None:
+                            deferred_until = time.monotonic() + wait
                     await asyncio.sleep(0.5)
                     continue
-                if refused:  # the agent reads them again from its offsets: a round of at most LOG_BATCH lines
-                    lines, refused = refused, []
-                    wait = await self._post_parts(client, lines)
-                    if wait is not None:
-                        refused = wait[1]
-                        deferred_until = time.monotonic() + wait[0]
-                        await asyncio.sleep(0.5)
-                    continue
-                lines = []
-                share = max(1, LOG_BATCH // max(1, len(ws)))  # as Agent._collect_logs: each its share, then the rest
-                behind = set()
-                for w in ws:
-                    got = w.lines(now, share)
-                    lines += got
-                    if len(got) >= share:
-                        behind.add(w.identity)
-                for w in ws:
-                    if len(lines) >= LOG_BATCH:
-                        break
-                    if w.identity in behind:
-                        lines += w.lines(now, LOG_BATCH - len(lines))
-                quiet = {w.identity for w in ws} - behind
-                first, quiet_refused = quiet_refused + [ln for ln in lines if ln["worker"] in quiet], []
-                rest = [ln for ln in lines if ln["worker"] not in quiet]
-                wait = None
-                if first and rest:
-                    wait = await self._post_parts(client, first)
-                    if wait is not None:
-                        quiet_refused, wait = wait[1], (wait[0], rest)
-                if wait is None:
-                    wait = await self._post_parts(client, rest if first and rest else first + rest)
+                batch = Batch(ws, now)
+                quiet = batch.quiet
+                wait = await self._post_batch(client, batch)
                 if wait is not None:
-                    refused = wait[1]
-                    deferred_until = time.monotonic() + wait[0]
+                    deferred_until = time.monotonic() + wait
                     await asyncio.sleep(0.5)
-                elif len(lines) < LOG_BATCH:
+                elif not batch.more:
                     await asyncio.sleep(0.5)
 
-    async def _post_parts(self, client: httpx.AsyncClient, lines: list[dict]) -> tuple[float, list[dict]] | None:
-        """As Agent._post_log_parts: posts of about LOG_POST_BYTES; at a 429, its Retry-After and the lines not
-        stored (that post's and the rest)."""
+    async def _post_batch(self, client: httpx.AsyncClient, batch: Batch, quiet_only: bool = False) -> float | None:
+        """As Agent._post_logs: the quiet workers' lines first in posts of their own, their offsets moved once
+        stored, then the rest (none of it with `quiet_only`); the Retry-After of a 429, or None."""
+        first = [ln for ln in batch.lines if ln["worker"] in batch.quiet]
+        if quiet_only or (first and len(first) < len(batch.lines)):
+            wait = await self._post_parts(client, first)
+            if wait is not None:
+                return wait
+            self.bench.stored += batch.stored(batch.quiet)
+            if quiet_only:
+                return None
+            rest = [ln for ln in batch.lines if ln["worker"] not in batch.quiet]
+        else:
+            rest = batch.lines
+        wait = await self._post_parts(client, rest)
+        if wait is None:
+            self.bench.stored += batch.stored()
+        return wait
+
+    async def _post_parts(self, client: httpx.AsyncClient, lines: list[dict]) -> float | None:
+        """As Agent._post_log_parts: posts of about LOG_POST_BYTES; at a 429, its Retry-After (the parts stored
+        before it are sent again with the rest: the server stores a line once)."""
         part: list[dict] = []
         size = 0
-        sent = 0
         for i, ln in enumerate(lines):
             part.append(ln)
             size += len(ln["text"]) + 100
             if size >= LOG_POST_BYTES or i == len(lines) - 1:
                 wait = await self._post(client, part)
                 if wait is not None:
-                    return wait, lines[sent:]
-                sent = i + 1
+                    return wait
                 part, size = [], 0
         return None
 
@@ -259,7 +282,6 @@ class Machine:
                     for ln in part:
                         if ln["text"].startswith("MARK "):
                             self.bench.mark_stored.setdefault(ln["text"], done)
-                    self.bench.stored += r.json()["stored"]
                     self.bench.log_posts.append(time.perf_counter() - t0)
                     return None
                 if r.status_code == 429:

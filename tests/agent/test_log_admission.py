@@ -256,3 +256,32 @@ def test_while_a_batch_is_deferred_a_quiet_workers_lines_still_ship(server, tmp_
         quiet = [ln.split()[1] for ln in c.get("/workers/quiet-0/logs").text.splitlines()
                  if ln.startswith("quiet")]
         assert quiet == [f"{i:06d}" for i in range(len(quiet))]  # none lost, none twice, in order
+
+
+def test_a_worker_that_floods_now_waits_out_the_deferral_though_it_was_quiet_before(server, tmp_path):
+    """While deferred, the agent ships the attempts that were quiet in its last round only while they stay quiet:
+    one that floods now (more new lines than its share) waits for the Retry-After with the rest and drops out of
+    the quiet ones, so that its big posts neither go to the busy control plane nor hold back the quiet worker's
+    lines; none is lost."""
+    with joined_agent(server, tmp_path) as (agent, c):
+        assert c.post("/runs", json=_run("quiet", QUIET)).status_code == 201
+        assert c.post("/runs", json=_run("flood", FLOOD)).status_code == 201
+
+        def count(worker: str, word: str) -> int:
+            return sum(1 for ln in c.get(f"/workers/{worker}-0/logs").text.splitlines() if ln.startswith(word))
+
+        wait_for(lambda: count("quiet", "quiet") >= 3 and count("flood", "flood") > 2000, timeout=60,
+                 what="both workers' first lines")
+        agent.logs_deferred_until = time.monotonic() + 4.0  # as a 429 with Retry-After: 4 does
+        time.sleep(0.8)  # a round already past its check finishes (and notes its quiet attempts)
+        flooding = next(st.key for st in agent.runtime.list() if st.worker.endswith("flood-0"))
+        agent.quiet_attempts = {*agent.quiet_attempts, flooding}  # as if it had been quiet in the last round
+        flood0, quiet0 = count("flood", "flood"), count("quiet", "quiet")
+        time.sleep(1.5)
+        assert count("flood", "flood") == flood0, "the flood's lines were shipped while deferred"
+        assert count("quiet", "quiet") > quiet0, "the quiet worker's lines waited for the deferral"
+        assert flooding not in agent.quiet_attempts
+        wait_for(lambda: count("flood", "flood") > flood0, timeout=30, what="the flood's lines after the deferral")
+        quiet = [ln.split()[1] for ln in c.get("/workers/quiet-0/logs").text.splitlines()
+                 if ln.startswith("quiet")]
+        assert quiet == [f"{i:06d}" for i in range(len(quiet))]  # none lost, none twice, in order

@@ -814,8 +814,10 @@ class Agent:
         if only is None and time.monotonic() < self.logs_deferred_until:
             if not self.quiet_attempts:
                 return False
-            batch = self._collect_logs(set(self.quiet_attempts))  # a batch was refused: the quiet ones alone
-            self._post_logs(client, batch)
+            # a batch was refused: the quiet ones alone, those still quiet (one that floods now waits with the rest)
+            batch = self._collect_logs(set(self.quiet_attempts))
+            self.quiet_attempts = batch.quiet
+            self._post_logs(client, batch, quiet_only=True)
             return False  # the rest waits for the refusal's Retry-After
         batch = self._collect_logs(only)
         if only is None:
@@ -868,16 +870,20 @@ class Agent:
         late = {st.key for st in behind}
         return LogBatch(lines, new_offsets, new_limits, more, {st.key for st in attempts if st.key not in late})
 
-    def _post_logs(self, client: httpx.Client, batch: LogBatch) -> None:
+    def _post_logs(self, client: httpx.Client, batch: LogBatch, quiet_only: bool = False) -> None:
         """POST /logs a batch of _collect_logs, then note its offsets. The quiet attempts' lines go first, in
         posts of their own (small ones, which the control plane admits while it is busy storing a flood: a worker
-        that prints a little is not held up by a neighbour that floods), their offsets noted once stored."""
+        that prints a little is not held up by a neighbour that floods), their offsets noted once stored. With
+        `quiet_only` (while deferred), only those: the others' offsets stay, their lines are read again later."""
         quiet = {self._log_key(k) for k in batch.quiet}
         first = [ln for ln in batch.lines if self._log_key((ln.worker, ln.attempt)) in quiet]
         rest = batch.lines
-        if first and len(first) < len(batch.lines):
-            self._post_log_parts(client, first)
+        if quiet_only or (first and len(first) < len(batch.lines)):
+            if first:
+                self._post_log_parts(client, first)
             self._logs_stored(batch, quiet)
+            if quiet_only:
+                return
             rest = [ln for ln in batch.lines if self._log_key((ln.worker, ln.attempt)) not in quiet]
         self._post_log_parts(client, rest)
         self._logs_stored(batch)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -119,6 +120,31 @@ def measure_reasons(url: str, writes: int) -> dict:
     return {"first_ms": times[0], "p50_ms": statistics.median(times[1:]), "waiting": len(pairs)}
 
 
+def new_database(db: str, tmp: str) -> str:
+    if db == "sqlite":
+        return f"sqlite:///{tmp}/astraeus-{uuid.uuid4().hex[:8]}.db"
+    import psycopg
+
+    name = "astraeus_bench_snapshot_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+
+
+def drop_database(url: str) -> None:
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)")
+
+
+def fill_in(src: Path, url: str, runs: int) -> None:
+    """fill() by that checkout's models (its tables' storage parameters too), in a process of its own."""
+    subprocess.run([sys.executable, __file__, "--fill-here", url, "--runs", str(runs)],
+                   env=dict(os.environ, PYTHONPATH=str(src)), check=True)
+
+
 def run_in(src: Path, url: str, reads: int, reasons: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(src))
     out = subprocess.run([sys.executable, __file__, "--measure-here", url, "--reads", str(reads)]
@@ -137,9 +163,13 @@ def main() -> None:
                     help="time the apply's write of a new head's reasons and why-not lines to every waiting run "
                          "(lifecycle.set_queue_reasons, wall ms), --reads times, instead of the read")
     ap.add_argument("--measure-here", metavar="URL", help=argparse.SUPPRESS)
+    ap.add_argument("--fill-here", metavar="URL", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.runs < 1 or a.reads < 1:
         ap.error("--runs and --reads: give numbers >= 1")
+    if a.fill_here:
+        fill(a.fill_here, a.runs)
+        return
     if a.measure_here:
         print(json.dumps(measure_reasons(a.measure_here, a.reads) if a.queue_reasons else measure(a.measure_here, a.reads)))
         return
@@ -151,39 +181,35 @@ def main() -> None:
             if a.queue_reasons else "build_snapshot of the waiting runs, CPU per read")
     print(f"{a.runs:,} waiting runs: {what} (first, then p50 of {a.reads}); load {os.getloadavg()[0]:.1f}")
     for db in a.databases.split(","):
-        tmp = tempfile.mkdtemp(prefix="bench-snapshot-")
-        if db == "sqlite":
-            url = f"sqlite:///{tmp}/astraeus.db"
-        elif db == "postgresql":
-            import psycopg
-
-            name = "astraeus_bench_snapshot_" + uuid.uuid4().hex[:8]
-            with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-                c.execute(f"CREATE DATABASE {name}")
-            url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-        else:
+        if db not in ("sqlite", "postgresql"):
             ap.error(f"--databases: {db!r} is neither sqlite nor postgresql")
+        tmp = tempfile.mkdtemp(prefix="bench-snapshot-")
         try:
-            fill(url, a.runs)
-            for src, label in trees:
-                if a.queue_reasons and db == "postgresql":  # each turn on a vacuumed table: the last one's dead rows
-                    import psycopg  # (every write leaves 20,000) would slow whichever turn comes later
-
-                    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as c:
-                        c.execute("VACUUM ANALYZE runs")
-                        c.execute("VACUUM ANALYZE workers")
-                r = run_in(src, url, a.reads, a.queue_reasons)
-                print(f"  {db:<10} {label:<14} first {r['first_ms']:7.0f} ms   p50 {r['p50_ms']:7.0f} ms   "
-                      f"({r['waiting']:,} waiting)", flush=True)
+            if a.queue_reasons:
+                # each turn on a new database made by the checkout measured (its migrations may set the tables'
+                # storage, e.g. revision 0012's fillfactor): a turn never meets the last one's dead rows either
+                for src, label in trees:
+                    url = new_database(db, tmp)
+                    try:
+                        fill_in(src, url, a.runs)
+                        report(db, label, run_in(src, url, a.reads, True))
+                    finally:
+                        drop_database(url)
+                continue
+            url = new_database(db, tmp)
+            try:
+                fill(url, a.runs)
+                for src, label in trees:
+                    report(db, label, run_in(src, url, a.reads))
+            finally:
+                drop_database(url)
         finally:
-            if db == "postgresql":
-                import psycopg
-
-                with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-                    c.execute(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)")
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def report(db: str, label: str, r: dict) -> None:
+    print(f"  {db:<10} {label:<14} first {r['first_ms']:7.0f} ms   p50 {r['p50_ms']:7.0f} ms   "
+          f"({r['waiting']:,} waiting)", flush=True)
 
 
 if __name__ == "__main__":

@@ -204,7 +204,9 @@ class Run(Base):
     __table_args__ = (UniqueConstraint("workspace_id", "name", "live_key"), Index("ix_runs_state", "state"),
                       # revision 0010: GET $API/runs' keyset pages, newest first, with and without a state
                       Index("ix_runs_list", "workspace_id", "live_key", "created_at", "id"),
-                      Index("ix_runs_list_state", "workspace_id", "live_key", "state", "created_at", "id"))
+                      Index("ix_runs_list_state", "workspace_id", "live_key", "state", "created_at", "id"),
+                      # revision 0012: room on each page for a waiting run's new queue reason (a HOT update)
+                      {"postgresql_with": {"fillfactor": 70}})
 
 
 class Worker(Base):
@@ -247,7 +249,9 @@ class Worker(Base):
     run: Mapped[Run] = relationship(back_populates="workers")
     machine: Mapped[Machine | None] = relationship()
     __table_args__ = (Index("ix_workers_machine", "machine_id"), Index("ix_workers_run", "run_id"),
-                      Index("ix_workers_deadline", "deadline"))
+                      Index("ix_workers_deadline", "deadline"),
+                      # revision 0012: room on each page for a waiting worker's new why-not lines (a HOT update)
+                      {"postgresql_with": {"fillfactor": 70}})
 
 
 class History(Base):

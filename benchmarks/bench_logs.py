@@ -19,7 +19,8 @@ flood (--seconds). Probes:
 - submit: --clients clients each POST $API/runs (one one-GPU run) about 3 times a second: latency p50/p99;
 - scheduling: for each of those runs, submit -> its machine's agent holding the assignment (the long-poll answer),
   p50/p99 (the agent reports it Running at once);
-- memory: the server process's RSS (psutil, every 0.5 s): at the start, peak and end of each phase;
+- memory: the RSS of the server's processes (psutil, every 0.5 s; on PostgreSQL its log store's process too): at
+  the start, peak and end of each phase;
 - `logs -f`: a follower streams GET $API/workers/<marker>/logs?follow=true of a quiet worker that prints
   "MARK <time>" twice a second on a flooded machine; from print to the follower reading it, p50/p99;
 - retention: the server runs with ASTRAEUS_LOG_MAX_LINES_PER_WORKER = --max-lines (default 20,000, so a minute's
@@ -327,10 +328,25 @@ class Bench:
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.base, limits=httpx.Limits(max_connections=50))
 
+    def server_processes(self) -> list[psutil.Process]:
+        """The server's process and its children (on PostgreSQL, the log store's process)."""
+        p = psutil.Process(self.server.proc.pid)
+        try:
+            return [p, *p.children(recursive=True)]
+        except psutil.Error:
+            return [p]
+
     def cpu(self) -> float:
-        """CPU seconds the server process has used (load-independent, unlike the latencies)."""
-        t = psutil.Process(self.server.proc.pid).cpu_times()
-        return t.user + t.system
+        """CPU seconds the server's processes have used (load-independent, unlike the latencies); a child that
+        ended meanwhile is missed."""
+        total = 0.0
+        for p in self.server_processes():
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+        return total
 
     @staticmethod
     def others_cpu() -> dict[str, float]:
@@ -347,8 +363,14 @@ class Bench:
                 "bench": me.user + me.system + me.children_user + me.children_system, "pg": pg}
 
     def rss(self) -> int:
-        p = psutil.Process(self.server.proc.pid)
-        return p.memory_info().rss
+        """The resident memory of the server's processes together."""
+        total = 0
+        for p in self.server_processes():
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                continue
+        return total
 
     async def submit(self, client: httpx.AsyncClient, name: str) -> float:
         body = {"metadata": {"name": name}, "spec": {"task_template": {

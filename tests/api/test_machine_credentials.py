@@ -268,8 +268,9 @@ def test_an_old_cluster_wide_machine_token_is_a_join_token(old_database):
 def test_a_state_change_goes_between_the_chunks_of_a_big_batch_of_lines(app):
     """A submit, a report or the scheduling loop's apply that waits for the state lock while a batch of log lines is
     being stored does not wait for the whole batch: on SQLite (one writer: the store holds the state lock) it goes
-    between the batch's chunks of agents.LOG_CHUNK lines; on PostgreSQL the store holds no state lock at all. The
-    whole batch is stored all the same, in order."""
+    between the batch's chunks of agents.LOG_CHUNK lines; on PostgreSQL the store holds no state lock at all (it
+    runs in the log store's process): the whole batch is stored while a state change holds the lock. The whole
+    batch is stored all the same, in order."""
     import threading
 
     from sqlalchemy import event, func, select
@@ -282,29 +283,96 @@ def test_a_state_change_goes_between_the_chunks_of_a_big_batch_of_lines(app):
     w = _placed(app, "chatty")
     ident = f"{app.boot['ns']}.chatty-0"
     n = 4 * LOG_CHUNK
-    seen: list[int] = []  # the lines stored when the state change got the lock
+    seen: list[int] = []  # the lines stored when the state change got the lock (SQLite) or let it go (PostgreSQL)
+    lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
 
-    def state_change():
-        with STATE_LOCK, app.cp.sessions() as s:
-            seen.append(s.scalar(select(func.count()).select_from(LogLine)))
+    def post():
+        return app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
 
-    started: list[threading.Thread] = []
+    def count() -> int:
+        with app.cp.sessions() as s:
+            return s.scalar(select(func.count()).select_from(LogLine))
 
-    def on_insert(conn, cursor, statement, *args):
-        if "INSERT INTO log_lines" in statement and not started:
-            t = threading.Thread(target=state_change)
-            started.append(t)
-            t.start()  # it waits for the state lock (SQLite) or gets it at once (PostgreSQL)
-            wait_for(lambda: STATE_LOCK.waiting or seen, timeout=10, what="the state change to wait or run")
+    if app.cp.postgres:
+        held, posted = threading.Event(), threading.Event()
 
-    event.listen(app.cp.engine, "before_cursor_execute", on_insert)
-    try:
-        lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
-        r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
-    finally:
-        event.remove(app.cp.engine, "before_cursor_execute", on_insert)
-    assert r.status_code == 200 and r.json()["stored"] == n, r.text
-    started[0].join(timeout=10)
-    assert seen and seen[0] < n, f"the state change waited for the whole batch: it saw {seen} of {n} lines"
+        def holding():
+            with STATE_LOCK:  # a state change in progress for as long as the batch takes (at most 60 s)
+                held.set()
+                posted.wait(60)
+                seen.append(count())
+
+        t = threading.Thread(target=holding)
+        t.start()
+        held.wait(10)
+        r = post()
+        posted.set()
+        t.join(timeout=70)
+        assert r.status_code == 200 and r.json()["stored"] == n, r.text
+        assert seen == [n], f"the store waited for the state lock: {seen[0]} of {n} lines stored while it was held"
+    else:
+        started: list[threading.Thread] = []
+
+        def state_change():
+            with STATE_LOCK:
+                seen.append(count())
+
+        def on_insert(conn, cursor, statement, *args):
+            if "INSERT INTO log_lines" in statement and not started:
+                t = threading.Thread(target=state_change)
+                started.append(t)
+                t.start()  # it waits for the state lock
+                wait_for(lambda: STATE_LOCK.waiting, timeout=10, what="the state change to wait")
+
+        event.listen(app.cp.engine, "before_cursor_execute", on_insert)
+        try:
+            r = post()
+        finally:
+            event.remove(app.cp.engine, "before_cursor_execute", on_insert)
+        assert r.status_code == 200 and r.json()["stored"] == n, r.text
+        started[0].join(timeout=10)
+        assert seen and seen[0] < n, f"the state change waited for the whole batch: it saw {seen} of {n} lines"
     shown = app.client.get(f"{app.api}/workers/chatty-0/logs", headers=app.h()).text.splitlines()
     assert shown == [f"line {i:05d}" for i in range(n)]
+
+
+def _log_stores() -> list:
+    """This process's children that are log store processes (spawned: routers/agent.py, server/logstore.py)."""
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True)
+            if "spawn_main" in " ".join(p.cmdline()) and p.is_running()]
+
+
+def test_on_postgresql_lines_are_stored_by_a_process_of_their_own_and_a_dead_one_is_replaced(app):
+    """On PostgreSQL a batch of log lines is parsed and stored in the log store's process, off the API's
+    interpreter: the API's process gets a child for it at the first batch. Killed (as the kernel's out-of-memory
+    killer would), a new one takes the next batch: every line stored once, in order, none lost; a batch sent again
+    is stored once. On SQLite the API's own process stores them (the state lock is its own): no child."""
+    import signal
+
+    cred = _register(app, "gpu-01")["credential"]
+    w = _placed(app, "talk")
+    ident = f"{app.boot['ns']}.talk-0"
+
+    def post(seqs):
+        lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i}"} for i in seqs]
+        r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
+        assert r.status_code == 200, r.text
+        return r.json()["stored"]
+
+    assert post(range(0, 3)) == 3
+    stores = _log_stores()
+    if not app.cp.postgres:
+        assert stores == []
+    else:
+        assert len(stores) == 1, stores
+        stores[0].send_signal(signal.SIGKILL)
+        stores[0].wait(timeout=20)
+        assert post(range(3, 6)) == 3  # a new process took it
+        again = _log_stores()
+        assert len(again) == 1 and again[0].pid != stores[0].pid
+    assert post(range(3, 6)) == 3  # sent again: stored once
+    assert post(range(6, 8)) == 2
+    shown = app.client.get(f"{app.api}/workers/talk-0/logs", headers=app.h()).text.splitlines()
+    assert shown == [f"line {i}" for i in range(8)]

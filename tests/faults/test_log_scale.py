@@ -181,3 +181,41 @@ def test_bad_input_to_the_logs_endpoints_is_a_4xx_and_stores_nothing(plane):
     assert r.status_code == 422, r.text
     assert kept(engine, "quiet-0") == 0
     assert c.get("/workers/quiet-0/logs").text == ""
+
+
+def test_the_log_store_process_ends_with_the_server_and_a_new_server_stores_again(plane):
+    """On PostgreSQL the server parses and stores log lines in a process of its own (server/logstore.py), started
+    at the first batch; the server killed with SIGKILL (the process alone, as the kernel's out-of-memory killer
+    does), that process ends too, and the server started again stores the next lines with a new one. On SQLite the
+    server stores them itself: no such process."""
+    import os
+    import signal
+
+    import psutil
+
+    server, c, m, engine = plane
+
+    def stores() -> list[psutil.Process]:
+        return [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+                if "spawn_main" in " ".join(p.cmdline())]
+
+    assert m.send("quiet-0", 0, 3).status_code == 200
+    first = stores()
+    if "postgresql" not in str(engine.url):
+        assert first == []
+        return
+    assert len(first) == 1, first
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+
+    def ended() -> bool:
+        try:
+            return first[0].status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(ended, 15, what="the log store's process to end with the server")
+    server.start()
+    assert m.send("quiet-0", 3, 3).status_code == 200
+    assert len(stores()) == 1 and stores()[0].pid != first[0].pid
+    assert [ln for ln in c.get("/workers/quiet-0/logs").text.splitlines()] == [f"line {i}" for i in range(6)]

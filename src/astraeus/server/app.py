@@ -193,6 +193,9 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
         if run_loop:
             loop.stop()  # gives the lease up: another replica leads at once
             cp.stop_bus()
+        store = getattr(app.state, "log_store", None)
+        if store is not None:  # PostgreSQL: the log store's process (routers/agent.py)
+            store.close()
 
     # telemetry off: Astraeus exports Prometheus metrics (/metrics), not OpenTelemetry; FastAPI's native telemetry
     # otherwise asks OpenTelemetry's global providers whether it is configured on every request

@@ -21,6 +21,7 @@ from astraeus.server import agents, heartbeats, leader, services
 from astraeus.server import bodies as B
 from astraeus.server.asgi import read_request, replay
 from astraeus.server.db import Machine, Token
+from astraeus.server.logstore import LogStore
 from astraeus.server.routers import errors
 from astraeus.server.routers.deps import CP, Sess, tx
 from astraeus.server.services import ApiError
@@ -234,6 +235,16 @@ class LogAdmission:
         return key
 
 
+def _log_store(app, cp) -> LogStore:
+    """The app's log store process (PostgreSQL), made at its first batch and closed with the app (app.py)."""
+    store = getattr(app.state, "log_store", None)
+    if store is None:
+        store = app.state.log_store = LogStore(cp.engine.url.render_as_string(hide_password=False),
+                                               cp.settings.log_max_bytes, cp.settings.log_max_lines,
+                                               cp.settings.log_stores_at_once)
+    return store
+
+
 def check_credential(cp, authorization: str | None) -> None:
     """A machine token's (a join token gets its 403 from the store, after its body is checked, as before)."""
     with cp.sessions() as s:
@@ -273,6 +284,19 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
     lane.held += 1
     try:
         raw = await request.body()
+        if cp.postgres:  # parsed and stored in the log store's process, off the API's interpreter lock
+            answer = await anyio.to_thread.run_sync(_log_store(request.app, cp).store, authorization, raw,
+                                                    limiter=lane.limiter)
+            if answer[0] == "invalid":
+                raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in answer[1]])
+            if answer[0] == "error":
+                if answer[1] == 401:  # revoked or expired since it was known: checked again at its next batch
+                    admission.known.pop(key, None)
+                raise ApiError(*answer[1:])
+            n = answer[1]
+            if n:
+                cp.notifier.bump_logs()
+            return P.LogsStored(stored=n)
 
         def store() -> int:
             with cp.sessions() as s:

@@ -1,0 +1,108 @@
+"""On PostgreSQL, batches of log lines are parsed and stored in a process of their own (the log store), not in the
+API's: a flood of lines (100 workers printing 1,000 lines a second) kept the store's thread on the interpreter lock
+for most of each second, and every API request and the scheduling loop waited for it at each of their database round
+trips (benchmarks/README.md, logs at scale). The store's process opens its own connection to the same database and
+does what the route did in a thread: authenticate the machine's token, parse the batch, store the lines
+(agents.store_logs). What it answers is the number of lines stored, or the route's error (401/403/404, 422 with
+pydantic's errors) to raise in the API's process.
+
+SQLite keeps its stores in the API's process: there a store takes the process's state lock (one writer) and steps
+aside between chunks for state changes waiting for it (services.let_state_changes_in), which needs the same
+process.
+
+ASTRAEUS_LOG_STORES_AT_ONCE processes (1 by default), started at the first batch, by `spawn` (the API's process
+has threads); if one dies, a new one takes the batch in flight (LogStore.store)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from pydantic import ValidationError
+
+log = logging.getLogger("astraeus.logstore")
+
+# in the store's process: the database and the log limits (_start)
+_sessions = None
+_limits: tuple[int, int] = (0, 0)
+
+
+def _start(url: str, max_bytes: int, max_lines: int) -> None:
+    global _sessions, _limits
+    from astraeus.server import db
+
+    _sessions = db.session_factory(db.make_engine(url))
+    _limits = (max_bytes, max_lines)
+    threading.Thread(target=_end_with, args=(os.getppid(),), name="logstore-parent", daemon=True).start()
+
+
+def _end_with(parent: int) -> None:
+    """The store's process ends within a second of the API's: killed (SIGKILL, out of memory), the API's process
+    cannot end it, and its pool's pipe alone does not."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+def _store(authorization: str | None, raw: bytes) -> tuple:
+    """In the store's process: ("stored", n), ("error", status, code, message) or ("invalid", errors)."""
+    from astraeus import protocol as P
+    from astraeus.server import agents, services
+
+    try:
+        with _sessions() as s:
+            tok = agents.authenticate(s, authorization)
+            try:
+                body = P.Logs.model_validate_json(raw)
+            except ValidationError as e:
+                return ("invalid", json.loads(e.json()))
+            with services.side_tx(s):
+                m = agents.machine_for(s, tok, body.machine)
+                return ("stored", agents.store_logs(s, m, body.lines, *_limits))
+    except services.ApiError as e:
+        return ("error", e.status, e.code, e.message)
+
+
+class LogStore:
+    """The API process's side: hands a batch to the store's process and waits for its answer (in a thread)."""
+
+    def __init__(self, url: str, max_bytes: int, max_lines: int, processes: int = 1) -> None:
+        self.args, self.processes = (url, max_bytes, max_lines), processes
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_start, initargs=self.args)
+            return self._pool
+
+    def store(self, authorization: str | None, raw: bytes) -> tuple:
+        """What _store answers. When the store's process died (killed, out of memory), a new one stores the batch:
+        what the dead one committed of it is stored once (a line is stored once: worker, attempt, seq); when the
+        new one dies too, ("error", 503, ...) and the agent sends the batch again later."""
+        for _ in range(2):
+            pool = self._get()
+            try:
+                return pool.submit(_store, authorization, raw).result()
+            except BrokenProcessPool:
+                with self._lock:
+                    if self._pool is pool:
+                        self._pool = None
+                pool.shutdown(wait=False, cancel_futures=True)
+                log.warning("the log store's process ended; a new one takes the batch")
+        return ("error", 503, "LOG_STORE_UNAVAILABLE", "the log store's process ended twice while storing this "
+                                                       "batch: send it again")
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -2,9 +2,9 @@
 API's: a flood of lines (100 workers printing 1,000 lines a second) kept the store's thread on the interpreter lock
 for most of each second, and every API request and the scheduling loop waited for it at each of their database round
 trips (benchmarks/README.md, logs at scale). The store's process opens its own connection to the same database and
-does what the route did in a thread: authenticate the machine's token, parse the batch, store the lines
-(agents.store_logs). What it answers is the number of lines stored, or the route's error (401/403/404, 422 with
-pydantic's errors) to raise in the API's process.
+does what the route does in a thread on SQLite: authenticate the machine's token, parse the batch, store the lines
+(agents.store_logs). It answers the number of lines stored, or the route's error (401/403/404, 422 with pydantic's
+errors), raised again in the API's process (LogStore.store).
 
 SQLite keeps its stores in the API's process: there a store takes the process's state lock (one writer) and steps
 aside between chunks for state changes waiting for it (services.let_state_changes_in), which needs the same
@@ -24,7 +24,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+
+from astraeus.server.services import ApiError
 
 log = logging.getLogger("astraeus.logstore")
 
@@ -51,7 +54,8 @@ def _end_with(parent: int) -> None:
 
 
 def _store(authorization: str | None, raw: bytes) -> tuple:
-    """In the store's process: ("stored", n), ("error", status, code, message) or ("invalid", errors)."""
+    """In the store's process: ("stored", n), ("error", status, code, message) or ("invalid", errors), which
+    LogStore.store turns into the number or the exception."""
     from astraeus import protocol as P
     from astraeus.server import agents, services
 
@@ -65,7 +69,7 @@ def _store(authorization: str | None, raw: bytes) -> tuple:
             with services.side_tx(s):
                 m = agents.machine_for(s, tok, body.machine)
                 return ("stored", agents.store_logs(s, m, body.lines, *_limits))
-    except services.ApiError as e:
+    except ApiError as e:
         return ("error", e.status, e.code, e.message)
 
 
@@ -84,22 +88,30 @@ class LogStore:
                                                  initializer=_start, initargs=self.args)
             return self._pool
 
-    def store(self, authorization: str | None, raw: bytes) -> tuple:
-        """What _store answers. When the store's process died (killed, out of memory), a new one stores the batch:
-        what the dead one committed of it is stored once (a line is stored once: worker, attempt, seq); when the
-        new one dies too, ("error", 503, ...) and the agent sends the batch again later."""
+    def store(self, authorization: str | None, raw: bytes) -> int:
+        """The lines stored, or the route's error raised here: ApiError (401, 403, 404; 503 when the store's
+        process died twice on this batch, and the agent sends it again later) or RequestValidationError. When the
+        store's process died (killed, out of memory), a new one stores the batch: what the dead one committed of
+        it is stored once (a line is stored once: worker, attempt, seq)."""
         for _ in range(2):
             pool = self._get()
             try:
-                return pool.submit(_store, authorization, raw).result()
+                answer = pool.submit(_store, authorization, raw).result()
+                break
             except BrokenProcessPool:
                 with self._lock:
                     if self._pool is pool:
                         self._pool = None
                 pool.shutdown(wait=False, cancel_futures=True)
                 log.warning("the log store's process ended; a new one takes the batch")
-        return ("error", 503, "LOG_STORE_UNAVAILABLE", "the log store's process ended twice while storing this "
-                                                       "batch: send it again")
+        else:
+            raise ApiError(503, "LOG_STORE_UNAVAILABLE", "the log store's process ended twice while storing this "
+                                                         "batch: send it again")
+        if answer[0] == "invalid":
+            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in answer[1]])
+        if answer[0] == "error":
+            raise ApiError(*answer[1:])
+        return answer[1]
 
     def close(self) -> None:
         with self._lock:

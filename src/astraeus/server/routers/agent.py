@@ -168,8 +168,9 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
 # would parse a declared body, holding up every long-poll and follower meanwhile), and at most
 # ASTRAEUS_LOG_STORES_AT_ONCE (settings.log_stores_at_once, 1) at a time: under a flood the other batches wait
 # without a thread, so the API's threads and the database stay free for everything else (on PostgreSQL, two stores
-# at once took both of a 2-core machine's cores in a flood and tripled the API's p99: benchmarks/README.md). Admission: when LOG_STORES_WAITING more already wait, a batch is refused at once with
-# 429 and Retry-After (LOG_RETRY_AFTER seconds), before it is parsed: the agent keeps its lines and sends them again
+# at once took both of a 2-core machine's cores in a flood and tripled the API's p99: benchmarks/README.md); on
+# PostgreSQL each in the log store's process (server/logstore.py), off the API's interpreter lock. Admission: when
+# LOG_STORES_WAITING more already wait, a batch is refused at once with 429 and Retry-After (LOG_RETRY_AFTER seconds), before it is parsed: the agent keeps its lines and sends them again
 # then (agent.Agent.ship_logs), so a flood costs the server a refusal per batch, not a store, and the scheduling
 # loop keeps its share of the CPU (benchmarks/bench_logs.py). Only a machine token is admitted: a batch whose bearer
 # token is none (missing, unknown, revoked, expired, a user's) gets its 401 (403) before it is counted, so a flood
@@ -284,21 +285,10 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
     lane.held += 1
     try:
         raw = await request.body()
-        if cp.postgres:  # parsed and stored in the log store's process, off the API's interpreter lock
-            answer = await anyio.to_thread.run_sync(_log_store(request.app, cp).store, authorization, raw,
-                                                    limiter=lane.limiter)
-            if answer[0] == "invalid":
-                raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in answer[1]])
-            if answer[0] == "error":
-                if answer[1] == 401:  # revoked or expired since it was known: checked again at its next batch
-                    admission.known.pop(key, None)
-                raise ApiError(*answer[1:])
-            n = answer[1]
-            if n:
-                cp.notifier.bump_logs()
-            return P.LogsStored(stored=n)
 
         def store() -> int:
+            if cp.postgres:  # parsed and stored in the log store's process, off the API's interpreter lock
+                return _log_store(request.app, cp).store(authorization, raw)
             with cp.sessions() as s:
                 tok = agents.authenticate(s, authorization)
                 try:

@@ -50,6 +50,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_failover import PG_ADMIN, Replica  # noqa: E402
+from bench_submit import cpu_seconds  # noqa: E402
 
 from astraeus.agent.agent import LOG_BATCH, LOG_POST_BYTES  # noqa: E402
 
@@ -339,14 +340,7 @@ class Bench:
     def cpu(self) -> float:
         """CPU seconds the server's processes have used (load-independent, unlike the latencies); a child that
         ended meanwhile is missed."""
-        total = 0.0
-        for p in self.server_processes():
-            try:
-                t = p.cpu_times()
-            except psutil.Error:
-                continue
-            total += t.user + t.system
-        return total
+        return cpu_seconds(self.server.proc.pid)
 
     @staticmethod
     def others_cpu() -> dict[str, float]:

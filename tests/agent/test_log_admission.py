@@ -231,19 +231,25 @@ def test_a_small_batch_has_a_lane_of_its_own_while_the_flood_fills_admission(ser
     assert sorted(codes["small"]) == [200] * (SMALL_STORES_AT_ONCE + SMALL_STORES_WAITING) + [429]
 
 
+def quiet_and_flood(c: httpx.Client):
+    """Runs "quiet" and "flood" submitted and both shipping; count(worker, word): its lines starting with word."""
+    assert c.post("/runs", json=_run("quiet", QUIET)).status_code == 201
+    assert c.post("/runs", json=_run("flood", FLOOD)).status_code == 201
+
+    def count(worker: str, word: str) -> int:
+        return sum(1 for ln in c.get(f"/workers/{worker}-0/logs").text.splitlines() if ln.startswith(word))
+
+    wait_for(lambda: count("quiet", "quiet") >= 3 and count("flood", "flood") > 2000, timeout=60,
+             what="both workers' first lines")
+    return count
+
+
 def test_while_a_batch_is_deferred_a_quiet_workers_lines_still_ship(server, tmp_path):
     """After the control plane refused a batch (LogsDeferred sets `logs_deferred_until` to its Retry-After), the
     agent ships only the attempts that were quiet in its last round, at its usual pace; the flooding worker's
     lines wait until then, and none is lost."""
     with joined_agent(server, tmp_path) as (agent, c):
-        assert c.post("/runs", json=_run("quiet", QUIET)).status_code == 201
-        assert c.post("/runs", json=_run("flood", FLOOD)).status_code == 201
-
-        def count(worker: str, word: str) -> int:
-            return sum(1 for ln in c.get(f"/workers/{worker}-0/logs").text.splitlines() if ln.startswith(word))
-
-        wait_for(lambda: count("quiet", "quiet") >= 3 and count("flood", "flood") > 2000, timeout=60,
-                 what="both workers' first lines")
+        count = quiet_and_flood(c)
         wait_for(lambda: {k[0].rsplit(".", 1)[-1] for k in agent.quiet_attempts} == {"quiet-0"}, timeout=20,
                  what="a round where the flood was behind and the quiet worker was not")
         agent.logs_deferred_until = time.monotonic() + 4.0  # as a 429 with Retry-After: 4 does
@@ -264,14 +270,7 @@ def test_a_worker_that_floods_now_waits_out_the_deferral_though_it_was_quiet_bef
     the quiet ones, so that its big posts neither go to the busy control plane nor hold back the quiet worker's
     lines; none is lost."""
     with joined_agent(server, tmp_path) as (agent, c):
-        assert c.post("/runs", json=_run("quiet", QUIET)).status_code == 201
-        assert c.post("/runs", json=_run("flood", FLOOD)).status_code == 201
-
-        def count(worker: str, word: str) -> int:
-            return sum(1 for ln in c.get(f"/workers/{worker}-0/logs").text.splitlines() if ln.startswith(word))
-
-        wait_for(lambda: count("quiet", "quiet") >= 3 and count("flood", "flood") > 2000, timeout=60,
-                 what="both workers' first lines")
+        count = quiet_and_flood(c)
         agent.logs_deferred_until = time.monotonic() + 4.0  # as a 429 with Retry-After: 4 does
         time.sleep(0.8)  # a round already past its check finishes (and notes its quiet attempts)
         flooding = next(st.key for st in agent.runtime.list() if st.worker.endswith("flood-0"))

@@ -152,7 +152,10 @@ def test_agent_state_wiped_adopts_before_starting_anything(fleet, runtime):
         # Its on-disk record of the workers is gone. Its credential (the machine's identity, kept like a kubelet's
         # client certificate) is put back: without it, the name stays taken until the machine is Lost.
         credential = (agent.state_dir / "credential").read_bytes()
-        shutil.rmtree(agent.state_dir)
+        # the workers still run: a log file one of them starts (its log turns over) may appear while the tree is
+        # removed, so removal is tried again until none is left
+        wait_for(lambda: shutil.rmtree(agent.state_dir, ignore_errors=True) or not agent.state_dir.exists(),
+                 timeout=10, what="the agent's state removed")
         agent.state_dir.mkdir()
         (agent.state_dir / "credential").write_bytes(credential)
         agent.start()

@@ -346,7 +346,7 @@ def _log_stores() -> list:
 
 def test_on_postgresql_lines_are_stored_by_a_process_of_their_own_and_a_dead_one_is_replaced(app):
     """On PostgreSQL a batch of log lines is parsed and stored in the log store's process, off the API's
-    interpreter: the API's process gets a child for it at the first batch. Killed (as the kernel's out-of-memory
+    interpreter: the API's process gets a child for it at the first batch, and its errors are the route's. Killed (as the kernel's out-of-memory
     killer would), a new one takes the next batch: every line stored once, in order, none lost; a batch sent again
     is stored once. On SQLite the API's own process stores them (the state lock is its own): no child."""
     import signal
@@ -355,12 +355,21 @@ def test_on_postgresql_lines_are_stored_by_a_process_of_their_own_and_a_dead_one
     w = _placed(app, "talk")
     ident = f"{app.boot['ns']}.talk-0"
 
-    def post(seqs):
-        lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i}"} for i in seqs]
+    def post(seqs):  # a big batch (past routers.agent.SMALL_BATCH_BYTES), as a flood's
+        lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i} " + "x" * 30_000} for i in seqs]
         r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
         assert r.status_code == 200, r.text
         return r.json()["stored"]
 
+    # its errors are the route's: a time JSON cannot hold (422 naming it), another machine's name (403); nothing stored
+    nan = [{"worker": ident, "attempt": w["attempt"], "seq": i, "time": float("nan") if i else 1.0,
+            "text": "x" * 30_000} for i in range(3)]
+    r = app.client.post("/api/v1/agent/logs", headers={**_h(cred), "Content-Type": "application/json"},
+                        content=json.dumps({"machine": "gpu-01", "lines": nan}))
+    assert r.status_code == 422 and "time" in r.text and "finite" in r.text, r.text
+    r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-02", "lines": nan[:1] * 3})
+    assert r.status_code == 403, r.text
+    assert app.client.get(f"{app.api}/workers/talk-0/logs", headers=app.h()).text == ""
     assert post(range(0, 3)) == 3
     stores = _log_stores()
     if not app.cp.postgres:
@@ -375,4 +384,4 @@ def test_on_postgresql_lines_are_stored_by_a_process_of_their_own_and_a_dead_one
     assert post(range(3, 6)) == 3  # sent again: stored once
     assert post(range(6, 8)) == 2
     shown = app.client.get(f"{app.api}/workers/talk-0/logs", headers=app.h()).text.splitlines()
-    assert shown == [f"line {i}" for i in range(8)]
+    assert [ln.split()[:2] for ln in shown] == [["line", str(i)] for i in range(8)]

@@ -199,7 +199,8 @@ def test_the_log_store_process_ends_with_the_server_and_a_new_server_stores_agai
         return [p for p in psutil.Process(server.proc.pid).children(recursive=True)
                 if "spawn_main" in " ".join(p.cmdline())]
 
-    assert m.send("quiet-0", 0, 3).status_code == 200
+    big = "line {} " + "x" * 30_000  # a big batch (past 64 KiB), as a flood's
+    assert m.send("quiet-0", 0, 3, big).status_code == 200
     first = stores()
     if "postgresql" not in str(engine.url):
         assert first == []
@@ -216,6 +217,7 @@ def test_the_log_store_process_ends_with_the_server_and_a_new_server_stores_agai
 
     wait_for(ended, 15, what="the log store's process to end with the server")
     server.start()
-    assert m.send("quiet-0", 3, 3).status_code == 200
+    assert m.send("quiet-0", 3, 3, big).status_code == 200
     assert len(stores()) == 1 and stores()[0].pid != first[0].pid
-    assert [ln for ln in c.get("/workers/quiet-0/logs").text.splitlines()] == [f"line {i}" for i in range(6)]
+    assert [ln.split()[:2] for ln in c.get("/workers/quiet-0/logs").text.splitlines()] == \
+        [["line", str(i)] for i in range(6)]

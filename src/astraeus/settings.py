@@ -142,8 +142,8 @@ class ServerSettings(HomeSettings):
         100_000, "The most log lines kept per worker (all its attempts), as ASTRAEUS_LOG_MAX_BYTES_PER_WORKER.",
         "a whole number from 100 to 100000000", ge=100, le=100_000_000)
     log_stores_at_once: int = setting(
-        1, "How many batches of log lines the control plane stores at once (on PostgreSQL each in a process of "
-        "the server's own); 4 more wait, and past that an agent is told to send its batch again later (429 with "
+        1, "How many batches of log lines the control plane stores at once (each parsed in a process of the "
+        "server's own, and on PostgreSQL stored there too); 4 more wait, and past that an agent is told to send its batch again later (429 with "
         "Retry-After) and keeps its lines. 2 or more store a "
         "flood of lines faster on a control plane with cores to spare, at the cost of the API's answers and "
         "scheduling while the flood lasts (benchmarks/README.md, logs at scale).",

@@ -118,7 +118,7 @@ def test_a_machines_credential_is_refused_for_another_machines_assignments_repor
 
 def test_a_machines_lines_are_stored_once_whatever_their_text(app):
     """Lines with a NUL, quotes, backslashes and non-ASCII text are stored and shown; a batch sent again is stored
-    once and counted once toward the worker's log limits on PostgreSQL; a time JSON cannot hold (NaN, Infinity)
+    once and counted once toward the worker's log limits; a time JSON cannot hold (NaN, Infinity)
     is refused with a 422 that names it, and nothing of that batch is stored."""
     from sqlalchemy import select
 
@@ -150,10 +150,8 @@ def test_a_machines_lines_are_stored_once_whatever_their_text(app):
     with app.client.app.state.cp.sessions() as s:
         wid = s.scalar(select(Worker.id).where(Worker.name == "talk-0"))
         usage = s.scalar(select(LogUsage).where(LogUsage.worker_id == wid))
-        if app.client.app.state.cp.engine.dialect.name == "postgresql":  # what it stored, once
-            assert (usage.lines, usage.bytes) == (4, sum(len(x.replace("\x00", "\ufffd").encode()) + 1 for x in texts))
-        else:  # SQLite counts a batch sent again again: ahead of the rows, never behind (trimming counts exactly)
-            assert usage.lines == 8
+        # what it stored, once (both databases)
+        assert (usage.lines, usage.bytes) == (4, sum(len(x.replace("\x00", "\ufffd").encode()) + 1 for x in texts))
 
 
 def test_a_name_held_by_a_live_machine_is_refused(app):
@@ -336,6 +334,62 @@ def test_a_state_change_goes_between_the_chunks_of_a_big_batch_of_lines(app):
     assert shown == [f"line {i:05d}" for i in range(n)]
 
 
+def test_a_run_deleted_while_its_lines_are_stored_keeps_none(app):
+    """A run deleted while a big batch of its worker's lines is being stored keeps no line: on SQLite the delete
+    goes between the batch's chunks and the chunks after it store nothing (each finds the machine's workers again);
+    on PostgreSQL the delete waits for the store (the run's row is read FOR SHARE) and then drops what it stored.
+    The agent is answered 200 either way, and the lines of another run on the machine are all stored."""
+    import threading
+
+    from sqlalchemy import event, func, select
+
+    from astraeus.server.agents import LOG_CHUNK
+    from astraeus.server.db import LogLine, Worker
+
+    cred = _register(app, "gpu-01")["credential"]
+    doomed, kept = _placed(app, "doomed"), _placed(app, "kept")
+    n = 4 * LOG_CHUNK
+    lines = [{"worker": f"{app.boot['ns']}.{name}-0", "attempt": w["attempt"], "seq": i, "text": f"line {i}"}
+             for i in range(n) for name, w in (("doomed", doomed), ("kept", kept))]
+    deleted: list[int] = []
+
+    def delete():
+        deleted.append(app.client.delete(f"{app.api}/runs/doomed", headers=app.h()).status_code)
+
+    started: list[threading.Thread] = []
+
+    def on_insert(conn, cursor, statement, *args):  # SQLite: the delete waits for the state lock mid-batch
+        if "INSERT INTO log_lines" in statement and not started:
+            t = threading.Thread(target=delete)
+            started.append(t)
+            t.start()
+            wait_for(lambda: STATE_LOCK.waiting, timeout=10, what="the delete to wait")
+
+    from astraeus.server.core import STATE_LOCK
+
+    if app.cp.postgres:  # the delete races the store in the log store's process
+        started.append(threading.Thread(target=delete))
+        started[0].start()
+    else:
+        event.listen(app.cp.engine, "before_cursor_execute", on_insert)
+    try:
+        r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
+    finally:
+        if not app.cp.postgres:
+            event.remove(app.cp.engine, "before_cursor_execute", on_insert)
+    started[0].join(timeout=30)
+    assert r.status_code == 200, r.text
+    assert deleted == [200]
+    if not app.cp.postgres:  # the delete went between chunks: the batch's lines of "doomed" after it were not taken
+        assert r.json()["stored"] < 2 * n, r.text
+    with app.cp.sessions() as s:
+        per = dict(s.execute(select(Worker.name, func.count(LogLine.id)).join(LogLine, LogLine.worker_id == Worker.id)
+                             .group_by(Worker.name)).all())
+    assert per == {"kept-0": n}, per
+    shown = app.client.get(f"{app.api}/workers/kept-0/logs", headers=app.h()).text.splitlines()
+    assert shown == [f"line {i}" for i in range(n)]
+
+
 def _log_stores() -> list:
     """This process's children that are log store processes (spawned: routers/agent.py, server/logstore.py)."""
     import psutil
@@ -344,11 +398,13 @@ def _log_stores() -> list:
             if "spawn_main" in " ".join(p.cmdline()) and p.is_running()]
 
 
-def test_on_postgresql_lines_are_stored_by_a_process_of_their_own_and_a_dead_one_is_replaced(app):
-    """On PostgreSQL a batch of log lines is parsed and stored in the log store's process, off the API's
-    interpreter: the API's process gets a child for it at the first batch, and its errors are the route's. Killed (as the kernel's out-of-memory
-    killer would), a new one takes the next batch: every line stored once, in order, none lost; a batch sent again
-    is stored once. On SQLite the API's own process stores them (the state lock is its own): no child."""
+def test_a_big_batch_of_lines_is_parsed_by_a_process_of_its_own_and_a_dead_one_is_replaced(app):
+    """A big batch of log lines is parsed in the log store's process, off the API's interpreter (on PostgreSQL also
+    stored there; on SQLite written by the API's process, whose state lock it is): the API's process gets a child
+    for it at the first big batch, and its errors are the route's. Killed (as the kernel's out-of-memory killer
+    would), a new one takes the next batch: every line stored once, in order, none lost; a batch sent again is
+    stored once. On SQLite a small batch (the quiet workers' lane) is parsed and stored by the API's process: no
+    child for it."""
     import signal
 
     cred = _register(app, "gpu-01")["credential"]
@@ -361,26 +417,28 @@ def test_on_postgresql_lines_are_stored_by_a_process_of_their_own_and_a_dead_one
         assert r.status_code == 200, r.text
         return r.json()["stored"]
 
+    small = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": [
+        {"worker": ident, "attempt": w["attempt"], "seq": 0, "text": "line 0 small"}]})
+    assert small.status_code == 200 and small.json()["stored"] == 1, small.text
+    if not app.cp.postgres:
+        assert _log_stores() == []  # SQLite: a small batch is parsed and stored by the API's process
     # its errors are the route's: a time JSON cannot hold (422 naming it), another machine's name (403); nothing stored
-    nan = [{"worker": ident, "attempt": w["attempt"], "seq": i, "time": float("nan") if i else 1.0,
-            "text": "x" * 30_000} for i in range(3)]
+    nan = [{"worker": ident, "attempt": w["attempt"], "seq": i, "time": float("nan") if i > 1 else 1.0,
+            "text": "x" * 30_000} for i in range(1, 4)]
     r = app.client.post("/api/v1/agent/logs", headers={**_h(cred), "Content-Type": "application/json"},
                         content=json.dumps({"machine": "gpu-01", "lines": nan}))
     assert r.status_code == 422 and "time" in r.text and "finite" in r.text, r.text
     r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-02", "lines": nan[:1] * 3})
     assert r.status_code == 403, r.text
-    assert app.client.get(f"{app.api}/workers/talk-0/logs", headers=app.h()).text == ""
-    assert post(range(0, 3)) == 3
+    assert app.client.get(f"{app.api}/workers/talk-0/logs", headers=app.h()).text == "line 0 small\n"
+    assert post(range(1, 3)) == 2
     stores = _log_stores()
-    if not app.cp.postgres:
-        assert stores == []
-    else:
-        assert len(stores) == 1, stores
-        stores[0].send_signal(signal.SIGKILL)
-        stores[0].wait(timeout=20)
-        assert post(range(3, 6)) == 3  # a new process took it
-        again = _log_stores()
-        assert len(again) == 1 and again[0].pid != stores[0].pid
+    assert len(stores) == 1, stores
+    stores[0].send_signal(signal.SIGKILL)
+    stores[0].wait(timeout=20)
+    assert post(range(3, 6)) == 3  # a new process took it
+    again = _log_stores()
+    assert len(again) == 1 and again[0].pid != stores[0].pid
     assert post(range(3, 6)) == 3  # sent again: stored once
     assert post(range(6, 8)) == 2
     shown = app.client.get(f"{app.api}/workers/talk-0/logs", headers=app.h()).text.splitlines()

@@ -18,7 +18,7 @@ from astraeus import drives as drive_rules
 from astraeus import protocol as P
 from astraeus.imageref import registry_of
 from astraeus.server import lifecycle, registries, services
-from astraeus.server.db import Access, Cluster, Drive, LogLine, Machine, Org, Run, Token, Worker, Workspace
+from astraeus.server.db import Access, Cluster, Drive, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
 from astraeus.spec import array_env, env_values, granted_root
 
@@ -355,7 +355,23 @@ _PG_STORE_LINES = (
     "bytes = log_usage.bytes + excluded.bytes RETURNING worker_id, lines, bytes")
 
 
-# Lines a store writes between two steps aside (store_logs' `pause`): a few milliseconds of SQLite's insert.
+# The same on SQLite, a chunk of lines at a time (no INSERT inside a WITH there): each line a JSON array
+# [worker_id, attempt, seq, time, stream, text], taken apart by SQLite (json_each) without the interpreter's lock;
+# only the lines of the workers in the second parameter (a JSON array of ids: those still placed on the machine) go
+# in. Then the running counts: the lines this store added (ids above the last one before it: one writer) counted
+# per worker into log_usage (NOT INDEXED: by the ids' range, not a scan of the worker index), whose counts come
+# back.
+_SQLITE_STORE_LINES = (
+    "INSERT INTO log_lines (worker_id, attempt, seq, time, stream, text) "
+    "SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5 FROM json_each(?) "
+    "WHERE (value ->> 0) IN (SELECT value FROM json_each(?)) ON CONFLICT (worker_id, attempt, seq) DO NOTHING")
+_SQLITE_ADD_USAGE = (
+    "INSERT INTO log_usage (worker_id, lines, bytes) SELECT worker_id, count(*), sum(length(CAST(text AS BLOB)) + 1) "
+    "FROM log_lines NOT INDEXED WHERE id > ? GROUP BY worker_id ON CONFLICT (worker_id) DO UPDATE SET "
+    "lines = log_usage.lines + excluded.lines, bytes = log_usage.bytes + excluded.bytes "
+    "RETURNING worker_id, lines, bytes")
+
+# Lines a store writes between two steps aside (store_log_chunks' `pause`): a few milliseconds of SQLite's insert.
 LOG_CHUNK = 500
 
 
@@ -363,10 +379,10 @@ def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine], max_b
                max_lines: int = 100_000, pause: Callable[[], None] | None = None) -> int:
     """Store the lines of workers placed on machine `m` (by identity); lines naming any other worker, or a
     deleted run's, are dropped, as are lines past services.LOG_LINES_PER_REQUEST; a worker whose running count
-    (services.add_log_usage) is then past its log limits is trimmed (services.trim_logs). The agent ships an
-    ended attempt's lines before it reports the end (which may release the worker from the machine). On SQLite,
-    `pause` (services.let_state_changes_in) is called between chunks of LOG_CHUNK lines, and each chunk finds its
-    workers again (a run deleted meanwhile gets none of the rest)."""
+    (table log_usage) is then past its log limits is trimmed (services.trim_logs). A line sent again (a retry) is
+    stored and counted once. Returns the lines taken (a line sent again counts). The agent ships an ended
+    attempt's lines before it reports the end (which may release the worker from the machine). On SQLite the lines
+    go in chunks of LOG_CHUNK, with `pause` (services.let_state_changes_in) between them (store_log_chunks)."""
     if not lines:
         return 0
     if session.get_bind().dialect.name == "postgresql":
@@ -381,41 +397,70 @@ def store_logs(session: Session, m: Machine, lines: list[P.WorkerLogLine], max_b
         for wid in services.over_log_limits(usage, max_bytes, max_lines):
             services.trim_logs(session, wid, max_bytes, max_lines)
         return len(rows)
-    ins = services.dialect_insert(session, LogLine.__table__) \
-        .on_conflict_do_nothing(index_elements=["worker_id", "attempt", "seq"])
-    stored, step = 0, LOG_CHUNK if pause else len(lines)
-    for i in range(0, len(lines), step):
-        if stored >= services.LOG_LINES_PER_REQUEST:
-            break
+    return store_log_chunks(session, m.id, log_chunks(session, m, lines), max_bytes, max_lines, pause)
+
+
+def log_chunks(session: Session, m: Machine, lines: list[P.WorkerLogLine]) -> list[tuple[str, dict[int, int]]]:
+    """SQLite: the lines of workers placed on machine `m`, at most services.LOG_LINES_PER_REQUEST, in chunks of
+    LOG_CHUNK for store_log_chunks: each the chunk's JSON text and its lines per worker id. Made where the batch is
+    parsed (for a big batch, the log store's process: server/logstore.py), so that the API's process does no work
+    per line."""
+    ids = _log_ids(session, m, lines)
+    rows = [[ids[ln.worker], ln.attempt, ln.seq, ln.time, ln.stream, ln.text.replace("\x00", "\ufffd")]
+            for ln in lines if ln.worker in ids][:services.LOG_LINES_PER_REQUEST]
+    chunks = []
+    for i in range(0, len(rows), LOG_CHUNK):
+        part = rows[i:i + LOG_CHUNK]
+        per: dict[int, int] = {}
+        for r in part:
+            per[r[0]] = per.get(r[0], 0) + 1
+        chunks.append((json.dumps(part, ensure_ascii=False), per))  # (a line's time is finite: JSON has no nan)
+    return chunks
+
+
+_LIVE_HERE = select(Worker.id).join(Run, Worker.run_id == Run.id).where(
+    Worker.machine_id == bindparam("machine_id"), Run.live_key == "", Run.deleting.is_(False))
+
+
+def store_log_chunks(session: Session, machine_id: int, chunks: list[tuple[str, dict[int, int]]],
+                     max_bytes: int, max_lines: int, pause: Callable[[], None] | None = None) -> int:
+    """SQLite, under the state lock (services.side_tx or tx): store log_chunks' chunks, each in one statement, with
+    `pause` between them; each chunk finds the machine's workers again, so a run deleted or a worker moved meanwhile
+    gets none of the rest. Returns the lines taken."""
+    stored = 0
+    for i, (batch, per) in enumerate(chunks):
         if i and pause:
             pause()
-        rows = _log_rows(session, m, lines[i:i + step])[:services.LOG_LINES_PER_REQUEST - stored]
-        if not rows:
+        here = [w for w in session.scalars(_LIVE_HERE, {"machine_id": machine_id}) if w in per]
+        if not here:
             continue
-        # one statement run for many rows (the driver's executemany): compiling a VALUES list of 10,000 rows cost
-        # more than storing them
-        session.execute(ins, rows)
-        added: dict[int, tuple[int, int]] = {}
-        for r in rows:  # a line sent again (a retry) counts again here: the count only ever runs ahead of the rows
-            n, b = added.get(r["worker_id"], (0, 0))
-            added[r["worker_id"]] = (n + 1, b + services.line_bytes(r["text"]))
-        usage = services.add_log_usage(session, added)
+        conn = session.connection()
+        after = conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM log_lines").scalar()
+        conn.exec_driver_sql(_SQLITE_STORE_LINES, (batch, json.dumps(here)))
+        usage = {w: (n, b) for w, n, b in conn.exec_driver_sql(_SQLITE_ADD_USAGE, (after,))}
         for wid in services.over_log_limits(usage, max_bytes, max_lines):
             services.trim_logs(session, wid, max_bytes, max_lines)
-        stored += len(rows)
+        stored += sum(per[w] for w in here)
     return stored
 
 
-def _log_rows(session: Session, m: Machine, lines: list[P.WorkerLogLine]) -> list[dict]:
-    """The rows of the lines whose workers are placed on machine `m` and whose runs are not being deleted."""
+def _log_ids(session: Session, m: Machine, lines: list[P.WorkerLogLine]) -> dict[str, int]:
+    """The ids of the workers the lines name (by identity) that are placed on machine `m` and whose runs are not
+    being deleted."""
     names = {ln.worker.partition(".")[2] for ln in lines}
     # PostgreSQL stores lines without the state lock: FOR SHARE of the runs, so that deleting one
     # (services.delete_run) waits for this store, or this store sees it deleted (SQLite: under the state lock)
-    ids = {P.worker_identity(ns, n): i for ns, n, i in session.execute(
+    return {P.worker_identity(ns, n): i for ns, n, i in session.execute(
         select(Workspace.ns, Worker.name, Worker.id).join(Run, Worker.run_id == Run.id)
         .join(Workspace, Run.workspace_id == Workspace.id)
         .where(Worker.machine_id == m.id, Run.live_key == "", Run.deleting.is_(False), Worker.name.in_(names))
         .with_for_update(read=True, of=Run))}
+
+
+def _log_rows(session: Session, m: Machine, lines: list[P.WorkerLogLine]) -> list[dict]:
+    """PostgreSQL: the rows of the lines whose workers are placed on machine `m` and whose runs are not being
+    deleted."""
+    ids = _log_ids(session, m, lines)
     return [{"worker_id": ids[ln.worker], "attempt": ln.attempt, "seq": ln.seq, "time": ln.time,
              "stream": ln.stream, "text": ln.text.replace("\x00", "\ufffd")}  # PostgreSQL text holds no NUL
             for ln in lines if ln.worker in ids]

@@ -1,14 +1,16 @@
-"""On PostgreSQL, batches of log lines are parsed and stored in a process of their own (the log store), not in the
-API's: a flood of lines (100 workers printing 1,000 lines a second) kept the store's thread on the interpreter lock
-for most of each second, and every API request and the scheduling loop waited for it at each of their database round
-trips (benchmarks/README.md, logs at scale). The store's process opens its own connection to the same database and
-does what the route does in a thread on SQLite: authenticate the machine's token, parse the batch, store the lines
-(agents.store_logs). It answers the number of lines stored, or the route's error (401/403/404, 422 with pydantic's
-errors), raised again in the API's process (LogStore.store).
+"""Batches of log lines are parsed in a process of their own (the log store), not in the API's: a flood of lines
+(100 workers printing 1,000 lines a second) kept the store's thread on the interpreter lock for most of each second,
+and every API request and the scheduling loop waited for it at each of their database round trips
+(benchmarks/README.md, logs at scale). The store's process opens its own connection to the same database and
+authenticates the machine's token and parses the batch as the route did; its errors (401/403/404, 422 with pydantic's
+errors) are raised again in the API's process (LogStore.store).
 
-SQLite keeps its stores in the API's process: there a store takes the process's state lock (one writer) and steps
-aside between chunks for state changes waiting for it (services.let_state_changes_in), which needs the same
-process.
+On PostgreSQL it also stores the lines (agents.store_logs) and answers how many. On SQLite (one writer) the API's
+process writes them: the store's process answers the lines as JSON chunks (agents.log_chunks), which the API's
+process hands to SQLite a chunk at a time under its state lock, stepping aside between chunks for state changes that
+wait for it (agents.store_log_chunks, services.let_state_changes_in): no work per line is left in the API's
+interpreter. (SQLite's small batches, the quiet workers' lane, are parsed and stored in the API's process: cheap,
+and no process is started for them; routers/agent.py.)
 
 ASTRAEUS_LOG_STORES_AT_ONCE processes (1 by default), started at the first batch, by `spawn` (the API's process
 has threads); if one dies, a new one takes the batch in flight (LogStore.store)."""
@@ -21,6 +23,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -54,8 +57,8 @@ def _end_with(parent: int) -> None:
 
 
 def _store(authorization: str | None, raw: bytes) -> tuple:
-    """In the store's process: ("stored", n), ("error", status, code, message) or ("invalid", errors), which
-    LogStore.store turns into the number or the exception."""
+    """In the store's process: ("stored", n) (PostgreSQL), ("chunks", machine id, chunks) (SQLite), ("error",
+    status, code, message) or ("invalid", errors), which LogStore.store turns into the number or the exception."""
     from astraeus import protocol as P
     from astraeus.server import agents, services
 
@@ -66,6 +69,9 @@ def _store(authorization: str | None, raw: bytes) -> tuple:
                 body = P.Logs.model_validate_json(raw)
             except ValidationError as e:
                 return ("invalid", json.loads(e.json()))
+            if s.get_bind().dialect.name == "sqlite":  # the API's process writes them (agents.store_log_chunks)
+                m = agents.machine_for(s, tok, body.machine)
+                return ("chunks", m.id, agents.log_chunks(s, m, body.lines))
             with services.side_tx(s):
                 m = agents.machine_for(s, tok, body.machine)
                 return ("stored", agents.store_logs(s, m, body.lines, *_limits))
@@ -88,11 +94,13 @@ class LogStore:
                                                  initializer=_start, initargs=self.args)
             return self._pool
 
-    def store(self, authorization: str | None, raw: bytes) -> int:
+    def store(self, authorization: str | None, raw: bytes,
+              write: Callable[[int, list[tuple[str, dict[int, int]]]], int] | None = None) -> int:
         """The lines stored, or the route's error raised here: ApiError (401, 403, 404; 503 when the store's
         process died twice on this batch, and the agent sends it again later) or RequestValidationError. When the
         store's process died (killed, out of memory), a new one stores the batch: what the dead one committed of
-        it is stored once (a line is stored once: worker, attempt, seq)."""
+        it is stored once (a line is stored once: worker, attempt, seq). On SQLite `write(machine id, chunks)`
+        stores the chunks the store's process made, here (agents.store_log_chunks)."""
         for _ in range(2):
             pool = self._get()
             try:
@@ -111,6 +119,9 @@ class LogStore:
             raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in answer[1]])
         if answer[0] == "error":
             raise ApiError(*answer[1:])
+        if answer[0] == "chunks":
+            assert write is not None, "a store on SQLite writes the chunks in the API's process"
+            return write(answer[1], answer[2])
         return answer[1]
 
     def close(self) -> None:

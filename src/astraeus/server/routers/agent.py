@@ -168,8 +168,9 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
 # would parse a declared body, holding up every long-poll and follower meanwhile), and at most
 # ASTRAEUS_LOG_STORES_AT_ONCE (settings.log_stores_at_once, 1) at a time: under a flood the other batches wait
 # without a thread, so the API's threads and the database stay free for everything else (on PostgreSQL, two stores
-# at once took both of a 2-core machine's cores in a flood and tripled the API's p99: benchmarks/README.md); on
-# PostgreSQL each in the log store's process (server/logstore.py), off the API's interpreter lock. Admission: when
+# at once took both of a 2-core machine's cores in a flood and tripled the API's p99: benchmarks/README.md), each
+# parsed in the log store's process (server/logstore.py), off the API's interpreter lock (and on PostgreSQL stored
+# there too; SQLite's small batches are parsed and stored in the API's process). Admission: when
 # LOG_STORES_WAITING more already wait, a batch is refused at once with 429 and Retry-After (LOG_RETRY_AFTER seconds), before it is parsed: the agent keeps its lines and sends them again
 # then (agent.Agent.ship_logs), so a flood costs the server a refusal per batch, not a store, and the scheduling
 # loop keeps its share of the CPU (benchmarks/bench_logs.py). Only a machine token is admitted: a batch whose bearer
@@ -237,7 +238,7 @@ class LogAdmission:
 
 
 def _log_store(app, cp) -> LogStore:
-    """The app's log store process (PostgreSQL), made at its first batch and closed with the app (app.py)."""
+    """The app's log store process, made at its first batch and closed with the app (app.py)."""
     store = getattr(app.state, "log_store", None)
     if store is None:
         store = app.state.log_store = LogStore(cp.engine.url.render_as_string(hide_password=False),
@@ -286,10 +287,15 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
     try:
         raw = await request.body()
 
+        def write(machine_id: int, chunks: list) -> int:  # SQLite: a big batch's chunks, parsed in the log store
+            with cp.sessions() as s, services.side_tx(s):
+                return agents.store_log_chunks(s, machine_id, chunks, cp.settings.log_max_bytes,
+                                               cp.settings.log_max_lines, pause=lambda: services.let_state_changes_in(s))
+
         def store() -> int:
-            if cp.postgres:  # parsed and stored in the log store's process, off the API's interpreter lock
-                return _log_store(request.app, cp).store(authorization, raw)
-            with cp.sessions() as s:
+            if cp.postgres or lane is admission.big:  # parsed in the log store's process, off the API's lock
+                return _log_store(request.app, cp).store(authorization, raw, write)
+            with cp.sessions() as s:  # SQLite's small batches: parsed and stored here
                 tok = agents.authenticate(s, authorization)
                 try:
                     body = P.Logs.model_validate_json(raw)

@@ -6,7 +6,8 @@ does to the API, to scheduling, to the control plane's memory and to `logs -f`.
     .venv/bin/python benchmarks/bench_logs.py --db sqlite --src /tmp/was/src   # another checkout's server
     .venv/bin/python benchmarks/bench_logs.py --db postgresql --stores-at-once 2   # the server's setting
 
-The machines are played in this process (asyncio + httpx) over the real agent protocol: each registers with the
+The machines are played over the real agent protocol (asyncio + httpx; the flood's machines and the marker's in a
+process of their own, as real agents run on machines of their own): each registers with the
 join token, long-polls its assignments, reports its workers Running (a probe run's worker Exited 0.2 s later),
 and ships its workers' lines the way `astraeus agent` does (astraeus.agent.agent): every 0.5 s, or at once while
 it is behind, one round of at most LOG_BATCH lines (each worker its share, then those with more the rest), posted to
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -295,7 +297,96 @@ class Machine:
         return None
 
 
-class Bench:
+class Played:
+    """What the played machines share: the server, and what they count. The flood's machines (and the marker's) are
+    played in a process of their own (played_main), as real agents run on machines of their own: building and
+    encoding a flood's 100,000 lines a second in the probes' event loop held up the probes' own requests and
+    answers, which the benchmark then counted as the server's."""
+
+    def __init__(self, base: str, join_token: str):
+        self.base, self.join_token = base, join_token
+        self.stopping = False
+        self.seen: dict[str, float] = {}
+        self.placed: dict[str, tuple[Machine, str]] = {}
+        self.stored = 0
+        self.deferred = 0  # log posts answered 429 (sent again after Retry-After)
+        self.mark_stored: dict[str, float] = {}  # a marker line -> when the POST that carried it was answered
+        self.log_posts: list[float] = []
+        self.report_errors: list[str] = []  # reports not answered 200 (sent again)
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base, limits=httpx.Limits(max_connections=50))
+
+
+def played_main(conn, base: str, join_token: str, names: list[tuple[str, int]]) -> None:
+    """The flood's machines, in a process of their own: registered, long-polling, reporting and shipping as in
+    the benchmark's process before; told by the benchmark over `conn` when a phase starts and ends."""
+    asyncio.run(_played(conn, Played(base, join_token), names))
+
+
+async def _played(conn, p: Played, names: list[tuple[str, int]]) -> None:
+    machines: list[Machine] = []
+    tasks: list[asyncio.Task] = []
+
+    async def add(name: str, gpus: int) -> None:
+        m = Machine(p, name, gpus)
+        async with p.client() as c:
+            await m.register(c)
+        machines.append(m)
+        tasks.extend(asyncio.create_task(f()) for f in (m.poll, m.report, m.ship))
+
+    for name, gpus in names:
+        await add(name, gpus)
+    conn.send(("ready",))
+    loop = asyncio.get_running_loop()
+    flood: list[Worker] = []
+    at0: dict = {}
+    while True:
+        cmd, *args = await loop.run_in_executor(None, conn.recv)
+        if cmd == "add":
+            await add(*args)
+            conn.send(("added",))
+        elif cmd == "wait_placed":
+            want, timeout = args
+            deadline = time.time() + timeout
+            while not all(any(k.startswith(n + "-") for k in p.placed) for n in want) and time.time() < deadline:
+                await asyncio.sleep(0.2)
+            conn.send(("placed", [n for n in want if not any(k.startswith(n + "-") for k in p.placed)]))
+        elif cmd == "workers":
+            rate, line_bytes = args
+            for name, (m, ident) in p.placed.items():
+                if name.startswith("flood-"):
+                    w = m.workers[ident] = Worker(ident, name, rate, line_bytes)
+                    flood.append(w)
+            mm, ident = p.placed[next(k for k in p.placed if k.startswith("marker"))]
+            marker = mm.workers[ident] = Worker(ident, "marker-0", 2, 0)
+            marker.since = time.time()
+            conn.send(("workers", [w.name for w in flood], mm.name))
+        elif cmd == "phase":
+            label, now = args
+            for w in flood:
+                w.since = now if label == "flood" else None
+            at0 = {"stored": p.stored, "deferred": p.deferred, "posts": len(p.log_posts),
+                   "printed": sum(w.printed(now) for w in flood)}
+            conn.send(("phase",))
+        elif cmd == "end":
+            label, now = args
+            conn.send(("end", {"stored": p.stored - at0["stored"], "deferred": p.deferred - at0["deferred"],
+                               "log_posts": p.log_posts[at0["posts"]:], "mark_stored": dict(p.mark_stored),
+                               "printed": sum(w.printed(now) for w in flood) - at0["printed"],
+                               "report_errors": list(p.report_errors)}))
+            if label == "flood":
+                for w in flood:
+                    w.since = None  # stops printing; what it printed and has not shipped is dropped from the count
+        elif cmd == "stop":
+            p.stopping = True
+            for t in tasks:
+                t.cancel()
+            conn.send(("stopped",))
+            return
+
+
+class Bench(Played):
     def __init__(self, db: str, a: argparse.Namespace):
         self.a, self.dbkind = a, db
         self.db = None
@@ -313,21 +404,17 @@ class Bench:
             env["ASTRAEUS_DATABASE_URL"] = f"postgresql+psycopg://postgres@127.0.0.1:5432/{self.db}"
         self.home = Path(tempfile.mkdtemp(prefix="bench-logs-"))
         self.server = Replica(self.home, env).start()
-        self.base = self.server.url
-        self.join_token = self.server.vars["ASTRAEUS_MACHINE_TOKEN"]
+        super().__init__(self.server.url, self.server.vars["ASTRAEUS_MACHINE_TOKEN"])
         self.api = self.server.vars["API"].split("/", 3)[3]
         self.user = {"Authorization": f"Bearer {self.server.vars['ASTRAEUS_TOKEN']}"}
-        self.stopping = False
-        self.seen: dict[str, float] = {}
-        self.placed: dict[str, tuple[Machine, str]] = {}
-        self.stored = 0
-        self.deferred = 0  # log posts answered 429 (sent again after Retry-After)
-        self.mark_stored: dict[str, float] = {}  # a marker line -> when the POST that carried it was answered
-        self.log_posts: list[float] = []
-        self.report_errors: list[str] = []  # reports not answered 200 (sent again)
+        self.played = None  # the flood machines' process (played_main), and its end of the pipe
+        self.conn = None
 
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base, limits=httpx.Limits(max_connections=50))
+    async def ask(self, *msg) -> tuple:
+        """A command to the flood machines' process, and its answer (waited for off the event loop)."""
+        if msg:
+            self.conn.send(msg)
+        return await asyncio.to_thread(self.conn.recv)
 
     def server_processes(self) -> list[psutil.Process]:
         """The server's process and its children (on PostgreSQL, the log store's process)."""
@@ -342,19 +429,26 @@ class Bench:
         ended meanwhile is missed."""
         return cpu_seconds(self.server.proc.pid)
 
-    @staticmethod
-    def others_cpu() -> dict[str, float]:
-        """CPU seconds used so far by the whole machine (busy, all cores), by this benchmark's own process (its played
-        agents and clients, and its waited-for children: the `logs -f` followers) and by PostgreSQL's processes
-        (those alive now: a backend that ended meanwhile is missed): who else had the machine's cores."""
+    def others_cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by the whole machine (busy, all cores), by this benchmark's own processes (its
+        played agents and clients, the flood machines' process, and its waited-for children: the `logs -f`
+        followers) and by PostgreSQL's processes (those alive now: a backend that ended meanwhile is missed): who
+        else had the machine's cores."""
         t = psutil.cpu_times()
         me = psutil.Process().cpu_times()
+        played = 0.0
+        if self.played is not None:
+            try:
+                pt = psutil.Process(self.played.pid).cpu_times()
+                played = pt.user + pt.system
+            except psutil.Error:
+                pass
         pg = 0.0
         for p in psutil.process_iter(["name", "cpu_times"]):
             if (p.info["name"] or "").startswith("postgres") and p.info["cpu_times"]:
                 pg += p.info["cpu_times"].user + p.info["cpu_times"].system
         return {"machine": sum(t) - t.idle - getattr(t, "iowait", 0.0),
-                "bench": me.user + me.system + me.children_user + me.children_system, "pg": pg}
+                "bench": me.user + me.system + me.children_user + me.children_system + played, "pg": pg}
 
     def rss(self) -> int:
         """The resident memory of the server's processes together."""
@@ -375,15 +469,7 @@ class Bench:
             raise SystemExit(f"submit {name}: {r.status_code} {r.text}")
         return time.perf_counter() - t0
 
-    async def wait_placed(self, names: list[str], timeout: float = 120) -> None:
-        deadline = time.time() + timeout
-        while not all(any(k.startswith(n + "-") for k in self.placed) for n in names):
-            if time.time() > deadline:
-                raise SystemExit(f"not placed within {timeout:.0f} s: "
-                                 f"{[n for n in names if not any(k.startswith(n + '-') for k in self.placed)][:5]}")
-            await asyncio.sleep(0.2)
-
-    async def phase(self, label: str, seconds: float, flood: list[Worker], marker: Worker) -> dict:
+    async def phase(self, label: str, seconds: float) -> dict:
         sub_lat: list[float] = []
         sched: list[float] = []
         mark_lat: list[float] = []
@@ -391,15 +477,12 @@ class Bench:
         timeouts: list[str] = []
         slow: list[tuple[str, float]] = []  # probes held more than 2 s after their submit: (name, submitted)
         waiting: list[asyncio.Task] = []  # each submitted run, until its machine's agent holds it (or 30 s after)
+        marks: list[tuple[str, float]] = []  # (a marker line, when the follower read it)
         rss: list[int] = [self.rss()]
-        end = time.time() + seconds
-        stored0, posts0, deferred0 = self.stored, len(self.log_posts), self.deferred
         cpu0 = self.cpu()
         others0, t_cpu0 = self.others_cpu(), time.time()
-        now = time.time()
-        for w in flood:
-            w.since = now if label == "flood" else None
-        printed0 = sum(w.printed(now) for w in flood)
+        await self.ask("phase", label, time.time())
+        end = time.time() + seconds
 
         async def submitter(k: int) -> None:
             async with self.client() as c:
@@ -430,7 +513,7 @@ class Bench:
             # the real `astra logs -f`, in a process of its own; a thread here reads its lines as they come
             env = dict(os.environ, ASTRAEUS_API=self.server.vars["API"], ASTRAEUS_TOKEN=self.server.vars["ASTRAEUS_TOKEN"],
                        PYTHONUNBUFFERED="1")
-            proc = subprocess.Popen([str(ASTRA), "astraeus", "logs", "-f", "--tail", "0", marker.name], env=env,
+            proc = subprocess.Popen([str(ASTRA), "astraeus", "logs", "-f", "--tail", "0", "marker-0"], env=env,
                                     stdout=subprocess.PIPE, stderr=open(self.home / "follow.err", "a"), text=True)
 
             def read() -> None:
@@ -439,8 +522,7 @@ class Bench:
                         now = time.time()
                         line = line.rstrip("\n")
                         mark_lat.append(now - float(line.split()[1]))
-                        if line in self.mark_stored:
-                            mark_srv.append(now - self.mark_stored[line])
+                        marks.append((line, now))
 
             reader = threading.Thread(target=read, daemon=True)
             reader.start()
@@ -458,6 +540,9 @@ class Bench:
 
         await asyncio.wait_for(asyncio.gather(sampler(), follower(), *(submitter(k) for k in range(self.a.clients))),
                                seconds + 60)
+        _, played = await self.ask("end", label, time.time())
+        self.report_errors = played["report_errors"]
+        mark_srv += [at - played["mark_stored"][line] for line, at in marks if line in played["mark_stored"]]
         await asyncio.gather(*waiting)
         if slow:  # where their time went: to being placed (the scheduler) or from placed to held (the long-poll)
             async with self.client() as c:
@@ -495,7 +580,7 @@ class Bench:
                         if w["machine"] == "quiet-002" and w["state"] in ("Starting", "Running", "Stopping"):
                             on[w["state"]] = on.get(w["state"], 0) + 1
                             if len(holding) < 3:
-                                mm, ident = self.placed.get(w["name"], (None, None))
+                                mm, ident = self.placed.get(w["name"], (None, None))  # (the probes' machine's)
                                 holding.append(f"{w['name']} {w['state']} placed {w['placed_at']} started "
                                                f"{w['started_at']}; the machine saw it "
                                                f"{ident is not None}, its state there "
@@ -507,11 +592,10 @@ class Bench:
             print(f"  {label}: not held by an agent 30 s after the phase: {states}; {'; '.join(first[:1])}; "
                   f"the probes' machine: {[(m['gpus_used'], m['last_heartbeat']) for m in quiet]}, its workers "
                   f"not ended: {on}: {holding}")
-        now = time.time()
-        printed = sum(w.printed(now) for w in flood) - printed0
+        printed = played["printed"]
         cpu = self.cpu() - cpu0
         others = {k: v - others0[k] for k, v in self.others_cpu().items()}
-        shipped = self.stored - stored0
+        shipped = played["stored"]
         res = {"submit_p50_ms": pct(sub_lat, 50) * 1e3, "submit_p99_ms": pct(sub_lat, 99) * 1e3, "submits": len(sub_lat),
                "submit_timeouts": len(timeouts),
                "sched_p50_ms": pct(sched, 50) * 1e3, "unplaced": unplaced, "sched_p99_ms": pct(sched, 99) * 1e3,
@@ -522,65 +606,63 @@ class Bench:
                "stored_per_s": shipped / seconds, "server_cpu_s": cpu,
                "machine_busy": others["machine"] / ((time.time() - t_cpu0) * (os.cpu_count() or 1)), "bench_cpu_s": others["bench"],
                "pg_cpu_s": others["pg"] if self.db else float("nan"),
-               "cpu_us_per_line": cpu / shipped * 1e6 if shipped > 100 else float("nan"), "log_post_p99_ms": pct(self.log_posts[posts0:], 99) * 1e3,
-               "deferred": self.deferred - deferred0}
-        for w in flood:
-            if label == "flood":
-                w.since = None  # stops printing; what it printed and has not shipped is dropped from the count
+               "cpu_us_per_line": cpu / shipped * 1e6 if shipped > 100 else float("nan"), "log_post_p99_ms": pct(played["log_posts"], 99) * 1e3,
+               "deferred": played["deferred"]}
         return res
 
     async def main(self) -> dict:
         a = self.a
         n_flood_machines = -(-a.workers // GPUS)
-        machines = [Machine(self, f"flood-{i:03d}") for i in range(n_flood_machines)]
-        async with self.client() as c:
-            for m in machines:
-                await m.register(c)
-        tasks = [asyncio.create_task(f()) for m in machines for f in (m.poll, m.report, m.ship)]
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        # no GPU left free on them once the flood and the marker are placed: every probe goes to the probes' machine
+        last = a.workers - GPUS * (n_flood_machines - 1) + (a.workers % GPUS != 0)
+        self.played = ctx.Process(target=played_main, daemon=True, args=(
+            theirs, self.base, self.join_token,
+            [(f"flood-{i:03d}", GPUS if i < n_flood_machines - 1 else last) for i in range(n_flood_machines)]))
+        self.played.start()
+        await self.ask()  # ready: registered
         async with self.client() as c:
             for i in range(a.workers):
                 await self.submit(c, f"flood-{i:03d}")
-            await self.wait_placed([f"flood-{i:03d}" for i in range(a.workers)])
+            await self.wait_played([f"flood-{i:03d}" for i in range(a.workers)])
             # the marker: a quiet worker on the last flood machine (one GPU left there, or a new machine's)
             if a.workers % GPUS == 0:
-                extra = Machine(self, "quiet-001")
-                await extra.register(c)
-                machines.append(extra)
-                tasks += [asyncio.create_task(f()) for f in (extra.poll, extra.report, extra.ship)]
+                await self.ask("add", "quiet-001", 1)
             await self.submit(c, "marker")
-            await self.wait_placed(["marker"])
+            await self.wait_played(["marker"])
             quiet = Machine(self, "quiet-002", gpus=64)  # the probes' machine: room for ~9 submits a second
             await quiet.register(c)
-            tasks += [asyncio.create_task(f()) for f in (quiet.poll, quiet.report, quiet.ship)]
-        flood = []
-        for name, (m, ident) in self.placed.items():
-            if name.startswith("flood-"):
-                w = m.workers[ident] = Worker(ident, name, a.rate, a.line_bytes)
-                flood.append(w)
-        mm, ident = self.placed[next(k for k in self.placed if k.startswith("marker"))]
-        marker = mm.workers[ident] = Worker(ident, "marker-0", 2, 0)
-        marker.since = time.time()
-        print(f"  {len(flood)} flood workers on {n_flood_machines} machines; marker {marker.name} on {mm.name}")
-        out = {"quiet": await self.phase("quiet", a.quiet_seconds, flood, marker)}
+            tasks = [asyncio.create_task(f()) for f in (quiet.poll, quiet.report, quiet.ship)]
+        _, flood, marker_on = await self.ask("workers", a.rate, a.line_bytes)
+        print(f"  {len(flood)} flood workers on {n_flood_machines} machines (a process of their own); marker "
+              f"marker-0 on {marker_on}")
+        out = {"quiet": await self.phase("quiet", a.quiet_seconds)}
         self._show("quiet", out["quiet"])
-        out["flood"] = await self.phase("flood", a.seconds, flood, marker)
+        out["flood"] = await self.phase("flood", a.seconds)
         self._show("flood", out["flood"])
-        out["retention"] = await self.retention(flood)
+        out["retention"] = await self.retention(flood[0])
         self.stopping = True
         for t in tasks:
             t.cancel()
+        await self.ask("stop")
+        self.played.join(10)
         return out
 
-    async def retention(self, flood: list[Worker]) -> dict:
+    async def wait_played(self, names: list[str], timeout: float = 120) -> None:
+        _, missing = await self.ask("wait_placed", names, timeout)
+        if missing:
+            raise SystemExit(f"not placed within {timeout:.0f} s: {missing[:5]}")
+
+    async def retention(self, name: str) -> dict:
         async with self.client() as c:
-            w = flood[0]
-            r = await c.get(f"/{self.api}/workers/{w.name}/logs", headers=self.user, timeout=120)
+            r = await c.get(f"/{self.api}/workers/{name}/logs", headers=self.user, timeout=120)
             lines = r.text.splitlines()
         kept = self.kept()
         res = {"kept_max": max(kept) if kept else 0, "kept_workers": len(kept), "shown": len(lines),
                "first_line": lines[0][:100] if lines else ""}
         print(f"  retention (limit {self.a.max_lines} lines): at most {res['kept_max']} rows kept per worker "
-              f"({res['kept_workers']} workers); {w.name}'s log shows {res['shown']} lines, first: "
+              f"({res['kept_workers']} workers); {name}'s log shows {res['shown']} lines, first: "
               f"{res['first_line']!r}")
         return res
 
@@ -611,6 +693,8 @@ class Bench:
               f"{r['bench_cpu_s']:.1f} s" + (f", PostgreSQL {r['pg_cpu_s']:.1f} s" if r['pg_cpu_s'] == r['pg_cpu_s'] else "") + ")")
 
     def close(self) -> None:
+        if self.played is not None and self.played.is_alive():
+            self.played.kill()
         self.server.stop()
         shutil.rmtree(self.home, ignore_errors=True)
         if self.db:

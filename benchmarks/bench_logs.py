@@ -4,7 +4,8 @@ does to the API, to scheduling, to the control plane's memory and to `logs -f`.
     .venv/bin/python benchmarks/bench_logs.py                       # 100 workers x 1,000 lines/s, 60 s, both dbs
     .venv/bin/python benchmarks/bench_logs.py --quick               # 24 workers, 20 s: about 2 minutes
     .venv/bin/python benchmarks/bench_logs.py --db sqlite --src /tmp/was/src   # another checkout's server
-    .venv/bin/python benchmarks/bench_logs.py --db postgresql --stores-at-once 2   # the server's setting
+    .venv/bin/python benchmarks/bench_logs.py --db postgresql --stores-at-once 2   # the server's settings
+    .venv/bin/python benchmarks/bench_logs.py --db sqlite --store-share 1
 
 The machines are played over the real agent protocol (asyncio + httpx; the flood's machines and the marker's in a
 process of their own, as real agents run on machines of their own): each registers with the
@@ -393,6 +394,8 @@ class Bench(Played):
         env = dict(os.environ, ASTRAEUS_LOG_MAX_LINES_PER_WORKER=str(a.max_lines))
         if a.stores_at_once:
             env["ASTRAEUS_LOG_STORES_AT_ONCE"] = str(a.stores_at_once)
+        if a.store_share:
+            env["ASTRAEUS_LOG_STORE_SHARE"] = str(a.store_share)
         if a.src:
             env["PYTHONPATH"] = a.src
         if db == "postgresql":
@@ -715,6 +718,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=3, help="submitting clients (3)")
     ap.add_argument("--max-lines", type=int, default=20_000, help="ASTRAEUS_LOG_MAX_LINES_PER_WORKER (20,000)")
     ap.add_argument("--stores-at-once", type=int, help="ASTRAEUS_LOG_STORES_AT_ONCE (unset: the server's default)")
+    ap.add_argument("--store-share", type=float, help="ASTRAEUS_LOG_STORE_SHARE (unset: the server's default)")
     ap.add_argument("--src", help="run the server from this checkout's src/ (PYTHONPATH), e.g. the code before")
     ap.add_argument("--quick", action="store_true", help="24 workers, 20 s flood, 10 s quiet")
     a = ap.parse_args()
@@ -725,7 +729,8 @@ def main() -> None:
         print(f"{db}: {a.workers} workers x {a.rate:g} lines/s for {a.seconds:g} s (quiet {a.quiet_seconds:g} s), "
               f"{a.clients} submitting clients; load {os.getloadavg()[0]:.1f}" + (f"; server from {a.src}" if a.src
                                                                                  else "")
-              + (f"; ASTRAEUS_LOG_STORES_AT_ONCE={a.stores_at_once}" if a.stores_at_once else ""))
+              + (f"; ASTRAEUS_LOG_STORES_AT_ONCE={a.stores_at_once}" if a.stores_at_once else "")
+              + (f"; ASTRAEUS_LOG_STORE_SHARE={a.store_share:g}" if a.store_share else ""))
         b = Bench(db, a)
         try:
             asyncio.run(b.main())

@@ -148,6 +148,12 @@ class ServerSettings(HomeSettings):
         "flood of lines faster on a control plane with cores to spare, at the cost of the API's answers and "
         "scheduling while the flood lasts (benchmarks/README.md, logs at scale).",
         "a whole number from 1 to 64", ge=1, le=64)
+    log_store_share: float = setting(
+        0.5, "The most of its time the control plane spends storing a flood of log lines: after a big batch (past "
+        "64 KiB) took t seconds to store, the next big one starts t × (1/share − 1) seconds later (0.5: as long "
+        "again), and the agents keep their lines meanwhile; the quiet workers' small batches never wait for it. 1 "
+        "stores a flood as fast as the control plane can, at the cost of the API's answers while the flood lasts "
+        "(benchmarks/README.md, logs at scale).", "a number from 0.05 to 1", ge=0.05, le=1.0)
     leader_lease_seconds: float = setting(
         4.0, "Several replicas on one PostgreSQL database: how long the scheduling leader's lease lasts, in "
         "seconds, by the database's clock; the leader renews it every third of that, and another replica takes "

@@ -284,3 +284,40 @@ def test_a_worker_that_floods_now_waits_out_the_deferral_though_it_was_quiet_bef
         quiet = [ln.split()[1] for ln in c.get("/workers/quiet-0/logs").text.splitlines()
                  if ln.startswith("quiet")]
         assert quiet == [f"{i:06d}" for i in range(len(quiet))]  # none lost, none twice, in order
+
+
+@pytest.mark.parametrize("server", [{"log_store_share": 0.1}], indirect=True)
+def test_a_flood_of_big_batches_takes_at_most_its_share_and_small_ones_do_not_wait(server):
+    """ASTRAEUS_LOG_STORE_SHARE=0.1: a big batch whose store took t seconds keeps the next big one from starting
+    for 9 t (the control plane spends at most a tenth of its time on a flood); the answer to the first does not
+    wait for that rest, and a small batch (the quiet workers' lane) is stored meanwhile."""
+    url = f"{server['url']}/api/v1/agent/logs"
+    cred = registered(server)
+    answered: dict[str, float] = {}
+
+    def post(kind: str, body: dict) -> None:
+        with httpx.Client(timeout=60) as fc:
+            r = fc.post(url, json=body, headers=cred)
+            assert r.status_code == 200, r.text
+            answered[kind] = time.monotonic()
+
+    hold = 0.6
+    locked = threading.Event()
+
+    def holder():  # a state change in progress: the first big store waits for it, so it takes at least `hold`
+        with STATE_LOCK:
+            locked.set()
+            time.sleep(hold)
+
+    h = threading.Thread(target=holder)
+    h.start()
+    locked.wait(10)
+    post("big-1", big_batch())
+    h.join()
+    second = threading.Thread(target=post, args=("big-2", big_batch()))
+    second.start()
+    post("small", {"machine": "gpu-01", "lines": []})
+    second.join(timeout=60)
+    assert answered["small"] < answered["big-2"], "the small batch waited for the big lane's rest"
+    # the second big store started at least 9 × hold after the first ended (and the first's answer did not wait)
+    assert answered["big-2"] - answered["big-1"] >= 9 * hold * 0.9, answered

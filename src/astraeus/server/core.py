@@ -46,6 +46,7 @@ class Settings:
     log_max_bytes: int = field(default_factory=lambda: _env().log_max_bytes_per_worker)
     log_max_lines: int = field(default_factory=lambda: _env().log_max_lines_per_worker)
     log_stores_at_once: int = field(default_factory=lambda: _env().log_stores_at_once)
+    log_store_share: float = field(default_factory=lambda: _env().log_store_share)
     console_session_hours: float = field(default_factory=lambda: _env().console_session_hours)
     # Several replicas (issue 16): the scheduling lease's length (renewed every third of it) and this replica's
     # name in the lease and /healthz (None: host:port).
@@ -61,7 +62,8 @@ class Settings:
               "console_session_hours": env.console_session_hours, "lease_seconds": env.leader_lease_seconds,
               "replica_id": env.replica_id}
         kw.update(max_body_bytes=env.max_body_bytes, log_max_bytes=env.log_max_bytes_per_worker,
-                  log_max_lines=env.log_max_lines_per_worker, log_stores_at_once=env.log_stores_at_once)
+                  log_max_lines=env.log_max_lines_per_worker, log_stores_at_once=env.log_stores_at_once,
+                  log_store_share=env.log_store_share)
         kw.update({k: v for k, v in given.items() if v is not None})
         return cls(**kw)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 import anyio.to_thread
@@ -179,6 +180,10 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
 # last KNOWN_SECONDS is known by its digest on the event loop; any other is checked in the thread pool (the store
 # authenticates again in full, so a token revoked meanwhile stores nothing, and is forgotten).
 #
+# The big batches' lane rests after each store (Lane.store): a store that took t seconds keeps the next big one
+# from starting for t × (1/share − 1), ASTRAEUS_LOG_STORE_SHARE (0.5) being the most of the control plane's time a
+# flood may take; a flood stored as fast as it came took a core of a 2-core control plane and doubled the API's p99.
+#
 # A small batch (a Content-Length of at most SMALL_BATCH_BYTES: the lines of workers that print a little, which the
 # agent posts on their own ahead of a flood's, agent.Agent._post_logs) has a lane of its own: one store at a time
 # and SMALL_STORES_WAITING more, so that it never waits behind, nor is refused because of, the flood's big batches
@@ -193,23 +198,43 @@ KNOWN_MAX = 100_000  # digests remembered; beyond it the memory starts again (ev
 
 
 class Lane:
-    """Stores of log batches: at most `at_once` running, `waiting` more waiting without a thread; past that, 429."""
+    """Stores of log batches: at most `at_once` running, `waiting` more waiting without a thread; past that, 429.
+    With a `share` under 1, a store rests the lane afterwards (Lane.store)."""
 
-    def __init__(self, at_once: int, waiting: int) -> None:
+    def __init__(self, at_once: int, waiting: int, share: float = 1.0) -> None:
         self.limiter = anyio.CapacityLimiter(at_once)
         self.bound = at_once + waiting
         self.held = 0  # running + waiting; changed on the event loop only
+        self.at_once, self.share = at_once, share
+        self.rest_until = 0.0  # time.monotonic(): no store of this lane starts before
 
     def full(self) -> bool:
         return self.held >= self.bound
+
+    async def store(self, store: Callable[[], int]) -> int:
+        """`store` in a worker thread, once the lane has room for it and has rested: a store that took t seconds
+        keeps the next from starting for t × (1/share − 1) (spread over the stores it runs at once), so that a
+        flood of big batches takes at most `share` of the control plane's time (ASTRAEUS_LOG_STORE_SHARE). The
+        answer to this batch does not wait for the rest."""
+        async with self.limiter:
+            wait = self.rest_until - time.monotonic()
+            if wait > 0:
+                await anyio.sleep(wait)
+            t0 = time.monotonic()
+            try:
+                return await anyio.to_thread.run_sync(store)
+            finally:
+                if self.share < 1:
+                    end = time.monotonic()
+                    self.rest_until = end + (end - t0) * (1 / self.share - 1) / self.at_once
 
 
 class LogAdmission:
     """Counts the stores running or waiting for one app, and remembers the credentials that passed the check before
     admission; one per app, made in its event loop."""
 
-    def __init__(self, at_once: int) -> None:
-        self.big = Lane(at_once, LOG_STORES_WAITING)
+    def __init__(self, at_once: int, share: float = 1.0) -> None:
+        self.big = Lane(at_once, LOG_STORES_WAITING, share)
         self.small = Lane(SMALL_STORES_AT_ONCE, SMALL_STORES_WAITING)
         self.known: dict[str, float] = {}  # a credential's digest -> when it passed (monotonic)
 
@@ -275,7 +300,8 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
     cp = request.app.state.cp
     admission = getattr(request.app.state, "log_admission", None)
     if admission is None:
-        admission = request.app.state.log_admission = LogAdmission(cp.settings.log_stores_at_once)
+        admission = request.app.state.log_admission = LogAdmission(cp.settings.log_stores_at_once,
+                                                                   cp.settings.log_store_share)
     key = await admission.check(cp, authorization)  # before it counts: 401 for a token that is no credential
     lane = admission.lane(request)
     if lane.full():
@@ -311,7 +337,7 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
                                              pause=lambda: services.let_state_changes_in(s))
 
         try:
-            n = await anyio.to_thread.run_sync(store, limiter=lane.limiter)
+            n = await lane.store(store)
         except ApiError as e:
             if e.status == 401:  # revoked or expired since it was known: checked again at its next batch
                 admission.known.pop(key, None)

@@ -33,6 +33,10 @@ def _clean_env(tmp_path, **extra) -> dict:
      'postgresql+psycopg://user@host:5432/astraeus or sqlite:///path, got "db.example.com"'),
     (["server"], "ASTRAEUS_LOG_STORES_AT_ONCE", "0",
      'astraeus server: ASTRAEUS_LOG_STORES_AT_ONCE: must be a whole number from 1 to 64, got "0"'),
+    (["server"], "ASTRAEUS_LOG_STORE_SHARE", "0",
+     'astraeus server: ASTRAEUS_LOG_STORE_SHARE: must be a number from 0.05 to 1, got "0"'),
+    (["server"], "ASTRAEUS_LOG_STORE_SHARE", "half",
+     'astraeus server: ASTRAEUS_LOG_STORE_SHARE: must be a number from 0.05 to 1, got "half"'),
     (["up"], "ASTRAEUS_IMAGE_MAP", "[1]",
      'astraeus up: ASTRAEUS_IMAGE_MAP: must be a JSON object {"image glob": "environment dir"} or the path of a '
      'file holding one, got "[1]"'),

@@ -334,6 +334,73 @@ def test_a_state_change_goes_between_the_chunks_of_a_big_batch_of_lines(app):
     assert shown == [f"line {i:05d}" for i in range(n)]
 
 
+def test_a_state_change_goes_before_a_trim_of_a_workers_lines(app):
+    """A worker past its log limit is trimmed (its lines counted, the oldest deleted) as a step of its own: on SQLite
+    a state change waiting for the state lock goes after the lines are in and before the trim, not after both; on
+    PostgreSQL the store and its trim hold no state lock at all. Either way the worker ends within its limit."""
+    import threading
+
+    from sqlalchemy import event, func, select
+
+    from astraeus.server.core import STATE_LOCK
+    from astraeus.server.db import LogLine
+
+    app.cp.settings.log_max_lines = 200
+    cred = _register(app, "gpu-01")["credential"]
+    w = _placed(app, "chatty")
+    ident = f"{app.boot['ns']}.chatty-0"
+    n = 400  # one chunk, past the limit: the store trims it
+    lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
+
+    def count() -> int:
+        with app.cp.sessions() as s:
+            return s.scalar(select(func.count()).select_from(LogLine).where(LogLine.attempt >= 0))
+
+    seen: list[int] = []
+    if app.cp.postgres:
+        held, posted = threading.Event(), threading.Event()
+
+        def holding():
+            with STATE_LOCK:
+                held.set()
+                posted.wait(60)
+                seen.append(count())
+
+        t = threading.Thread(target=holding)
+        t.start()
+        held.wait(10)
+        r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
+        posted.set()
+        t.join(timeout=70)
+        assert r.status_code == 200, r.text
+        assert seen and seen[0] <= 200, f"the store waited for the state lock: {seen}"
+    else:
+        started: list[threading.Thread] = []
+
+        def state_change():
+            with STATE_LOCK:
+                seen.append(count())
+
+        def on_insert(conn, cursor, statement, *args):
+            if "INSERT INTO log_lines" in statement and not started:
+                t = threading.Thread(target=state_change)
+                started.append(t)
+                t.start()
+                wait_for(lambda: STATE_LOCK.waiting, timeout=10, what="the state change to wait")
+
+        event.listen(app.cp.engine, "before_cursor_execute", on_insert)
+        try:
+            r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
+        finally:
+            event.remove(app.cp.engine, "before_cursor_execute", on_insert)
+        assert r.status_code == 200, r.text
+        started[0].join(timeout=10)
+        assert seen == [n], f"the state change did not go between the lines and their trim: it saw {seen}"
+    assert count() <= 200
+    shown = app.client.get(f"{app.api}/workers/chatty-0/logs", headers=app.h()).text.splitlines()
+    assert "earlier lines dropped" in shown[0] and shown[-1] == f"line {n - 1:05d}", shown[:2]
+
+
 def test_a_run_deleted_while_its_lines_are_stored_keeps_none(app):
     """A run deleted while a big batch of its worker's lines is being stored keeps no line: on SQLite the delete
     goes between the batch's chunks and the chunks after it store nothing (each finds the machine's workers again);

@@ -439,6 +439,8 @@ def store_log_chunks(session: Session, machine_id: int, chunks: list[tuple[str, 
         conn.exec_driver_sql(_SQLITE_STORE_LINES, (batch, json.dumps(here)))
         usage = {w: (n, b) for w, n, b in conn.exec_driver_sql(_SQLITE_ADD_USAGE, (after,))}
         for wid in services.over_log_limits(usage, max_bytes, max_lines):
+            if pause:  # a trim (a worker's lines counted, an eighth of them deleted) is a step of its own
+                pause()
             services.trim_logs(session, wid, max_bytes, max_lines)
         stored += sum(per[w] for w in here)
     return stored

@@ -263,98 +263,16 @@ def test_an_old_cluster_wide_machine_token_is_a_join_token(old_database):
     assert client.post("/api/v1/agent/register", headers=old, json={"name": "gpu-01"}).status_code == 409
 
 
-def test_a_state_change_goes_between_the_chunks_of_a_big_batch_of_lines(app):
-    """A submit, a report or the scheduling loop's apply that waits for the state lock while a batch of log lines is
-    being stored does not wait for the whole batch: on SQLite (one writer: the store holds the state lock) it goes
-    between the batch's chunks of agents.LOG_CHUNK lines; on PostgreSQL the store holds no state lock at all (it
-    runs in the log store's process): the whole batch is stored while a state change holds the lock. The whole
-    batch is stored all the same, in order."""
+def _post_beside_a_state_change(app, post, count):
+    """post() while a state change wants the state lock; returns its answer and what count() said in that state
+    change. PostgreSQL: the state change holds the lock for as long as the post takes (at most 60 s) and counts at
+    the end (the store takes no state lock). SQLite: it starts at the store's first INSERT of log lines, waits for
+    the lock and counts as soon as it has it (the store steps aside for it)."""
     import threading
 
-    from sqlalchemy import event, func, select
-
-    from astraeus.server.agents import LOG_CHUNK
-    from astraeus.server.core import STATE_LOCK
-    from astraeus.server.db import LogLine
-
-    cred = _register(app, "gpu-01")["credential"]
-    w = _placed(app, "chatty")
-    ident = f"{app.boot['ns']}.chatty-0"
-    n = 4 * LOG_CHUNK
-    seen: list[int] = []  # the lines stored when the state change got the lock (SQLite) or let it go (PostgreSQL)
-    lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
-
-    def post():
-        return app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
-
-    def count() -> int:
-        with app.cp.sessions() as s:
-            return s.scalar(select(func.count()).select_from(LogLine))
-
-    if app.cp.postgres:
-        held, posted = threading.Event(), threading.Event()
-
-        def holding():
-            with STATE_LOCK:  # a state change in progress for as long as the batch takes (at most 60 s)
-                held.set()
-                posted.wait(60)
-                seen.append(count())
-
-        t = threading.Thread(target=holding)
-        t.start()
-        held.wait(10)
-        r = post()
-        posted.set()
-        t.join(timeout=70)
-        assert r.status_code == 200 and r.json()["stored"] == n, r.text
-        assert seen == [n], f"the store waited for the state lock: {seen[0]} of {n} lines stored while it was held"
-    else:
-        started: list[threading.Thread] = []
-
-        def state_change():
-            with STATE_LOCK:
-                seen.append(count())
-
-        def on_insert(conn, cursor, statement, *args):
-            if "INSERT INTO log_lines" in statement and not started:
-                t = threading.Thread(target=state_change)
-                started.append(t)
-                t.start()  # it waits for the state lock
-                wait_for(lambda: STATE_LOCK.waiting, timeout=10, what="the state change to wait")
-
-        event.listen(app.cp.engine, "before_cursor_execute", on_insert)
-        try:
-            r = post()
-        finally:
-            event.remove(app.cp.engine, "before_cursor_execute", on_insert)
-        assert r.status_code == 200 and r.json()["stored"] == n, r.text
-        started[0].join(timeout=10)
-        assert seen and seen[0] < n, f"the state change waited for the whole batch: it saw {seen} of {n} lines"
-    shown = app.client.get(f"{app.api}/workers/chatty-0/logs", headers=app.h()).text.splitlines()
-    assert shown == [f"line {i:05d}" for i in range(n)]
-
-
-def test_a_state_change_goes_before_a_trim_of_a_workers_lines(app):
-    """A worker past its log limit is trimmed (its lines counted, the oldest deleted) as a step of its own: on SQLite
-    a state change waiting for the state lock goes after the lines are in and before the trim, not after both; on
-    PostgreSQL the store and its trim hold no state lock at all. Either way the worker ends within its limit."""
-    import threading
-
-    from sqlalchemy import event, func, select
+    from sqlalchemy import event
 
     from astraeus.server.core import STATE_LOCK
-    from astraeus.server.db import LogLine
-
-    app.cp.settings.log_max_lines = 200
-    cred = _register(app, "gpu-01")["credential"]
-    w = _placed(app, "chatty")
-    ident = f"{app.boot['ns']}.chatty-0"
-    n = 400  # one chunk, past the limit: the store trims it
-    lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
-
-    def count() -> int:
-        with app.cp.sessions() as s:
-            return s.scalar(select(func.count()).select_from(LogLine).where(LogLine.attempt >= 0))
 
     seen: list[int] = []
     if app.cp.postgres:
@@ -369,32 +287,94 @@ def test_a_state_change_goes_before_a_trim_of_a_workers_lines(app):
         t = threading.Thread(target=holding)
         t.start()
         held.wait(10)
-        r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
+        r = post()
         posted.set()
         t.join(timeout=70)
-        assert r.status_code == 200, r.text
+        return r, seen
+    started: list[threading.Thread] = []
+
+    def state_change():
+        with STATE_LOCK:
+            seen.append(count())
+
+    def on_insert(conn, cursor, statement, *args):
+        if "INSERT INTO log_lines" in statement and not started:
+            t = threading.Thread(target=state_change)
+            started.append(t)
+            t.start()  # it waits for the state lock
+            wait_for(lambda: STATE_LOCK.waiting, timeout=10, what="the state change to wait")
+
+    event.listen(app.cp.engine, "before_cursor_execute", on_insert)
+    try:
+        r = post()
+    finally:
+        event.remove(app.cp.engine, "before_cursor_execute", on_insert)
+    started[0].join(timeout=10)
+    return r, seen
+
+
+def test_a_state_change_goes_between_the_chunks_of_a_big_batch_of_lines(app):
+    """A submit, a report or the scheduling loop's apply that waits for the state lock while a batch of log lines is
+    being stored does not wait for the whole batch: on SQLite (one writer: the store holds the state lock) it goes
+    between the batch's chunks of agents.LOG_CHUNK lines; on PostgreSQL the store holds no state lock at all (it
+    runs in the log store's process): the whole batch is stored while a state change holds the lock. The whole
+    batch is stored all the same, in order."""
+
+    from sqlalchemy import func, select
+
+    from astraeus.server.agents import LOG_CHUNK
+    from astraeus.server.db import LogLine
+
+    cred = _register(app, "gpu-01")["credential"]
+    w = _placed(app, "chatty")
+    ident = f"{app.boot['ns']}.chatty-0"
+    n = 4 * LOG_CHUNK
+    lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
+
+    def post():
+        return app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
+
+    def count() -> int:
+        with app.cp.sessions() as s:
+            return s.scalar(select(func.count()).select_from(LogLine))
+
+    r, seen = _post_beside_a_state_change(app, post, count)
+    assert r.status_code == 200 and r.json()["stored"] == n, r.text
+    if app.cp.postgres:
+        assert seen == [n], f"the store waited for the state lock: {seen[0]} of {n} lines stored while it was held"
+    else:
+        assert seen and seen[0] < n, f"the state change waited for the whole batch: it saw {seen} of {n} lines"
+    shown = app.client.get(f"{app.api}/workers/chatty-0/logs", headers=app.h()).text.splitlines()
+    assert shown == [f"line {i:05d}" for i in range(n)]
+
+
+def test_a_state_change_goes_before_a_trim_of_a_workers_lines(app):
+    """A worker past its log limit is trimmed (its lines counted, the oldest deleted) as a step of its own: on SQLite
+    a state change waiting for the state lock goes after the lines are in and before the trim, not after both; on
+    PostgreSQL the store and its trim hold no state lock at all. Either way the worker ends within its limit."""
+    from sqlalchemy import func, select
+
+    from astraeus.server.db import LogLine
+
+    app.cp.settings.log_max_lines = 200
+    cred = _register(app, "gpu-01")["credential"]
+    w = _placed(app, "chatty")
+    ident = f"{app.boot['ns']}.chatty-0"
+    n = 400  # one chunk, past the limit: the store trims it
+    lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
+
+    def count() -> int:
+        with app.cp.sessions() as s:
+            return s.scalar(select(func.count()).select_from(LogLine).where(LogLine.attempt >= 0))
+
+    def post():
+        return app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
+
+    r, seen = _post_beside_a_state_change(app, post, count)
+    assert r.status_code == 200, r.text
+    if app.cp.postgres:
         assert seen and seen[0] <= 200, f"the store waited for the state lock: {seen}"
     else:
-        started: list[threading.Thread] = []
-
-        def state_change():
-            with STATE_LOCK:
-                seen.append(count())
-
-        def on_insert(conn, cursor, statement, *args):
-            if "INSERT INTO log_lines" in statement and not started:
-                t = threading.Thread(target=state_change)
-                started.append(t)
-                t.start()
-                wait_for(lambda: STATE_LOCK.waiting, timeout=10, what="the state change to wait")
-
-        event.listen(app.cp.engine, "before_cursor_execute", on_insert)
-        try:
-            r = app.client.post("/api/v1/agent/logs", headers=_h(cred), json={"machine": "gpu-01", "lines": lines})
-        finally:
-            event.remove(app.cp.engine, "before_cursor_execute", on_insert)
-        assert r.status_code == 200, r.text
-        started[0].join(timeout=10)
         assert seen == [n], f"the state change did not go between the lines and their trim: it saw {seen}"
     assert count() <= 200
     shown = app.client.get(f"{app.api}/workers/chatty-0/logs", headers=app.h()).text.splitlines()

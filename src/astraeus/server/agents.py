@@ -124,6 +124,15 @@ def machine_for(session: Session, tok: Token, name: str) -> Machine:
     return m
 
 
+def log_batch(session: Session, authorization: str | None, raw: bytes) -> tuple[Machine, P.Logs]:
+    """A POST /agent/logs body parsed, and the machine it is for (its credential's, which must be the one it names):
+    ApiError (401, 403, 404), or pydantic's ValidationError for a body that is not a batch of lines. Both the route
+    (SQLite's small batches) and the log store's process (server/logstore.py) take a batch this way."""
+    tok = authenticate(session, authorization)  # a bad token is told before a bad body
+    body = P.Logs.model_validate_json(raw)
+    return machine_for(session, tok, body.machine), body
+
+
 def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     """The workers that should be on this machine now, each with all the agent needs to run or stop it."""
     if m.state != lifecycle.MachineState.READY:

@@ -59,22 +59,17 @@ def _end_with(parent: int) -> None:
 def _store(authorization: str | None, raw: bytes) -> tuple:
     """In the store's process: ("stored", n) (PostgreSQL), ("chunks", machine id, chunks) (SQLite), ("error",
     status, code, message) or ("invalid", errors), which LogStore.store turns into the number or the exception."""
-    from astraeus import protocol as P
     from astraeus.server import agents, services
 
     try:
         with _sessions() as s:
-            tok = agents.authenticate(s, authorization)
-            try:
-                body = P.Logs.model_validate_json(raw)
-            except ValidationError as e:
-                return ("invalid", json.loads(e.json()))
+            m, body = agents.log_batch(s, authorization, raw)
             if s.get_bind().dialect.name == "sqlite":  # the API's process writes them (agents.store_log_chunks)
-                m = agents.machine_for(s, tok, body.machine)
                 return ("chunks", m.id, agents.log_chunks(s, m, body.lines))
             with services.side_tx(s):
-                m = agents.machine_for(s, tok, body.machine)
                 return ("stored", agents.store_logs(s, m, body.lines, *_limits))
+    except ValidationError as e:
+        return ("invalid", json.loads(e.json()))
     except ApiError as e:
         return ("error", e.status, e.code, e.message)
 

@@ -704,13 +704,9 @@ DROPPED = -1  # the attempt of a worker's dropped-lines row
 INT32 = 2**31 - 1
 
 
-def line_bytes(text: str) -> int:
-    """A line's size as the limits count it: its UTF-8 bytes and its newline (as _log_bytes in SQL)."""
-    return len(text.encode("utf-8", "surrogatepass")) + 1
-
-
 def _log_bytes(session: Session):
-    """SQL for a line's size in bytes (as shown: with its newline)."""
+    """SQL for a line's size in bytes (as shown: with its newline; as the stores count it, agents._PG_STORE_LINES
+    and agents._SQLITE_ADD_USAGE)."""
     if session.get_bind().dialect.name == "postgresql":
         return func.octet_length(LogLine.text) + 1
     return func.length(cast(LogLine.text, LargeBinary)) + 1
@@ -724,19 +720,6 @@ def over_log_limits(usage: dict[int, tuple[int, int]], max_bytes: int, max_lines
 def dialect_insert(session: Session, table):
     """An INSERT of `table` in the session's database's own dialect (for its ON CONFLICT clauses)."""
     return (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)(table)
-
-
-def add_log_usage(session: Session, added: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
-    """Add (lines, bytes) to workers' running counts; returns their counts now."""
-    if not added:
-        return {}
-    t = LogUsage.__table__
-    ins = dialect_insert(session, t)
-    session.execute(ins.on_conflict_do_update(index_elements=[t.c.worker_id], set_={
-        "lines": t.c.lines + ins.excluded.lines, "bytes": t.c.bytes + ins.excluded.bytes}),
-        [{"worker_id": w, "lines": n, "bytes": b} for w, (n, b) in sorted(added.items())])
-    return {w: (n, b) for w, n, b in session.execute(
-        select(t.c.worker_id, t.c.lines, t.c.bytes).where(t.c.worker_id.in_(list(added))))}
 
 
 def trim_logs(session: Session, worker_id: int, max_bytes: int, max_lines: int) -> int:

@@ -322,16 +322,14 @@ async def agent_logs(request: Request, authorization: Annotated[str | None, Head
             if cp.postgres or lane is admission.big:  # parsed in the log store's process, off the API's lock
                 return _log_store(request.app, cp).store(authorization, raw, write)
             with cp.sessions() as s:  # SQLite's small batches: parsed and stored here
-                tok = agents.authenticate(s, authorization)
                 try:
-                    body = P.Logs.model_validate_json(raw)
+                    m, body = agents.log_batch(s, authorization, raw)
                 except ValidationError as e:
                     raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) \
                         from None
                 # not a state change (services.side_tx): on SQLite a submit's busy-wait for the write lock lost to
                 # a flood of stores for seconds (benchmarks/bench_logs.py); the body was parsed before the lock
                 with services.side_tx(s):
-                    m = agents.machine_for(s, tok, body.machine)
                     # on SQLite, state changes waiting for the lock go between the batch's chunks
                     return agents.store_logs(s, m, body.lines, cp.settings.log_max_bytes, cp.settings.log_max_lines,
                                              pause=lambda: services.let_state_changes_in(s))

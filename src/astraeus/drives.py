@@ -15,6 +15,7 @@ the words the run's "why it is not running yet" shows for that machine.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 NFS_TCP_PORT = 2049
@@ -85,3 +86,54 @@ def unreachable(drive: str, source: dict, transport: str, machine: MachineFacts,
         lacking = " and ".join(m.name for m in (keeper, machine) if not m.rdma)
         return f"drive {drive} asks for transport RDMA; {lacking} has no RDMA device"
     return None
+
+
+# ------------------------------------------------------------------------------ folders one workspace holds
+# A drive's folder belongs to one workspace: no drive of another workspace may be inside it, equal to it or above
+# it (a bind mount of a folder inside another's drive skips that drive's 0700 folder), and no drive may hold a
+# folder granted to another workspace (nor may a folder be granted inside another workspace's drive). Grants
+# themselves may be shared or nested (a common data disk such as /data/astraeus granted to every workspace): a
+# grant is where a workspace may make drives, and the drives in it are what must not overlap.
+#
+# A place is (kind, name, path): ("node", machine, folder on it) or ("fs", shared filesystem, folder inside it); a
+# machine path granted on a cluster is ("node", ANY, path), on every machine of it. A shared filesystem's folder is
+# also a folder of each machine that declares where it is mounted there, so a machine path and a filesystem folder
+# are compared on those machines.
+
+ANY = "*"
+
+
+def source_places(source: dict, machines: Sequence[MachineFacts] = ()) -> list[tuple[str, str, str]]:
+    """Where a drive source's folder is (see above)."""
+    fs = source.get("filesystem")
+    if fs:
+        return [("fs", fs, source["path"])] + [("node", m.name, shared_path(m.shared_filesystems[fs], source["path"]))
+                                               for m in machines if fs in m.shared_filesystems]
+    return [("node", source.get("node") or ANY, source["path"])]
+
+
+def grant_places(grant: str, machines: Sequence[MachineFacts] = ()) -> list[tuple[str, str, str]]:
+    """Where a granted host path (`/path`, or `NAME:/path` inside shared filesystem NAME) is."""
+    name, colon, rest = grant.partition(":")
+    if colon and not grant.startswith("/"):
+        return source_places({"filesystem": name, "path": rest}, machines)
+    return [("node", ANY, grant)]
+
+
+def _within(path: str, root: str) -> bool:
+    root = root.rstrip("/") or "/"
+    return path == root or root == "/" or path.startswith(root + "/")
+
+
+def _same(a: tuple[str, str, str], b: tuple[str, str, str]) -> bool:
+    return a[0] == b[0] and (a[1] == b[1] or ANY in (a[1], b[1]))
+
+
+def holds(outer: list[tuple[str, str, str]], inner: list[tuple[str, str, str]]) -> bool:
+    """Whether a folder of `outer`'s places is `inner`'s or above it (on the same machine or filesystem)."""
+    return any(_same(o, i) and _within(i[2], o[2]) for o in outer for i in inner)
+
+
+def overlap(a: list[tuple[str, str, str]], b: list[tuple[str, str, str]]) -> bool:
+    """Whether two folders' places are one inside (or equal to) the other anywhere."""
+    return holds(a, b) or holds(b, a)

@@ -436,6 +436,8 @@ def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, la
     home = settings.home
     if layout is not None:
         settings.host = layout.gateway  # the agents reach it over the bridge; the host has that address too
+    # The agents' logs and state live in the home even when the database is elsewhere (ASTRAEUS_DATABASE_URL)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         cp = ControlPlane.open(settings, exclusive=True)  # SQLite: one serving process (db.hold_sqlite)
     except Exception as e:

@@ -12,14 +12,15 @@ some without breaking older agents):
 Integers are bounded by what the database columns hold.
 
 Worker identity. A worker is named to the agent, in its reports and in its log lines by a cluster-unique
-identity, `<workspace ns>.<worker name>` (`worker_identity()`; ns is `ws-<12 hex>`, a worker name a DNS label,
-so the first dot splits it unambiguously), never by its name alone: two workspaces' runs both named `train` on
-one machine are two folders, two processes, two sets of log lines. `Assignment.name` is the bare name, for
-display. The ns-and-name form was chosen over the worker's database id because it is readable in the agent's
-folders and process markers, needs no database to interpret, and can be derived from what an older agent
-recorded (the worker's ASTRAEUS_JOB_NAME is `<ns>.<run>`), so an agent upgraded while its workers run adopts them
-under their identity instead of restarting them. (Like a name, it is reused when a run is deleted and created
-again under the same name; attempts, counted per worker row, tell the agent's records apart only within a run.)
+identity, `<workspace ns>.<worker name>.<run uid>` (`worker_identity()`; ns is `ws-<12 hex>`, a worker name a
+DNS label, a run's uid 32 hex: the dots split it unambiguously), never by its name alone: two workspaces' runs both
+named `train` on one machine are two folders, two processes, two sets of log lines, and a run deleted and submitted
+again under the same name is a new worker whose first attempt is its own, even while the old one is still stopping
+(an ended attempt's report about the deleted run never reaches the new one). `Assignment.name` is the bare name,
+for display. The identity is readable in the agent's folders and process markers and needs no database to
+interpret. An older agent named a worker `<ns>.<worker name>` (one dot, no uid); an upgraded agent adopts such a
+live worker as the assigned worker of that ns, name and attempt (`Runtime.adopt_as`), so an upgrade mid-run
+restarts nothing.
 
 Credentials. `POST /register` is called with a join token (an admin's token of kind "machine", not bound to any
 machine) or with the machine's own credential. With a join token, the answer carries `credential`: the
@@ -64,6 +65,16 @@ class NfsAbility(Body):
     rdma: bool = Field(False, description="It has an RDMA device (/sys/class/infiniband): NFS over RDMA, port 20049")
 
 
+class Disk(Body):
+    """The filesystem of the agent's state dir (where worker folders, logs and container layers are), as statvfs
+    sees it: a machine whose free share falls below the control plane's ASTRAEUS_DISK_PRESSURE_FREE_PERCENT takes
+    no new workers (`Disk pressure: 3% free on /var/lib/astraeus`)."""
+
+    path: Annotated[str, Field(max_length=4096)] = Field(description="The agent's state dir")
+    free_bytes: Annotated[int, Field(ge=0, le=INT64)] = Field(description="Bytes free for unprivileged users")
+    total_bytes: Annotated[int, Field(ge=0, le=INT64)]
+
+
 class Register(Body):
     name: str = Field(description="The machine's name (a DNS label), unique in its cluster")
     gpus: Annotated[int, Field(ge=0, le=4096)] = 0
@@ -85,6 +96,7 @@ class Register(Body):
         " name -> where it is mounted here. A drive on filesystem NAME is placed only on machines that have it")
     nfs: NfsAbility | None = Field(None, description="What this machine can do for drives across machines (None: "
                                                      "nothing; from an older agent)")
+    disk: Disk | None = Field(None, description="Its state dir's filesystem (None: from an older agent)")
 
 
 class Registered(Answer):
@@ -97,9 +109,19 @@ class Registered(Answer):
         "when the agent registered with a join token, None when it registered with its credential (keep it)")
 
 
-def worker_identity(ns: str, name: str) -> str:
+def worker_identity(ns: str, name: str, run_uid: str) -> str:
     """The cluster-unique identity the agent and the control plane name a worker by (see the module docstring)."""
-    return f"{ns}.{name}"
+    return f"{ns}.{name}.{run_uid}"
+
+
+def identity_name(identity: str) -> str:
+    """The worker's name in an identity (`<ns>.<name>.<run uid>`, or an older agent's `<ns>.<name>`)."""
+    return identity.split(".")[1] if "." in identity else identity
+
+
+def older_identity(identity: str) -> str:
+    """The identity an older agent gave the same worker: `<ns>.<name>`, without the run's uid."""
+    return ".".join(identity.split(".")[:2])
 
 
 # --------------------------------------------------------------------------------------- assignments
@@ -162,10 +184,17 @@ class RegistryAuth(Answer):
     password: str = Field(repr=False)
 
 
+class Peer(Answer):
+    """A gang mate of a worker: its worker address, and its machine's address (the route to it)."""
+
+    address: str
+    machine_address: str | None = None
+
+
 class Assignment(Answer):
     """Everything the agent needs to start or stop one worker attempt."""
 
-    worker: str = Field(description="The worker's identity, `<workspace ns>.<worker name>`: the agent's key")
+    worker: str = Field(description="The worker's identity, `<workspace ns>.<worker name>.<run uid>`: the agent's key")
     name: str = Field("", description="The worker's name in its workspace, for display")
     attempt: Annotated[int, Field(ge=0, le=INT32)]
     run: str = ""
@@ -191,6 +220,18 @@ class Assignment(Answer):
     mounts: list[Mount] = Field(default_factory=list)
     configs: list[ConfigFile] = Field(default_factory=list)
     time_limit_seconds: float | None = None
+    ephemeral_storage_bytes: Annotated[int, Field(ge=1, le=INT64)] | None = Field(
+        None, description="The most disk the worker may use (its work folder, its container's writable layer, its "
+        "own /tmp and /dev/shm), measured by the agent: over it the worker is stopped, and its end is reported with "
+        "the message `Evicted: disk use over its limit (10 GiB)`")
+    network: Literal["isolated", "host"] = Field(
+        "isolated", description="isolated: the worker gets a network namespace of its own (astraeus.agent.network); "
+        "host: the machine's, where an admin allowed it")
+    address: str | None = Field(
+        None, description="A gang's worker: its address, chosen by the control plane (cluster-unique, routed between "
+        "machines); None: the agent picks one of its machine's own")
+    peers: list[Peer] = Field(default_factory=list, description="A gang's other workers: the only workers this one "
+                              "reaches, and the only ones that reach it")
 
     @property
     def key(self) -> tuple[str, int]:
@@ -233,6 +274,7 @@ class Report(Body):
     lines: list[WorkerLogLine] | None = Field(
         default=None, description="The last log lines of attempts this report says ended, when they fit one request: "
         "stored (as POST /logs stores them) before the states, in the same transaction")
+    disk: Disk | None = Field(None, description="Its state dir's filesystem now (None: from an older agent)")
 
 
 class Ack(Answer):

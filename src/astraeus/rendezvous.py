@@ -10,10 +10,15 @@ Names (docs/api.md, "What a worker finds in its environment"):
   torchrun   PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_NPROC_PER_NODE (torchrun reads its
              flags from PET_<FLAG>), and MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK
   Slurm      SLURM_JOB_NUM_NODES, SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST, SLURM_GPUS_ON_NODE
+
+With networks of their own (the default, `network: isolated`), each worker of the gang has an address of its own
+(ASTRAEUS_WORKER_ADDR), unique among the cluster's live gangs and routed between the machines: MASTER_ADDR and
+NODE_ADDRS are the workers' addresses, which only the gang's own workers reach.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import random
 from dataclasses import dataclass
 
@@ -21,6 +26,11 @@ from dataclasses import dataclass
 # cluster its own, so that two gangs whose rank 0 share a machine (or a host, for machines without their own
 # network) never collide. 29500 is torch's default MASTER_PORT; the range sits below Linux's ephemeral ports.
 PORTS = range(29500, 30500)
+
+# The addresses of gangs' workers with networks of their own, cluster-wide (a machine's other workers take theirs
+# from a pool of its own, astraeus.agent.network): inside the shared address space of RFC 6598, rarely routed by
+# a site.
+ADDRESSES = ipaddress.ip_network("100.64.0.0/12")
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,7 @@ class Node:
     machine: str
     address: str | None  # the machine's registered address; its name where an older agent gave none
     gpus: int
+    worker_address: str | None = None  # the worker's own address (a network of its own), else None
 
 
 def is_gang(start: str | None, workers: int) -> bool:
@@ -46,10 +57,25 @@ def choose_port(used: set[int], seed: str, ports: range = PORTS) -> int:
     return random.Random(seed).choice(free)
 
 
+def choose_addresses(used: set[str], seed: str, n: int, pool: ipaddress.IPv4Network = ADDRESSES) -> list[str]:
+    """`n` addresses of `pool` that no live gang worker of the cluster has, picked at random (seeded by the attempt,
+    as choose_port). ValueError when the pool has too few left."""
+    rng = random.Random(seed)
+    size = pool.num_addresses - 2  # not the network's nor its broadcast address
+    if size - len(used) < n:
+        raise ValueError(f"fewer than {n} gang worker addresses of {pool} are free")
+    out: list[str] = []
+    while len(out) < n:
+        a = str(pool.network_address + 1 + rng.randrange(size))
+        if a not in used and a not in out:
+            out.append(a)
+    return out
+
+
 def environments(run: str, nodes: list[Node], port: int) -> list[dict[str, str]]:
     """Each rank's environment, in rank order."""
     n = len(nodes)
-    addrs = [nd.address or nd.machine for nd in nodes]
+    addrs = [nd.worker_address or nd.address or nd.machine for nd in nodes]
     master = addrs[0]
     out = []
     for rank, nd in enumerate(nodes):
@@ -75,4 +101,6 @@ def environments(run: str, nodes: list[Node], port: int) -> list[dict[str, str]]
             "SLURM_JOB_NODELIST": ",".join(x.machine for x in nodes),
             "SLURM_GPUS_ON_NODE": str(nd.gpus),
         })
+        if nd.worker_address:
+            out[-1]["ASTRAEUS_WORKER_ADDR"] = nd.worker_address
     return out

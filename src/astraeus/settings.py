@@ -159,6 +159,16 @@ class ServerSettings(HomeSettings):
         "seconds, by the database's clock; the leader renews it every third of that, and another replica takes "
         "over within about this long after the leader dies or stops answering.",
         "a number of seconds from 0.5 to 600", ge=0.5, le=600)
+    disk_pressure_free_percent: float = setting(
+        5.0, "Disk pressure: a machine whose agent's state dir (worker folders, logs, container layers) has less "
+        "than this share of its filesystem free takes no new workers, and says so as the machine's reason "
+        "(`Disk pressure: 3% free on /var/lib/astraeus`) until it has more again; its running workers go on. 0: "
+        "never.", "a percentage from 0 to 100", ge=0, le=100)
+    default_ephemeral_storage_bytes: Annotated[int | None, NoDecode] = setting(
+        None, "The most disk a worker may use (its work folder, container layer, own /tmp and /dev/shm) when its run "
+        "sets no `requested_resources.ephemeral_storage_bytes`; its agent measures it and evicts a worker over it "
+        "(`Evicted: disk use over its limit (10 GiB)`). A size such as `10GiB`, or bytes. Unset: no limit.",
+        "a size such as 10GiB or a whole number of bytes > 0")
     replica_id: str | None = setting(
         None, "This replica's name in the scheduling lease, `/healthz` and the logs; `--replica-id` overrides "
         "it. Unset: `<host>:<port>` (the machine's name for a wildcard host).",
@@ -182,6 +192,25 @@ class ServerSettings(HomeSettings):
     @classmethod
     def _public_url(cls, v: str | None) -> str | None:
         return _http_url(v)
+
+    @field_validator("default_ephemeral_storage_bytes", mode="before")
+    @classmethod
+    def _ephemeral(cls, v):
+        if v is None:
+            return v
+        text = str(v).strip()
+        if text.isdigit():
+            n = int(text)
+        else:
+            from astraeus.units import UnitError, parse_memory
+
+            try:
+                n = parse_memory(text, cls.env_name("default_ephemeral_storage_bytes"))
+            except UnitError as e:
+                raise ValueError(str(e)) from None
+        if n <= 0:
+            raise ValueError("must be more than 0")
+        return n
 
 
 class AgentSettings(HomeSettings):
@@ -418,10 +447,14 @@ WORKER_ENV = {
     "ASTRAEUS_NODE_RANK": "a gang of two workers or more (astraeus.rendezvous, docs/fleet.md): this worker's rank, its "
                           "index (also `PET_NODE_RANK`, `NODE_RANK`, `SLURM_NODEID`)",
     "ASTRAEUS_NUM_NODES": "a gang: its number of workers (also `PET_NNODES`, `SLURM_NNODES`, `SLURM_JOB_NUM_NODES`)",
-    "ASTRAEUS_MASTER_ADDR": "a gang: rank 0's machine address (also `PET_MASTER_ADDR`, `MASTER_ADDR`)",
-    "ASTRAEUS_MASTER_PORT": "a gang: the port the control plane picked for this attempt on rank 0's machine (also "
+    "ASTRAEUS_MASTER_ADDR": "a gang: rank 0's own address (its machine's with `network: host`; also "
+                            "`PET_MASTER_ADDR`, `MASTER_ADDR`)",
+    "ASTRAEUS_MASTER_PORT": "a gang: the port the control plane picked for this attempt on rank 0 (also "
                             "`PET_MASTER_PORT`, `MASTER_PORT`)",
-    "ASTRAEUS_NODE_ADDRS": "a gang: every worker's machine address in rank order, comma-separated",
+    "ASTRAEUS_NODE_ADDRS": "a gang: every worker's own address in rank order, comma-separated (their machines' with "
+                           "`network: host`)",
+    "ASTRAEUS_WORKER_ADDR": "a gang's worker with a network of its own: its address, which only its gang's workers "
+                            "reach",
     "PET_NPROC_PER_NODE": "a gang: the worker's GPUs (1 without GPUs), which torchrun reads as --nproc-per-node; "
                           "`WORLD_SIZE` is the sum over the gang, `SLURM_GPUS_ON_NODE` the worker's GPUs, "
                           "`SLURM_JOB_NODELIST` the machines' names",

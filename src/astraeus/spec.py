@@ -189,6 +189,9 @@ class RequestedResources(Strict):
     machines: Annotated[int, Field(ge=1, le=1024)] | None = None
     per_gpu: PerGpu | None = None
     node_selection: NodeSelection = Field(default_factory=NodeSelection)
+    # Issue 42: the most disk each worker may use (work folder, writable layer, its own /tmp and /dev/shm), measured
+    # by its agent; over it the worker is evicted under its restart policy. None: the cluster's default (if any).
+    ephemeral_storage_bytes: Annotated[int, Field(gt=0, le=2**63 - 1)] | None = None
 
 
 class DatavolumeRef(Strict):
@@ -256,6 +259,8 @@ class TaskTemplate(Strict):
     requested_resources: RequestedResources = Field(default_factory=RequestedResources)
     datavolume_refs: list[DatavolumeRef] = Field(default_factory=list, max_length=MAX_DATAVOLUME_REFS)
     configs: list[ConfigFile] = Field(default_factory=list, max_length=MAX_CONFIGS)
+    # "isolated": a network namespace of its own per worker; "host": the machine's, where an admin allows it
+    network: Literal["isolated", "host"] = "isolated"
 
     @field_validator("image")
     @classmethod

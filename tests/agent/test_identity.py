@@ -56,9 +56,12 @@ def test_same_named_runs_of_two_workspaces_each_run_their_own_command(cluster):
                  what="vision's log line")
         wait_for(lambda: nlp.get("/workers/train-0/logs").text == "nlp's train\n", timeout=30,
                  what="nlp's log line")
-        # the agent keeps them apart: one folder each, named by identity
+        # the agent keeps them apart: one folder each, named by identity (ns, name, run uid)
         folders = sorted(os.listdir(cluster.home / "agents" / "gpu-01" / "workers"))
-        assert folders == sorted([f"{ns['vision']}.train-0.{wv['attempt']}", f"{ns['nlp']}.train-0.{wn['attempt']}"])
+        uid = {"vision": vision.get("/runs/train").json()["metadata"]["uid"],
+               "nlp": nlp.get("/runs/train").json()["metadata"]["uid"]}
+        assert folders == sorted([f"{ns['vision']}.train-0.{uid['vision']}.{wv['attempt']}",
+                                  f"{ns['nlp']}.train-0.{uid['nlp']}.{wn['attempt']}"])
 
         # deleting nlp's run stops nlp's process only
         assert nlp.delete("/runs/train").status_code == 200
@@ -120,8 +123,9 @@ def test_agent_keeps_its_credential_and_registers_again_with_it(server, tmp_path
 
 def test_a_worker_an_older_agent_started_is_adopted_under_its_identity(tmp_path):
     """An older agent named a worker's folder and marker by its name alone (`train-0.1`); after the upgrade the
-    runtime finds it under its identity (the ns from its ASTRAEUS_JOB_NAME), running, with its logs, and stops
-    it by that identity: an upgrade mid-run restarts nothing."""
+    runtime finds it under its older identity (the ns from its ASTRAEUS_JOB_NAME), running, with its logs; the agent
+    adopts it as the identity the control plane names it by now (with its run's uid), and stops it by that
+    identity: an upgrade mid-run restarts nothing."""
     from astraeus.agent.runtime.process import ProcessRuntime
 
     state = str(tmp_path / "state")
@@ -138,7 +142,14 @@ def test_a_worker_an_older_agent_started_is_adopted_under_its_identity(tmp_path)
         assert set(adopted) == {ident} and adopted[ident].state == "Running" and adopted[ident].pid == st.pid
         wait_for(lambda: [ln.text for ln in new.logs(*ident)] == ["old"], timeout=10, what="its log line")
         assert new.marker(*ident).endswith(":train-0.1")  # the marker its processes carry
+        # the control plane now names it with its run's uid: adopted under that identity, for good
+        uid = "0123456789abcdef0123456789abcdef"
+        assert new.adopt_as(*ident, f"ws-0123456789ab.train-0.{uid}")
+        ident = (f"ws-0123456789ab.train-0.{uid}", 1)
+        assert [s.key for s in ProcessRuntime(state, stop_grace=1).adopt()] == [ident]
+        assert {s.key for s in new.list()} == {ident} and new.status(*ident).pid == st.pid
+        assert new.marker(*ident).endswith(":train-0.1")
         ended = new.stop(*ident, grace=1)
-        assert ended.final and not _pid_alive(st.pid)
+        assert ended.final and ended.worker == ident[0] and not _pid_alive(st.pid)
     finally:
         old.stop("train-0", 1, grace=0)

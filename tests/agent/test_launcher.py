@@ -151,9 +151,9 @@ open("/tmp/mine", "w").write("x")
 
 
 def test_the_view_prepared_once_follows_the_hosts_mounts(tmp_path, make_rt, assignment):
-    """Workers' views are made from one the launcher prepared (the host read-only): a mount made on the host after
-    that shows in the next worker's view, read-only like the rest of the host; each worker's /tmp is its own; the
-    shims hold no descriptor of the prepared view."""
+    """Workers' views are made from one the launcher prepared (the host's system folders read-only): a mount made
+    on the host in one of them (here /opt) after that shows in the next worker's view, read-only like the rest; each
+    worker's /tmp is its own; the shims hold no descriptor of the prepared view."""
     import json
     import subprocess
     import tempfile
@@ -163,7 +163,8 @@ def test_the_view_prepared_once_follows_the_hosts_mounts(tmp_path, make_rt, assi
     if os.geteuid() != 0:
         pytest.skip("workers' views need root")
     rt = make_rt(tmp_path / "state")
-    host = tempfile.mkdtemp(dir="/var/tmp", prefix="astraeus-view-")
+    os.makedirs("/opt", exist_ok=True)
+    host = tempfile.mkdtemp(dir="/opt", prefix="astraeus-view-")
     os.chmod(host, 0o755)
     mounted = False
     try:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from astraeus import protocol as P
 from astraeus.agent.agent import Agent
 from astraeus.server.core import STATE_LOCK
 from astraeus.server.routers.agent import (
@@ -250,7 +251,7 @@ def test_while_a_batch_is_deferred_a_quiet_workers_lines_still_ship(server, tmp_
     lines wait until then, and none is lost."""
     with joined_agent(server, tmp_path) as (agent, c):
         count = quiet_and_flood(c)
-        wait_for(lambda: {k[0].rsplit(".", 1)[-1] for k in agent.quiet_attempts} == {"quiet-0"}, timeout=20,
+        wait_for(lambda: {P.identity_name(k[0]) for k in agent.quiet_attempts} == {"quiet-0"}, timeout=20,
                  what="a round where the flood was behind and the quiet worker was not")
         agent.logs_deferred_until = time.monotonic() + 4.0  # as a 429 with Retry-After: 4 does
         time.sleep(0.8)  # a round already past its check finishes
@@ -273,7 +274,7 @@ def test_a_worker_that_floods_now_waits_out_the_deferral_though_it_was_quiet_bef
         count = quiet_and_flood(c)
         agent.logs_deferred_until = time.monotonic() + 4.0  # as a 429 with Retry-After: 4 does
         time.sleep(0.8)  # a round already past its check finishes (and notes its quiet attempts)
-        flooding = next(st.key for st in agent.runtime.list() if st.worker.endswith("flood-0"))
+        flooding = next(st.key for st in agent.runtime.list() if P.identity_name(st.worker) == "flood-0")
         agent.quiet_attempts = {*agent.quiet_attempts, flooding}  # as if it had been quiet in the last round
         flood0, quiet0 = count("flood", "flood"), count("quiet", "quiet")
         time.sleep(1.5)

@@ -222,3 +222,65 @@ def test_an_incomplete_plan_is_a_start_failure_at_once(tmp_path):
     failed = json.loads((d / "failed.json").read_text())
     assert failed["message"] == "the worker's supervisor got an incomplete plan from the shim launcher"
     assert not (d / "started.json").exists()
+
+
+# Issue 42, items 6 and 7: what an isolated worker can reach of the machine, the same from either supervisor.
+PARITY_PROBE = r"""
+import ctypes, errno, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def err(r):
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+out = {"host_shm": err(libc.shmget(int(sys.argv[1]), 0, 0)),
+       "own_shm": err(libc.shmget(int(sys.argv[1]), 4096, 0o1000 | 0o600)),
+       "ipc": os.readlink("/proc/self/ns/ipc"),
+       "mqueue": [ln.split()[2] for ln in open("/proc/self/mounts") if ln.split()[1] == "/dev/mqueue"],
+       "seccomp": next(ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("Seccomp:")),
+       "unshare_user": err(libc.unshare(0x10000000)), "unshare_net": err(libc.unshare(0x40000000)),
+       "clone3": err(libc.syscall(435, None, 0)),
+       "add_key": err(libc.syscall({"x86_64": 248, "aarch64": 217}[os.uname().machine], b"user", b"k", b"v", 1, -2)),
+       "dev": sorted(os.listdir("/dev")), "data": os.path.exists(sys.argv[2]),
+       "data_top": sorted(os.listdir("/" + sys.argv[2].split("/")[1]))}
+import multiprocessing
+with multiprocessing.get_context("fork").Pool(2) as pool:  # threads, fork and /dev/shm as before
+    out["pool"] = pool.map(abs, [-1, -2])
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_both_supervisors_give_a_worker_its_own_ipc_the_seccomp_filter_and_no_host_data(tmp_path, make_rt, assignment,
+                                                                                         supervisor):
+    import ctypes
+    import shutil
+    import tempfile
+    import uuid
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x42000000 | (uuid.uuid4().int & 0xFFFFFF)
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o666)  # the host's segment, open to everyone
+    assert shmid >= 0
+    data = tempfile.mkdtemp(dir="/srv", prefix="astraeus-data-")  # a host data folder, open to everyone
+    os.chmod(data, 0o755)
+    with open(os.path.join(data, "train.csv"), "w") as f:
+        f.write("x,y\n")
+    try:
+        rt = make_rt(tmp_path / "state")
+        a = assignment(PARITY_PROBE, args=[str(key), os.path.join(data, "train.csv")])
+        rt.start(a)
+        end = wait_for(lambda: (s := rt.status(a["worker"], 1)).final and s, timeout=60)
+        text = [ln.text for ln in rt.logs(a["worker"], 1)]
+        assert end.exit_code == 0, text
+        out = json.loads(text[-1])
+    finally:
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+        shutil.rmtree(data, ignore_errors=True)
+    # its own IPC namespace: the host's segment cannot be named, its own can be made; its own POSIX queues
+    assert out["host_shm"] == "ENOENT" and out["own_shm"] == "ok", out
+    assert out["ipc"] != os.readlink("/proc/self/ns/ipc") and out["mqueue"] == ["mqueue"], out
+    # the containers' seccomp filter
+    assert out["seccomp"] == "2"
+    assert out["unshare_user"] == out["unshare_net"] == out["add_key"] == "EPERM" and out["clone3"] == "ENOSYS", out
+    # a container's /dev (and the GPUs'), no host data folder
+    assert "fuse" not in out["dev"] and "net" not in out["dev"] and "kvm" not in out["dev"], out["dev"]
+    assert {"null", "zero", "urandom", "shm", "pts", "mqueue"} <= set(out["dev"]), out["dev"]
+    assert out["data"] is False and out["data_top"] == [], out  # /srv: an empty folder in the view
+    assert out["pool"] == [1, 2]

@@ -109,7 +109,8 @@ def test_assignment_round_trip_through_the_agent(server, tmp_path):
                                     read_only=False, create=True, granted_root=str(tmp_path / "data"))]
         assert got.configs == [ConfigFile(mount_path="/app/conf.txt", value="lr=0.1")]
         assert got.env["MODE"] == "test" and got.env["ASTRAEUS_WORKER_NAME"] == "rt-0"
-        assert got.worker == f"{server['ns']}.rt-0"  # its identity: the workspace's ns and its name
+        uid = httpx.get(server["api"] + "/runs/rt", headers=h).json()["metadata"]["uid"]
+        assert got.worker == f"{server['ns']}.rt-0.{uid}"  # its identity: the workspace's ns, its name, its run
         assert got.time_limit_seconds == 600 and got.desired == "Running"
         # Back the other way: the agent's report and log lines are accepted and shown.
         w = wait_for(lambda: (x := httpx.get(server["api"] + "/workers/rt-0", headers=h).json())["state"]

@@ -7,6 +7,8 @@ PostgreSQL; the pure rules on their own."""
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from astraeus import drives, rendezvous
@@ -45,11 +47,14 @@ def _worker(app, name: str) -> dict:
     return app.client.get(f"{app.api}/workers/{name}", headers=app.h()).json()
 
 
-def _run(app, name: str, gpus: int = 8, machines: int | None = None, drive: str | None = None, **rr) -> None:
+def _run(app, name: str, gpus: int = 8, machines: int | None = None, drive: str | None = None,
+         network: str | None = None, **rr) -> None:
     req = {"gpu_requests": {"count": gpus}, **rr}
     if machines:
         req["machines"] = machines
     tt = {"image": "python:3.11", "command": "sleep", "args": ["600"], "requested_resources": req}
+    if network:
+        tt["network"] = network
     if drive:
         tt["datavolume_refs"] = [{"name": drive, "mount_path": "/ckpt", "mode": "ReadWrite"}]
     r = app.client.post(app.api + "/runs", json={"metadata": {"name": name}, "spec": {"task_template": tt}},
@@ -181,6 +186,11 @@ def _envs(app, creds: dict[str, str]) -> dict[str, tuple[str, dict]]:
             if a["desired"] == "Running"}
 
 
+def _given(app, creds: dict[str, str]) -> dict[str, dict]:
+    return {a["name"]: a for m, cred in creds.items() for a in _assignments(app, cred, m)["assignments"]
+            if a["desired"] == "Running"}
+
+
 def test_a_two_machine_gang_gets_its_rendezvous_and_new_values_for_its_next_attempt(app):
     creds = {"gpu-01": _register(app, "gpu-01", address="10.77.0.2"),
              "gpu-02": _register(app, "gpu-02", address="10.77.0.3")}
@@ -190,8 +200,15 @@ def test_a_two_machine_gang_gets_its_rendezvous_and_new_values_for_its_next_atte
     envs = _envs(app, creds)
     (m0, e0), (m1, e1) = envs["train-0"], envs["train-1"]
     assert (e0["ASTRAEUS_NODE_RANK"], e1["ASTRAEUS_NODE_RANK"]) == ("0", "1") and m0 != m1
-    assert e0["MASTER_ADDR"] == e1["MASTER_ADDR"] == e1["ASTRAEUS_MASTER_ADDR"] == addr[m0]
-    assert e0["ASTRAEUS_NODE_ADDRS"] == e1["ASTRAEUS_NODE_ADDRS"] == f"{addr[m0]},{addr[m1]}"
+    # each worker has an address of its own (a network of its own), which is its gang's MASTER_ADDR / NODE_ADDRS
+    w0, w1 = e0["ASTRAEUS_WORKER_ADDR"], e1["ASTRAEUS_WORKER_ADDR"]
+    assert w0 != w1 and all(ipaddress.ip_address(w) in rendezvous.ADDRESSES for w in (w0, w1))
+    assert e0["MASTER_ADDR"] == e1["MASTER_ADDR"] == e1["ASTRAEUS_MASTER_ADDR"] == w0
+    assert e0["ASTRAEUS_NODE_ADDRS"] == e1["ASTRAEUS_NODE_ADDRS"] == f"{w0},{w1}"
+    given = _given(app, creds)  # the agent's word: its address, and the route to each peer through its machine
+    assert given["train-0"]["network"] == "isolated" and given["train-0"]["address"] == w0
+    assert given["train-0"]["peers"] == [{"address": w1, "machine_address": addr[m1]}]
+    assert given["train-1"]["peers"] == [{"address": w0, "machine_address": addr[m0]}]
     assert e0["MASTER_PORT"] == e1["PET_MASTER_PORT"] and 29500 <= int(e0["MASTER_PORT"]) < 30500
     assert e0["WORLD_SIZE"] == "16" and e0["PET_NPROC_PER_NODE"] == "8" and e0["SLURM_JOB_NODELIST"] == f"{m0},{m1}"
     assert e0["SLURM_JOB_NAME"] == "train" and e1["SLURM_NODEID"] == "1"
@@ -203,7 +220,7 @@ def test_a_two_machine_gang_gets_its_rendezvous_and_new_values_for_its_next_atte
     wait_for(lambda: _worker(app, "other-0")["state"] == "Starting", what="second gang placed")
     envs = _envs(app, creds)
     assert envs["other-0"][1]["MASTER_PORT"] != e0["MASTER_PORT"]
-    assert envs["other-0"][1]["MASTER_ADDR"] in ("10.77.0.4", "10.77.0.5")
+    assert envs["other-0"][1]["MASTER_ADDR"] not in (w0, w1)  # nor its workers' addresses
     app.client.delete(f"{app.api}/runs/other", headers=app.h())
     for m in ("gpu-03", "gpu-04"):
         _report(app, creds[m], m, "Exited", exit_code=143)
@@ -288,3 +305,35 @@ def test_a_drive_kept_on_one_machine_is_exported_to_the_machines_that_use_it_and
     _report(app, creds["gpu-02"], "gpu-02", "Exited", exit_code=0)
     wait_for(lambda: _worker(app, "ft-run-0")["state"] == "Succeeded", what="ended")
     assert _assignments(app, creds["gpu-01"], "gpu-01")["exports"] == []
+
+
+def test_the_host_network_is_for_workspaces_an_admin_allowed_it(app):
+    creds = {"gpu-01": _register(app, "gpu-01", address="10.77.0.2"),
+             "gpu-02": _register(app, "gpu-02", address="10.77.0.3")}
+    body = {"metadata": {"name": "nccl"}, "spec": {"task_template": {
+        "image": "python:3.11", "command": "sleep", "args": ["600"], "network": "host",
+        "requested_resources": {"gpu_requests": {"count": 16}, "machines": 2}}}}
+    r = app.client.post(app.api + "/runs", json=body, headers=app.h())
+    assert r.status_code == 403 and r.json()["code"] == "HOST_NETWORK_NOT_ALLOWED", r.text
+    assert r.json()["message"] == (
+        "spec.task_template.network: host is not allowed for workspace vision on cluster main: remove it (each worker "
+        "gets a network of its own), or ask an admin to allow it (clusters.main.host_network: true)")
+    assert app.client.get(app.api + "/runs/nccl", headers=app.h()).status_code == 404  # nothing stored
+    bad = {**body, "spec": {"task_template": {**body["spec"]["task_template"], "network": "bridge"}}}
+    r = app.client.post(app.api + "/runs", json=bad, headers=app.h())
+    assert r.status_code == 422 and "network" in r.text, r.text
+
+    admin = {"Authorization": f"Bearer {app.boot['admin_token']}"}
+    r = app.client.patch("/api/v1/o/acme/workspaces/vision", json={"clusters": {"main": {"host_network": True}}},
+                         headers=admin)
+    assert r.status_code == 200, r.text
+    assert app.client.get(app.api, headers=app.h()).json()["clusters"][0]["host_network"] is True
+    r = app.client.post(app.api + "/runs", json=body, headers=app.h())
+    assert r.status_code == 201, r.text
+    wait_for(lambda: all(_worker(app, f"nccl-{i}")["state"] == "Starting" for i in (0, 1)), what="gang placed")
+    given = _given(app, creds)
+    e0, e1 = given["nccl-0"]["env"], given["nccl-1"]["env"]
+    assert given["nccl-0"]["network"] == "host" and given["nccl-0"]["address"] is None
+    assert given["nccl-0"]["peers"] == [] and "ASTRAEUS_WORKER_ADDR" not in e0
+    assert e0["MASTER_ADDR"] == e1["MASTER_ADDR"] == {"gpu-01": "10.77.0.2", "gpu-02": "10.77.0.3"}[
+        next(m for m, c in creds.items() if any(a["name"] == "nccl-0" for a in _assignments(app, c, m)["assignments"]))]

@@ -44,6 +44,12 @@ def _placed(app, run: str, gpus: int = 1) -> dict:
                     what="the worker placed")
 
 
+
+def _ident(app, run: str) -> str:
+    """The identity of the run's first worker: `<ns>.<name>.<run uid>`."""
+    uid = app.client.get(f"{app.api}/runs/{run}", headers=app.h()).json()["metadata"]["uid"]
+    return f"{app.boot['ns']}.{run}-0.{uid}"
+
 def test_join_token_is_exchanged_for_the_machines_own_credential(app):
     ans = _register(app, "gpu-01")
     cred = ans["credential"]
@@ -74,7 +80,7 @@ def test_a_machines_credential_is_refused_for_another_machines_assignments_repor
     c2 = _register(app, "gpu-02", gpus=0)["credential"]  # no GPU: the run below goes to gpu-01
     w = _placed(app, "train")
     assert w["machine"] == "gpu-01"
-    ident = f"{app.boot['ns']}.train-0"
+    ident = _ident(app, "train")
     # gpu-02's credential naming gpu-01: 403, saying whose credential it is
     for method, path, body in [
             ("get", "/assignments?machine=gpu-01", None),
@@ -126,7 +132,7 @@ def test_a_machines_lines_are_stored_once_whatever_their_text(app):
 
     cred = _register(app, "gpu-01")["credential"]
     w = _placed(app, "talk")
-    ident = f"{app.boot['ns']}.talk-0"
+    ident = _ident(app, "talk")
 
     def post(lines):  # as Python's json writes them (NaN, Infinity), which httpx's json= refuses
         return app.client.post("/api/v1/agent/logs", headers={**_h(cred), "Content-Type": "application/json"},
@@ -327,7 +333,7 @@ def test_a_state_change_goes_between_the_chunks_of_a_big_batch_of_lines(app):
 
     cred = _register(app, "gpu-01")["credential"]
     w = _placed(app, "chatty")
-    ident = f"{app.boot['ns']}.chatty-0"
+    ident = _ident(app, "chatty")
     n = 4 * LOG_CHUNK
     lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
 
@@ -359,7 +365,7 @@ def test_a_state_change_goes_before_a_trim_of_a_workers_lines(app):
     app.cp.settings.log_max_lines = 200
     cred = _register(app, "gpu-01")["credential"]
     w = _placed(app, "chatty")
-    ident = f"{app.boot['ns']}.chatty-0"
+    ident = _ident(app, "chatty")
     n = 400  # one chunk, past the limit: the store trims it
     lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i:05d}"} for i in range(n)]
 
@@ -396,7 +402,8 @@ def test_a_run_deleted_while_its_lines_are_stored_keeps_none(app):
     cred = _register(app, "gpu-01")["credential"]
     doomed, kept = _placed(app, "doomed"), _placed(app, "kept")
     n = 4 * LOG_CHUNK
-    lines = [{"worker": f"{app.boot['ns']}.{name}-0", "attempt": w["attempt"], "seq": i, "text": f"line {i}"}
+    ids = {name: _ident(app, name) for name in ("doomed", "kept")}
+    lines = [{"worker": ids[name], "attempt": w["attempt"], "seq": i, "text": f"line {i}"}
              for i in range(n) for name, w in (("doomed", doomed), ("kept", kept))]
     deleted: list[int] = []
 
@@ -456,7 +463,7 @@ def test_a_big_batch_of_lines_is_parsed_by_a_process_of_its_own_and_a_dead_one_i
 
     cred = _register(app, "gpu-01")["credential"]
     w = _placed(app, "talk")
-    ident = f"{app.boot['ns']}.talk-0"
+    ident = _ident(app, "talk")
 
     def post(seqs):  # a big batch (past routers.agent.SMALL_BATCH_BYTES), as a flood's
         lines = [{"worker": ident, "attempt": w["attempt"], "seq": i, "text": f"line {i} " + "x" * 30_000} for i in seqs]

@@ -142,10 +142,11 @@ def test_preemption_across_workspaces_never_names_the_other_run(app):
         "name": "gpu-01", "gpus": 8, "cpu_cores": 64, "memory_bytes": 1 << 40, "stop_grace_seconds": 2})
     assert r.status_code == 200, r.text
     mt = {"Authorization": f"Bearer {r.json()['credential']}"}  # the machine's own credential, for reports
-    ident = f"{app.boot['ns']}.secret-run-0"  # a worker's identity on the agent protocol
     body = run_body("secret-run", requested_resources={"gpu_requests": {"count": 8}})
     body["spec"]["priority"] = -10
-    assert app.client.post(app.api + "/runs", json=body, headers=app.h()).status_code == 201
+    r = app.client.post(app.api + "/runs", json=body, headers=app.h())
+    assert r.status_code == 201
+    ident = f"{app.boot['ns']}.secret-run-0.{r.json()['metadata']['uid']}"  # its identity on the agent protocol
     w = _wait_worker(app, None, app.api, "secret-run-0", lambda w: w["state"] == "Starting", "placement")
     app.client.post("/api/v1/agent/report", headers=mt, json={"machine": "gpu-01", "workers": [
         {"worker": ident, "attempt": w["attempt"], "state": "Running", "pid": 4242}]})

@@ -7,7 +7,12 @@ the host, and vision's worker runs on untouched (Running, same pid, its log grow
 The guarantees are a checklist: ATTACKS holds one function per attack (its source runs inside the hostile
 worker), GUARANTEES the host-side checks. The container runtime (issue 14) gives the same guarantees: the test
 runs on both (`runtime`: ids process/container; in a container, the host paths the attacks aim at are the
-host's, as the test found them, so each attack means the same)."""
+host's, as the test found them, so each attack means the same).
+
+Issue 42, items 6 and 7: the process runtime at container parity. nlp's worker cannot attach vision's System V shared
+memory (each worker has its own IPC namespace), make a user or network namespace (unshare, clone), add a key, open
+/dev/fuse or /dev/net/tun (the containers' seccomp filter and /dev), nor read vision's ReadOnly dataset by its host
+path (the process runtime's view shows the host's system folders, not its data folders)."""
 
 from __future__ import annotations
 
@@ -159,6 +164,68 @@ def attack_config_in_state_dir_reaches_host(T):
     return [n for n in os.listdir(p) if n != "stop.json"]
 
 
+def attack_sysv_shm_of_vision(T):
+    # vision's worker made a System V shared memory segment with this key and wrote its secret in it
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    shmid = libc.shmget(T["shm_key"], 0, 0)
+    if shmid < 0:
+        raise OSError(ctypes.get_errno(), "shmget")
+    addr = libc.shmat(shmid, None, 0o10000)  # SHM_RDONLY
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "shmat")
+    return ctypes.string_at(addr, 80)
+
+
+def attack_unshare_user_net(T):
+    # a user namespace (root in it: capabilities over namespaces of its own) and a network namespace, by unshare()
+    # and by clone() with the flags
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    made = [name for name, flags in (("user", 0x10000000), ("net", 0x40000000), ("user+net", 0x50000000))
+            if libc.unshare(flags) == 0]
+    nr = {"x86_64": 56, "aarch64": 220}[os.uname().machine]
+    pid = libc.syscall(nr, 0x10000000 | 0x40000000 | signal.SIGCHLD, 0, 0, 0, 0)  # clone, fork-like
+    if pid == 0:
+        os._exit(0)
+    if pid > 0:
+        os.waitpid(pid, 0)
+        made.append("clone(CLONE_NEWUSER|CLONE_NEWNET)")
+    return made
+
+
+def attack_add_key(T):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": 248, "aarch64": 217}[os.uname().machine]
+    serial = libc.syscall(nr, b"user", b"astraeus-hostile", b"x", 1, -2)  # KEY_SPEC_PROCESS_KEYRING
+    if serial < 0:
+        raise OSError(ctypes.get_errno(), "add_key")
+    return f"key {serial}"
+
+
+def attack_dev_fuse(T):
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    os.close(fd)
+    return "opened /dev/fuse"
+
+
+def attack_dev_net_tun(T):
+    fd = os.open("/dev/net/tun", os.O_RDWR)
+    os.close(fd)
+    return "opened /dev/net/tun"
+
+
+def attack_other_workspace_dataset(T):
+    # vision's ReadOnly dataset, by its host path (nlp has no drive of it)
+    return open(T["vision_dataset"]).read() or os.listdir(os.path.dirname(T["vision_dataset"]))
+
+
 ATTACKS = [f for name, f in sorted(globals().items()) if name.startswith("attack_")]
 
 PRELUDE = r'''
@@ -187,7 +254,19 @@ def hostile_script() -> str:
 
 
 VISION = r'''
-import os, sys, time
+import ctypes, os, sys, time
+# a System V shared memory segment with a known key (sys.argv[1]), holding the secret (nlp's worker must not reach it)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+shmid = libc.shmget(int(sys.argv[1]), 4096, 0o1000 | 0o666)  # IPC_CREAT
+addr = libc.shmat(shmid, None, 0) if shmid >= 0 else None
+if addr not in (None, ctypes.c_void_p(-1).value):
+    ctypes.memmove(addr, os.environ["VISION_SECRET"].encode(), len(os.environ["VISION_SECRET"]))
+    print("shm ready", flush=True)
+else:
+    print(f"shm failed: {os.strerror(ctypes.get_errno())}", flush=True)
+print("dataset " + open("/adata/train.csv").read().strip().replace("\n", "|"), flush=True)
 i = 0
 while True:
     with open("/vckpt/progress", "a") as f:
@@ -266,6 +345,9 @@ def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster, 
     base = Path("/data/astraeus") / tag
     (base / "nro").mkdir(parents=True)
     (base / "nro" / "data.txt").write_text("read-only data")
+    (base / "a-dataset").mkdir()
+    (base / "a-dataset" / "train.csv").write_text("x,y\n1,vision-only\n")
+    shm_key = 0x41000000 | (uuid.uuid4().int & 0xFFFFFF)  # vision's System V shared memory segment
     host_made = [Path(f"/etc/{tag}"), Path(f"/opt/{tag}"), Path(f"/etc/{tag}-etc"), Path(f"/root/{tag}-root")]
     try:
         with cluster.admin() as adm:
@@ -277,13 +359,18 @@ def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster, 
         with cluster.client() as vis:
             r = vis.post("/drives", json=_drive("vckpt", str(base / "vision"), "/vckpt", "ReadWrite"))
             assert r.status_code == 201, r.text
-            r = vis.post("/runs", json=_run("vlong", VISION, [], {"VISION_SECRET": secret},
+            r = vis.post("/drives", json=_drive("adata", str(base / "a-dataset"), "/adata", "ReadOnly"))
+            assert r.status_code == 201, r.text
+            r = vis.post("/runs", json=_run("vlong", VISION, [str(shm_key)], {"VISION_SECRET": secret},
                                             [{"mounts": ["/etc/vision/conf.yaml"], "value": f"config-{secret}"}],
-                                            [{"name": "vckpt", "mount_path": "/vckpt", "mode": "ReadWrite"}],
+                                            [{"name": "vckpt", "mount_path": "/vckpt", "mode": "ReadWrite"},
+                                             {"name": "adata", "mount_path": "/adata", "mode": "ReadOnly"}],
                                             cluster.image))
             assert r.status_code == 201, r.text
-            wait_for(lambda: vis.get("/workers/vlong-0/logs").text.count("\n") >= 3, timeout=60,
-                     what="vision's worker printing")
+            vlog = wait_for(lambda: (t := vis.get("/workers/vlong-0/logs").text).count("\n") >= 5 and t,
+                            timeout=60, what="vision's worker printing")
+            # what nlp's steps aim at is really there for vision: its shared memory segment and its dataset
+            assert "shm ready" in vlog and "dataset x,y|1,vision-only" in vlog, vlog
         state_dir = cluster.home / "agents" / "gpu-01"
         vision_pid = wait_for(lambda: next((p for p, w in worker_procs(state_dir).items() if "vlong" in w), None),
                               what="vision's worker process")
@@ -293,7 +380,8 @@ def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster, 
         targets = {"agent_pid": _agent_pid(state_dir), "home": str(cluster.home), "state_dir": str(state_dir),
                    "vision_dir": vision_dir, "vision_pid": vision_pid, "vision_secret": secret,
                    "vision_drive": str(base / "vision"), "shim": os.path.realpath(shim_module.__file__),
-                   "ro_drive": str(base / "nro"), "tag": tag}
+                   "ro_drive": str(base / "nro"), "tag": tag, "shm_key": shm_key,
+                   "vision_dataset": str(base / "a-dataset" / "train.csv")}
         shim_before = Path(targets["shim"]).read_bytes()
         with cluster.client(nlp_token) as nlp:
             nlp.base_url = nlp_api

@@ -436,8 +436,9 @@ ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvo
                     "tokens": {"machine_id": None},
                     "runs": {"template": None, "template_version": None, "schedule_id": None, "group_id": None,
                              "array_job": None, "array_index": None, "array_max_running": None},
-                    "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None},
-                    "access": {"pools": None}}
+                    "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None,
+                                 "disk_path": None, "disk_free_bytes": None, "disk_total_bytes": None},
+                    "access": {"pools": None, "host_network": False}}
 
 
 def test_downgrade_to_0001_keeps_every_row(released, tmp_path):

@@ -33,7 +33,8 @@ Credential: the agent registers with `token`; a join token is answered with the 
 the agent keeps in `<state_dir>/credential` (0600) and uses for everything after, and for registering again
 (after a restart too). When the control plane does not know that credential (a new database), the agent joins
 again with `token`; when an admin revoked it, the agent stays out (the machine goes Lost) until the file is
-deleted. Workers are keyed by their identity (`Assignment.worker`, `<workspace ns>.<name>`), never by name alone.
+deleted. Workers are keyed by their identity (`Assignment.worker`, `<workspace ns>.<name>.<run uid>`), never by name
+alone: a run deleted and submitted again under its name is another worker here, even while the old one stops.
 
 Protocol: docs/api.md, "Agent API"; the bodies are the models of astraeus.protocol. The agent registers,
 long-polls /assignments, reconciles, reports every worker's state on each change and at least every
@@ -66,6 +67,7 @@ import psutil
 from pydantic import ValidationError
 
 from astraeus import protocol as P
+from astraeus.agent.disk import EvictionWatch, disk_of, mark_evicted
 from astraeus.agent.gpus import discover_gpus, nvml_gpus
 from astraeus.agent.runtime.base import EXITED, START_FAILED, Runtime, StartFailed, WorkerStatus
 from astraeus.agent.runtime.images import ImageMap
@@ -280,6 +282,7 @@ class Agent:
         self.log_rate = (env or AgentSettings.load()).log_lines_per_second  # per worker: the rest are dropped
         self.log_limits: dict[str, list] = {}  # attempt's log key -> [second, shipped in it, dropped, seq, time]
         self.lines_in_report = True  # an ended attempt's last lines go in its report (False: an older control plane)
+        self.disk_in_report = True  # its state dir's filesystem goes in each report (False: an older control plane)
         # The control plane refused a batch (429) until this time (monotonic): meanwhile only the attempts that were
         # quiet in the last round (all their new lines fitted their share) ship, each LOG_EVERY, in small batches
         # it admits while busy storing floods (routers/agent.py: the small lane)
@@ -433,15 +436,17 @@ class Agent:
                           cpu_cores=self.cpu_cores, memory_bytes=self.memory_bytes,
                           stop_grace_seconds=self.stop_grace, labels=self.labels, runtime=self.runtime_name,
                           address=self.address or route_address(self.base),
-                          shared_filesystems=self.shared_filesystems, nfs=nfs_ability_or_none())
+                          shared_filesystems=self.shared_filesystems, nfs=nfs_ability_or_none(),
+                          disk=disk_of(self.state_dir))
         self.credential = self._load_credential()  # deleting the file is how an operator makes it join again
         payload = body.model_dump(mode="json")
         r = client.post(self.base + "/register", json=payload)
         if r.status_code == 422:  # a control plane older than these fields (0005, 0006): they are left out
-            newer = ("runtime", "address", "shared_filesystems", "nfs")
+            newer = ("runtime", "address", "shared_filesystems", "nfs", "disk")
             if any(k in r.text for k in newer):
                 for k in newer:
                     payload.pop(k, None)
+                self.disk_in_report = False  # nor in its reports (agent/disk.py)
                 r = client.post(self.base + "/register", json=payload)
         if self.credential and r.status_code in (401, 403):
             if _code(r) == "CREDENTIAL_REVOKED":
@@ -616,6 +621,8 @@ class Agent:
         with self.lock:
             assigned = None if self.assignments is None else dict(self.assignments)
         statuses = self.statuses()
+        if assigned is not None and self._adopt_older(assigned, statuses):
+            statuses = self.statuses()
         if assigned is not None:
             live_workers = {k[0] for k, st in statuses.items() if not st.final}
             for key, a in assigned.items():
@@ -653,6 +660,21 @@ class Agent:
                 changed = True
         if changed:
             self.wake_report.set()  # with the last lines of what ended (the log thread keeps its own pace)
+
+    def _adopt_older(self, assigned: dict, statuses: dict) -> bool:
+        """An attempt an older agent started under its older identity (`<ns>.<name>`) is the assigned attempt of
+        that ns, name and attempt: adopted under the assigned identity instead of being stopped and started again.
+        One asked to stop is not (it belongs to a deleted run the same name was submitted again as)."""
+        adopted = False
+        for key in assigned:
+            old = (P.older_identity(key[0]), key[1])
+            st = statuses.get(old)
+            if old == key or key in statuses or st is None or st.stopping:
+                continue
+            if self.runtime.adopt_as(old[0], old[1], key[0]):
+                log.info("adopted %s attempt %s as %s", old[0], old[1], key[0])
+                adopted = True
+        return adopted
 
     def _start(self, a: P.Assignment) -> None:
         key = a.key
@@ -732,7 +754,7 @@ class Agent:
         the field: 422) gets them shipped before it too."""
         statuses = self.statuses()
         ended = {k for k, st in statuses.items() if st.final and k not in self.reported_final}
-        workers = [st.report() for st in sorted(statuses.values(), key=lambda s: s.key)]
+        workers = mark_evicted(self.runtime, [st.report() for st in sorted(statuses.values(), key=lambda s: s.key)])
         with self.ship_lock:
             tail = None  # the ended attempts' last lines, and the offsets they move to once stored
             for _ in range(10):
@@ -747,9 +769,10 @@ class Agent:
                 tail = None
                 if not more:
                     break
-            body = P.Report(machine=self.name, workers=workers, lines=tail.lines if tail is not None and tail.lines else None)
+            body = P.Report(machine=self.name, workers=workers, lines=tail.lines if tail is not None and tail.lines else None,
+                            disk=disk_of(self.state_dir) if self.disk_in_report else None)
             try:
-                self._post(client, "/report", body, omit_none=("lines",))
+                self._post(client, "/report", body, omit_none=("lines", "disk"))
             except httpx.HTTPStatusError as e:
                 if body.lines is None or e.response.status_code != 422 or "lines" not in e.response.text:
                     raise
@@ -958,6 +981,7 @@ class Agent:
             t = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
             t.start()
             self.threads.append(t)
+        self.threads.append(EvictionWatch(self).start())  # ephemeral storage limits (agent/disk.py)
 
     def shutdown(self) -> None:
         """Stop the loops; with stop_workers_on_exit, stop every worker first and report them."""

@@ -194,6 +194,17 @@ def workspace_ids(drive: str, number: int | None) -> tuple[int, int]:
     return uid, uid
 
 
+def workspace_owner(uid: int) -> dict | None:
+    """The drive's owner as mounts.open_drive_dir checks it (a folder of another workspace's uid is refused); None
+    with one user for every workspace (ASTRAEUS_WORKER_USER)."""
+    from astraeus.settings import AgentSettings
+
+    s = AgentSettings.load()
+    if s.worker_user:
+        return None
+    return {"uid": uid, "uids": [s.worker_uid_base, s.worker_uid_base + s.worker_uid_range]}
+
+
 def ganesha_config(exports: list[dict], port: int, recovery_dir: str, plugins_dir: str, bind: str | None = None) \
         -> str:
     """Ganesha's config for `exports` (pure): each {"id", "path", "pseudo", "clients": {addr: "RW"|"RO"}, "uid",
@@ -412,7 +423,7 @@ class Exports:
         except ValueError as err:
             raise ExportError(f"cannot export drive {e.drive}: {err}") from None
         try:
-            fd = mounts.open_drive_dir(path, e.granted_root, bool(e.create) and not e.read_only)
+            fd = mounts.open_drive_dir(path, e.granted_root, bool(e.create) and not e.read_only, workspace_owner(uid))
         except mounts.MountError as err:
             raise ExportError(f"cannot export drive {e.drive}: {err}") from None
         try:

@@ -47,7 +47,7 @@ class _App(typer.Typer):
         except Exception as e:  # noqa: BLE001 - the last line of defence against tracebacks
             if os.environ.get("ASTRA_DEBUG"):
                 raise
-            typer.echo(f"error: {type(e).__name__}: {e} (set ASTRA_DEBUG=1 for details)", err=True)
+            typer.echo(fmt.terminal_safe(f"error: {type(e).__name__}: {e} (set ASTRA_DEBUG=1 for details)"), err=True)
             sys.exit(1)
 
 
@@ -87,7 +87,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(message, err=True)
+    """`message` as one terminal-safe line on stderr (an error may quote what the server holds); the Exit to raise."""
+    typer.echo(fmt.terminal_safe(message), err=True)
     return typer.Exit(code)
 
 
@@ -170,7 +171,7 @@ def login(
             if ws.get("role"):
                 who += f" as {ws['role']}"
     path = save_config(config.api, config.token)
-    typer.echo(f"Logged in{who} at {config.api}; saved to {path}")
+    typer.echo(f"Logged in{fmt.terminal_safe(who)} at {config.api}; saved to {path}")
     for var in ("ASTRAEUS_API", "ASTRAEUS_TOKEN"):
         if os.environ.get(var):
             typer.echo(f"note: {var} is set in the environment and wins over the saved value", err=True)
@@ -275,7 +276,7 @@ def submitted_line(created: Any, body: dict[str, Any]) -> str:
         line += f" to {cluster}"
     if url:
         line += f": {url}"
-    return line
+    return fmt.terminal_safe(line)
 
 
 RUNS_SHOWN = 100  # what `astra astraeus runs` shows without --limit: the API's default page
@@ -358,6 +359,7 @@ def _watch(render: Callable[[], str], interval: float) -> None:
         from rich.text import Text
 
         console = Console()
+        # Text, not markup: the table (already terminal-safe) is shown as it is, a `[bold]` in a reason included.
         with Live(Text(render(), no_wrap=True, overflow="ellipsis"), console=console, auto_refresh=False,
                   transient=False) as live:
             while True:
@@ -402,22 +404,31 @@ def logs(
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Stream lines as they arrive")] = False,
     tail: Annotated[int | None, typer.Option("--tail", help="Only the last N lines")] = None,
     timestamps: Annotated[bool, typer.Option("--timestamps", help="Prefix each line with its time")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Write the output exactly as the worker wrote it, escape sequences "
+                                                    "and all, also to a terminal (to a pipe or a file it always "
+                                                    "is)")] = False,
 ) -> None:
-    """Print a worker's output, as it wrote it."""
+    """Print a worker's output, as it wrote it. On a terminal, control characters (escape sequences, carriage
+    returns, bidi overrides) are shown escaped (`\\x1b`) unless --raw; to a pipe or a file the bytes are kept."""
     if tail is not None and tail < 0:
         raise SpecError(f"--tail {tail}: give 0 or more")
+    exact = raw or not sys.stdout.isatty()
+
+    def show(text: str) -> str:
+        return text if exact else fmt.terminal_safe(text, lines=True)
+
     with client() as c:
         name = resolve_worker(c, worker)
         path = f"workers/{q(name)}/logs"
         if follow:
             for chunk in c.stream(path, tail=tail, follow=True, timestamps=timestamps):
-                sys.stdout.write(chunk)
+                sys.stdout.write(show(chunk))
                 sys.stdout.flush()
         else:
             text = c.get(path, tail=tail, timestamps=timestamps)
             if text:
                 text = text if isinstance(text, str) else json.dumps(text)
-                sys.stdout.write(text if text.endswith("\n") else text + "\n")
+                sys.stdout.write(show(text if text.endswith("\n") else text + "\n"))
 
 
 def resolve_worker(c: Client, name: str) -> str:
@@ -498,7 +509,7 @@ def drives_create(
         created = c.post("drives", body)
     name = ((created if isinstance(created, dict) else {}).get("metadata") or {}).get("name") or (
         (body.get("metadata") or {}).get("name") if isinstance(body, dict) else "")
-    typer.echo(f"{name} created")
+    typer.echo(fmt.terminal_safe(f"{name} created"))
 
 
 @drives_app.command("list")
@@ -567,7 +578,8 @@ def templates_create(
     with client() as c:
         out = c.post("templates", body)
     meta = (out if isinstance(out, dict) else {}).get("metadata") or {}
-    typer.echo(f"template {meta.get('name') or body['metadata'].get('name')} created (version {meta.get('version', 1)})")
+    typer.echo(fmt.terminal_safe(f"template {meta.get('name') or body['metadata'].get('name')} created "
+                                 f"(version {meta.get('version', 1)})"))
 
 
 @templates_app.command("replace")
@@ -583,7 +595,7 @@ def templates_replace(
     with client() as c:
         out = c.put(f"templates/{q(name)}", body)
     meta = (out if isinstance(out, dict) else {}).get("metadata") or {}
-    typer.echo(f"template {name} replaced (version {meta.get('version')})")
+    typer.echo(fmt.terminal_safe(f"template {name} replaced (version {meta.get('version')})"))
 
 
 @templates_app.command("delete")
@@ -636,7 +648,7 @@ def schedules_create(
     status = (out if isinstance(out, dict) else {}).get("status") or {}
     nxt = status.get("next_tick") or {}
     when = f"; next tick {nxt.get('tick')} ({nxt.get('at')})" if nxt else " (suspended)"
-    typer.echo(f"schedule {body['metadata'].get('name')} created{when}")
+    typer.echo(fmt.terminal_safe(f"schedule {body['metadata'].get('name')} created{when}"))
 
 
 @schedules_app.command("delete")
@@ -672,7 +684,7 @@ def registries_set(
     with client() as c:
         out = c.put(f"registries/{q(registry)}", {"username": username, "password": password})
     shown = out.get("registry", registry) if isinstance(out, dict) else registry
-    typer.echo(f"credential for {shown} set (user {username})")
+    typer.echo(fmt.terminal_safe(f"credential for {shown} set (user {username})"))
 
 
 @registries_app.command("list")
@@ -698,8 +710,8 @@ def registries_delete(registries: Annotated[list[str], typer.Argument(metavar="H
     with client() as c:
         for registry in registries:
             out = c.delete(f"registries/{q(registry)}")
-            typer.echo(f"credential for {out.get('registry', registry) if isinstance(out, dict) else registry} "
-                       "deleted")
+            shown = out.get("registry", registry) if isinstance(out, dict) else registry
+            typer.echo(fmt.terminal_safe(f"credential for {shown} deleted"))
 
 
 # --- pools and reservations -----------------------------------------------------------------------------------
@@ -762,8 +774,8 @@ def pools_create(
     with org_client() as c:
         out = c.post(f"clusters/{q(cluster)}/pools", body)
     members = (out if isinstance(out, dict) else {}).get("machines") or []
-    typer.echo(f"pool {name} created in cluster {cluster}: {len(members)} machine(s)"
-               + (f" ({', '.join(members)})" if members else ""))
+    typer.echo(fmt.terminal_safe(f"pool {name} created in cluster {cluster}: {len(members)} machine(s)"
+                                 + (f" ({', '.join(members)})" if members else "")))
 
 
 @pools_app.command("delete")
@@ -843,9 +855,10 @@ def reservations_create(
         out = c.post("reservations", body)
     r = out if isinstance(out, dict) else {}
     until = fmt.show_time(r["end"]) if r.get("end") else "no end"
-    typer.echo(f"reservation {name} created: {', '.join(r.get('machines') or [])} for "
-               f"{', '.join(r.get('workspaces') or workspace)} from {fmt.show_time(r.get('start'))} to {until} "
-               f"({r.get('state', '')})")
+    typer.echo(fmt.terminal_safe(
+        f"reservation {name} created: {', '.join(r.get('machines') or [])} for "
+        f"{', '.join(r.get('workspaces') or workspace)} from {fmt.show_time(r.get('start'))} to {until} "
+        f"({r.get('state', '')})"))
 
 
 @reservations_app.command("delete")
@@ -944,7 +957,7 @@ def sbatch(ctx: typer.Context) -> None:
                 raise SbatchError(f"sbatch: error: Batch job submission failed: {_hint(e.message)}") from None
             raise
     name = ((created if isinstance(created, dict) else {}).get("metadata") or {}).get("name") or job.name
-    typer.echo(f"Submitted batch job {name}")
+    typer.echo(fmt.terminal_safe(f"Submitted batch job {name}"))
     for note in job.notes:  # after the outcome, so that a refusal stays one line
         typer.echo(note, err=True)
 
@@ -1099,7 +1112,7 @@ def groups_create(
         out = c.post("replica-groups", body)
     meta = (out if isinstance(out, dict) else {}).get("metadata") or {}
     spec = (out if isinstance(out, dict) else {}).get("spec") or {}
-    typer.echo(f"replica group {meta.get('name')} created: {spec.get('replicas')} replica(s)")
+    typer.echo(fmt.terminal_safe(f"replica group {meta.get('name')} created: {spec.get('replicas')} replica(s)"))
 
 
 @groups_app.command("scale")
@@ -1112,7 +1125,8 @@ def groups_scale(
     with client() as c:
         before = c.get(f"replica-groups/{q(name)}")
         c.patch(f"replica-groups/{q(name)}", {"spec": {"replicas": replicas}})
-    typer.echo(f"replica group {name} scaled from {(before.get('spec') or {}).get('replicas')} to {replicas}")
+    typer.echo(fmt.terminal_safe(f"replica group {name} scaled from {(before.get('spec') or {}).get('replicas')} to "
+                                 f"{replicas}"))
 
 
 @groups_app.command("delete")

@@ -2,11 +2,51 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from datetime import UTC, datetime
 from typing import Any
 
 from astraeus.units import human_bytes, human_duration  # sizes and durations live in astraeus.units
+
+# --- terminal safety -----------------------------------------------------------------------------------------------
+#
+# Text from the server (log lines, names, labels, reasons, args, events, …) is written by other people: shown as it
+# is, an escape sequence in it would clear the reader's screen, set their window title, plant an OSC 8 link, hide
+# or reorder text (carriage return, backspace, bidi overrides) — or, through some terminals, do worse. Everything
+# the CLI prints that it did not make itself goes through terminal_safe(), as kubectl and git escape such text.
+
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+# DEL, C1 controls, the bidi marks, embeddings, overrides and isolates, and lone surrogates (which a JSON string may
+# hold and no terminal encoding can write); with the C0 controls, all of them in table cells and messages, all but
+# tab and newline in log output.
+_OTHER_CONTROLS = r"\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_UNSAFE = re.compile(rf"[\x00-\x1f{_OTHER_CONTROLS}]")
+_UNSAFE_IN_LOGS = re.compile(rf"[\x00-\x08\x0b-\x1f{_OTHER_CONTROLS}]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    ch = match.group()
+    if ch in _NAMED:
+        return _NAMED[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: Any, *, lines: bool = False) -> str:
+    """`text` with every character that a terminal would act on instead of showing written out as an escape:
+    ESC as `\\x1b`, BEL as `\\x07`, CR as `\\r`, C1 controls as `\\x9b`, bidi controls as `\\u202e`. Printable text,
+    other Unicode and backslashes are kept as they are.
+
+    `lines=True` (log output) keeps tab and newline, so a log's lines stay lines; otherwise (table cells, fields,
+    messages) they are escaped too, so that a value cannot break its table or forge a line. Not str: str() of it;
+    None: ""."""
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    pattern = _UNSAFE_IN_LOGS if lines else _UNSAFE
+    if pattern.search(text) is None:
+        return text
+    return pattern.sub(_escaped, text)
 
 # `astra astraeus runs`: the page's columns, widths 30, 14, 12, then the reason.
 RUNS_COLUMNS = (("NAME", 30), ("CLUSTER", 14), ("STATE", 12))
@@ -22,16 +62,17 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
     for run in runs:
         meta, status = run.get("metadata") or {}, run.get("status") or {}
         cluster = meta.get("cluster") or (run.get("spec") or {}).get("cluster") or ""
-        cells = (str(meta.get("name", "")), str(cluster), str(status.get("state", "")))
-        line = "".join(_cell(c, w) for c, (_, w) in zip(cells, RUNS_COLUMNS, strict=True)) + str(
+        cells = (terminal_safe(meta.get("name", "")), terminal_safe(cluster), terminal_safe(status.get("state", "")))
+        line = "".join(_cell(c, w) for c, (_, w) in zip(cells, RUNS_COLUMNS, strict=True)) + terminal_safe(
             status.get("reason") or "")
         lines.append(line.rstrip())
     return "\n".join(lines) + "\n"
 
 
 def table(headers: list[str], rows: list[list[Any]], gap: int = 2) -> str:
-    """A plain left-aligned table, each column as wide as its widest cell plus `gap`."""
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    """A plain left-aligned table, each column as wide as its widest cell plus `gap`; every cell terminal-safe (a
+    control character, a tab or a newline in it is written out as an escape)."""
+    cells = [[terminal_safe(c) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     out = []
     for row in [headers, *cells]:
@@ -145,15 +186,16 @@ def squeue_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str
         resources = (spec.get("task_template") or {}).get("requested_resources") or {}
         nodes = resources.get("machines") or len(status.get("workers") or []) or 1
         machines = _machines_of(run)
-        reason = status.get("reason") or ""
+        reason = terminal_safe(status.get("reason") or "")
         if st == "PD" or not machines:
             where = f"({reason})" if reason else "(None)"
         else:
-            where = ",".join(machines)
-        name = str(meta.get("name", ""))
-        job = str((spec.get("array") or {}).get("job") or name)  # a job array's runs: JOBID job_3, NAME job
-        values = (name, str(meta.get("cluster") or spec.get("cluster") or ""), job,
-                  str(meta.get("workspace") or ""), st, slurm_elapsed(run_elapsed(run, now)), str(nodes))
+            where = terminal_safe(",".join(machines))
+        name = terminal_safe(meta.get("name", ""))
+        job = terminal_safe((spec.get("array") or {}).get("job") or name)  # a job array's runs: JOBID job_3, NAME job
+        values = (name, terminal_safe(meta.get("cluster") or spec.get("cluster") or ""), job,
+                  terminal_safe(meta.get("workspace") or ""), terminal_safe(st), slurm_elapsed(run_elapsed(run, now)),
+                  terminal_safe(nodes))
         cells = [v.rjust(w) if i == 0 else v[:w].rjust(w) for i, (v, (_, w)) in enumerate(
             zip(values, SQUEUE_FIELDS, strict=True))]
         lines.append(" ".join(cells) + " " + where)
@@ -173,7 +215,8 @@ def machines_table(machines: list[dict[str, Any]]) -> str:
     pools = any("pools" in m for m in machines)
     rows = []
     for m in machines:
-        row = [m.get("name", ""), m.get("cluster", ""), m.get("state", ""), m.get("gpus", 0),
+        state = m.get("state", "") + (f" ({m['reason']})" if m.get("reason") else "")  # e.g. disk pressure
+        row = [m.get("name", ""), m.get("cluster", ""), state, m.get("gpus", 0),
                m.get("gpus_used", 0), m.get("gpus_free", 0), _num(m.get("cpu_cores")),
                human_bytes(m.get("memory_bytes")), m.get("runtime") or "", m.get("address") or "",
                ",".join(sorted(m.get("shared_filesystems") or {}))]
@@ -222,7 +265,7 @@ def what_if(answer: dict[str, Any]) -> str:
         for worker, items in why.items():
             for item in items:
                 lines.append(f"  {worker} {item.get('machine', '')}: {item.get('reason', '')}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(terminal_safe(line) for line in lines) + "\n"
 
 
 def slurm_time(value: Any) -> str:
@@ -239,11 +282,13 @@ def sbatch_test_only(answer: dict[str, Any], name: str, processors: int, partiti
     elif outcome in ("Preempts", "Head", "Queued") and answer.get("starts_by"):
         when = slurm_time(answer["starts_by"])
     else:
-        return f"sbatch: Job {name} would not start: {answer.get('reason') or answer.get('message') or outcome}", False
+        why = terminal_safe(answer.get("reason") or answer.get("message") or outcome)
+        return f"sbatch: Job {name} would not start: {why}", False
     nodes = list(dict.fromkeys(p.get("machine", "") for p in answer.get("placements") or []))
     on = f" on nodes {','.join(nodes)}" if nodes else ""
     where = partition or answer.get("cluster") or ""
-    return f"sbatch: Job {name} to start at {when} using {processors} processors{on} in partition {where}", True
+    return terminal_safe(f"sbatch: Job {name} to start at {when} using {processors} processors{on} in partition "
+                         f"{where}"), True
 
 
 def registries_table(items: list[dict[str, Any]]) -> str:
@@ -381,7 +426,7 @@ def describe_run(run: dict[str, Any]) -> str:
         fields.append(("Preemptions", status["preemptions"]))
 
     width = max(len(k) for k, _ in fields) + 2
-    out = [f"{(k + ':').ljust(width)}{v}" for k, v in fields if v is not None and v != ""]
+    out = [f"{(k + ':').ljust(width)}{terminal_safe(v)}" for k, v in fields if v is not None and v != ""]
 
     out.append("")
     out.append("Workers:")
@@ -409,9 +454,9 @@ def describe_run(run: dict[str, Any]) -> str:
         why = w.get("why_not") or []
         if w.get("state") in ("Pending", "Starting") and why:
             out.append("")
-            out.append(f"Why it is not running yet ({w.get('name')}):")
+            out.append(terminal_safe(f"Why it is not running yet ({w.get('name')}):"))
             for item in why:
-                out.append(f"  {item.get('machine', '?')}: {item.get('reason', '')}")
+                out.append(terminal_safe(f"  {item.get('machine', '?')}: {item.get('reason', '')}"))
     return "\n".join(out) + "\n"
 
 

@@ -54,7 +54,8 @@ def apply_clusters(s: Session, c: Caller, ws: Workspace, clusters: dict) -> None
             raise ApiError(422, "INVALID", f"clusters.{cname}.max_priority: must be between -1000 and 1000")
         try:
             acc = services.set_access(s, ws, cl, max_priority=mp, weight=conf.get("weight"),
-                                      host_paths=conf.get("host_paths"), quota=conf.get("quota"))
+                                      host_paths=conf.get("host_paths"), quota=conf.get("quota"),
+                                      host_network=conf.get("host_network"))
         except ValueError as e:
             raise ApiError(422, "INVALID", f"clusters.{cname}: {e}") from None
         if "pools" in conf:  # the pools it may use; null: every machine of the cluster again

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, joinedload
 from astraeus import drives as drive_rules
 from astraeus import protocol as P
 from astraeus.imageref import registry_of
-from astraeus.server import lifecycle, registries, services
+from astraeus.server import diskfull, lifecycle, registries, services
 from astraeus.server.db import Access, Cluster, Drive, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
 from astraeus.spec import array_env, env_values, granted_root
@@ -99,6 +99,7 @@ def register(session: Session, tok: Token, body: P.Register, at: float,
     m.address = body.address
     m.shared_filesystems = dict(body.shared_filesystems)
     m.nfs = body.nfs.model_dump() if body.nfs else None
+    diskfull.record_disk(m, body.disk)
     session.flush()
     secret = None
     if tok.machine_id is None:
@@ -153,6 +154,10 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     keepers = {k.name: k for k in session.scalars(select(Machine).where(
         Machine.cluster_id == m.cluster_id, Machine.name.in_({(d.spec["sources"][0].get("node") or "")
                                                               for d in drives.values()})))}
+    # the machines of the gang mates of workers with networks of their own: the routes to them
+    mates = {x.machine_id for w in workers if (w.rendezvous or {}).get("ASTRAEUS_WORKER_ADDR")
+             for x in w.run.workers if x.id != w.id and x.machine_id is not None}
+    addresses = dict(session.execute(select(Machine.id, Machine.address).where(Machine.id.in_(mates))).all()) if mates else {}
     out = []
     for w in workers:
         run = w.run
@@ -187,13 +192,26 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             if cred is not None:
                 auth = P.RegistryAuth(registry=cred.host, username=cred.username, password=cred.password)
         out.append(P.Assignment(
-            worker=P.worker_identity(ws.ns, w.name), name=w.name, attempt=w.attempt, run=run.name, workspace=ws.ns, workspace_number=ws.id,
+            worker=P.worker_identity(ws.ns, w.name, run.uid), name=w.name, attempt=w.attempt, run=run.name, workspace=ws.ns, workspace_number=ws.id,
             desired=desired, stop_reason=w.stop_reason,
             image=tt["image"], registry_auth=auth, command=tt["command"], args=list(tt.get("args") or []), env=env,
             gpu_indices=list(w.gpu_indices or []), cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
             mounts=mounts, configs=configs, time_limit_seconds=tt.get("time_limit_seconds"),
+            ephemeral_storage_bytes=(tt.get("requested_resources") or {}).get("ephemeral_storage_bytes")
+            or diskfull.EPHEMERAL_DEFAULT,
+            network=tt.get("network") or "isolated", address=(w.rendezvous or {}).get("ASTRAEUS_WORKER_ADDR"),
+            peers=_peers(w, addresses),
         ))
     return out
+
+
+def _peers(w: Worker, addresses: dict[int, str | None]) -> list[P.Peer]:
+    """A gang worker's mates with networks of their own: their addresses and their machines'."""
+    if not (w.rendezvous or {}).get("ASTRAEUS_WORKER_ADDR"):
+        return []
+    return [P.Peer(address=x.rendezvous["ASTRAEUS_WORKER_ADDR"], machine_address=addresses.get(x.machine_id))
+            for x in sorted(w.run.workers, key=lambda x: x.index)
+            if x.id != w.id and x.machine_id is not None and (x.rendezvous or {}).get("ASTRAEUS_WORKER_ADDR")]
 
 
 def _facts(m: Machine) -> drive_rules.MachineFacts:
@@ -299,11 +317,11 @@ def _placed_here(session: Session, m: Machine, identities: set[str]) -> dict[str
     """The active workers placed on machine `m` among `identities`, by identity. Only those a report names: every
     worker the machine ever ran (and its run's workers) read at each report made reports cost more as the machine
     aged (200 trivial runs: a tenth of the control plane's CPU)."""
-    names = {i.partition(".")[2] for i in identities}
+    names = {P.identity_name(i) for i in identities}
     if not names:
         return {}
     rows = session.execute(_PLACED_HERE, {"machine": m.id, "names": list(names)}).all()
-    return {k: w for w, ns in rows if (k := P.worker_identity(ns, w.name)) in identities}
+    return {k: w for w, ns in rows if (k := P.worker_identity(ns, w.name, w.run.uid)) in identities}
 
 
 def report(session: Session, m: Machine, body: P.Report, at: float, also: set[int] | None = None) -> bool:
@@ -338,7 +356,8 @@ def report(session: Session, m: Machine, body: P.Report, at: float, also: set[in
             ended.append(w.run)
             if w.state == "Starting" and r.pid:  # it ran, and ended before a report said so
                 lifecycle.running(session, w.run, w, r.pid, r.environment, r.started_at or at)
-            lifecycle.ended(session, w.run, w, r.exit_code, r.signal, None, at, oom_limit_bytes=r.oom_limit_bytes)
+            lifecycle.ended(session, w.run, w, r.exit_code, r.signal, None, at, oom_limit_bytes=r.oom_limit_bytes,
+                            evicted=r.message if (r.message or "").startswith("Evicted: ") else None)
             changed = True
         elif state == "StartFailed":
             ended.append(w.run)
@@ -458,11 +477,11 @@ def store_log_chunks(session: Session, machine_id: int, chunks: list[tuple[str, 
 def _log_ids(session: Session, m: Machine, lines: list[P.WorkerLogLine]) -> dict[str, int]:
     """The ids of the workers the lines name (by identity) that are placed on machine `m` and whose runs are not
     being deleted."""
-    names = {ln.worker.partition(".")[2] for ln in lines}
+    names = {P.identity_name(ln.worker) for ln in lines}
     # PostgreSQL stores lines without the state lock: FOR SHARE of the runs, so that deleting one
     # (services.delete_run) waits for this store, or this store sees it deleted (SQLite: under the state lock)
-    return {P.worker_identity(ns, n): i for ns, n, i in session.execute(
-        select(Workspace.ns, Worker.name, Worker.id).join(Run, Worker.run_id == Run.id)
+    return {P.worker_identity(ns, n, uid): i for ns, n, uid, i in session.execute(
+        select(Workspace.ns, Worker.name, Run.uid, Worker.id).join(Run, Worker.run_id == Run.id)
         .join(Workspace, Run.workspace_id == Workspace.id)
         .where(Worker.machine_id == m.id, Run.live_key == "", Run.deleting.is_(False), Worker.name.in_(names))
         .with_for_update(read=True, of=Run))}

@@ -212,11 +212,24 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     async def _database(request, exc: DBAPIError):
         """A conflict goes on to RetryConflicts (the request runs again); a database that does not answer is a
         503 saying so (the transaction did not commit, or the client cannot know: it may try again, and a
-        submit tried again answers 409 if the first got through); anything else stays a 500."""
+        submit tried again answers 409 if the first got through); so is a write that failed for want of space
+        (server/diskfull.py); anything else stays a 500."""
+        full = cp.writes.failed(exc) if cp.writes is not None else None
+        if full:
+            return errors.error_json(503, "DISK_FULL", full)
         if _unreachable(exc) and not _conflict(exc):
             return errors.error_json(503, "UNAVAILABLE", "the database is not answering (restarting or "
                                      "unreachable): try again in a few seconds")
         raise exc
+
+    @app.exception_handler(OSError)
+    async def _no_space(request, exc: OSError):
+        """A file the control plane writes (not the database) found no space: 503 with the reason."""
+        full = cp.writes.failed(exc) if cp.writes is not None else None
+        if full:
+            return errors.error_json(503, "DISK_FULL", full)
+        raise exc
+
     app.add_middleware(agent.PlainReports, cp=cp)  # an agent's report: answered here (inside RetryConflicts)
     app.add_middleware(RetryConflicts)
     app.add_middleware(runs.PlainSubmits, cp=cp)  # a plain submit: answered here, ahead of routing and dependencies

@@ -39,6 +39,7 @@ class AccessConf(Loose):
     host_paths: list[str] | None = None
     quota: Quota | None = None
     pools: list[str] | None = None  # the cluster's pools the workspace may use; null: every machine again
+    host_network: bool | None = None  # its runs may ask for the machine's own network (`network: host`)
 
 
 class WorkspaceCreate(Loose):

@@ -52,6 +52,9 @@ class Settings:
     # name in the lease and /healthz (None: host:port).
     lease_seconds: float = field(default_factory=lambda: _env().leader_lease_seconds)
     replica_id: str | None = field(default_factory=lambda: _env().replica_id)
+    # A machine with less than this share of its state dir's filesystem free takes no new workers (0: never).
+    disk_pressure_free_percent: float = field(default_factory=lambda: _env().disk_pressure_free_percent)
+    default_ephemeral_storage_bytes: int | None = field(default_factory=lambda: _env().default_ephemeral_storage_bytes)
 
     @classmethod
     def from_env(cls, env: ServerSettings | None = None, **given) -> Settings:
@@ -60,7 +63,8 @@ class Settings:
         kw = {"home": env.home, "database_url": env.database_url, "public_url": env.public_url,
               "schedule_interval": env.schedule_interval, "heartbeat_seconds": env.heartbeat,
               "console_session_hours": env.console_session_hours, "lease_seconds": env.leader_lease_seconds,
-              "replica_id": env.replica_id}
+              "replica_id": env.replica_id, "disk_pressure_free_percent": env.disk_pressure_free_percent,
+              "default_ephemeral_storage_bytes": env.default_ephemeral_storage_bytes}
         kw.update(max_body_bytes=env.max_body_bytes, log_max_bytes=env.log_max_bytes_per_worker,
                   log_max_lines=env.log_max_lines_per_worker, log_stores_at_once=env.log_stores_at_once,
                   log_store_share=env.log_store_share)
@@ -472,6 +476,7 @@ class ControlPlane:
     leader: object = None  # astraeus.server.leader.Leader: this replica's side of the scheduling lease
     bus: Bus | None = None  # PostgreSQL: wake-ups between replicas, while the replica serves
     sqlite_lock: object = None  # the open lock file while this process serves its SQLite database alone
+    writes: object = None  # astraeus.server.diskfull.WriteHealth: whether writes fail for want of space
     _submits: object = None
 
     @property
@@ -502,11 +507,22 @@ class ControlPlane:
                 held.close()
             raise
         notifier = Notifier()
+        from astraeus.server import diskfull
+        from astraeus.server.diskfull import WriteHealth, watch
+
+        diskfull.PRESSURE_BELOW = settings.disk_pressure_free_percent
+        diskfull.EPHEMERAL_DEFAULT = settings.default_ephemeral_storage_bytes
+
+        where = engine.url.database if engine.dialect.name == "sqlite" else None
+        writes = WriteHealth(None if engine.dialect.name == "postgresql" else
+                             Path(where).parent if where and not where.startswith(":") else settings.home)
+        watch(engine, writes)
         cp = cls(settings=settings, engine=engine, sessions=db.session_factory(engine), notifier=notifier,
-                 sqlite_lock=held)
+                 sqlite_lock=held, writes=writes)
         replica = settings.replica_id or default_replica_id(settings.host, settings.port)
         cp.leader = Leader(cp.sessions, replica, settings.lease_seconds,
-                           on_lead=lambda: notifier.wake_scheduler(remote=True), take_over=held is not None)
+                           on_lead=lambda: notifier.wake_scheduler(remote=True), take_over=held is not None,
+                           on_error=writes.failed)
         return cp
 
     @property

@@ -22,6 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    false,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
@@ -76,6 +77,8 @@ class Access(Base):
     host_paths: Mapped[list] = mapped_column(JSON, default=list)
     # Revision 0009: the pools of the cluster the workspace may use (names); None: every machine of the cluster.
     pools: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    # Revision 0014: the workspace's runs on the cluster may ask for the machine's own network (`network: host`).
+    host_network: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     __table_args__ = (UniqueConstraint("workspace_id", "cluster_id"),)
 
 
@@ -127,6 +130,10 @@ class Machine(Base):
     shared_filesystems: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     nfs: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     state: Mapped[str] = mapped_column(String(16), default="Ready")  # Ready | Lost
+    # Revision 0013: its agent's state dir's filesystem as last reported (protocol.Disk); None from an older agent
+    disk_path: Mapped[str | None] = mapped_column(String(4096), nullable=True)
+    disk_free_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    disk_total_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     last_heartbeat: Mapped[float] = mapped_column(Float, default=now)
     registered_at: Mapped[float] = mapped_column(Float, default=now)
     __table_args__ = (UniqueConstraint("cluster_id", "name"),)

@@ -18,7 +18,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from astraeus import protocol as P
-from astraeus.server import lifecycle, services
+from astraeus.server import diskfull, lifecycle, services
 from astraeus.server.db import Machine, Run, Worker, Workspace
 
 
@@ -55,7 +55,7 @@ def changes_nothing(recorded: Mapping[str, Recorded], reports: Iterable[P.Worker
 
 
 # built once (services._USER_CALLER says why)
-_RECORDED = (select(Workspace.ns, Worker.name, Worker.attempt, Worker.state, Worker.pid, Worker.environment,
+_RECORDED = (select(Workspace.ns, Worker.name, Run.uid, Worker.attempt, Worker.state, Worker.pid, Worker.environment,
                     Worker.reason)
              .join(Run, Worker.run_id == Run.id).join(Workspace, Run.workspace_id == Workspace.id)
              .where(Worker.machine_id == bindparam("machine"), Worker.state.in_(lifecycle.ACTIVE),
@@ -64,17 +64,17 @@ _RECORDED = (select(Workspace.ns, Worker.name, Worker.attempt, Worker.state, Wor
 
 def recorded_here(session: Session, m: Machine, identities: set[str]) -> dict[str, Recorded]:
     """The active workers placed on `m` among `identities` (what a report names), by identity: plain rows."""
-    names = {i.partition(".")[2] for i in identities}
+    names = {P.identity_name(i) for i in identities}
     if not names:
         return {}
     rows = session.execute(_RECORDED, {"machine": m.id, "names": list(names)})
-    return {k: row for row in rows if (k := P.worker_identity(row.ns, row.name)) in identities}
+    return {k: row for row in rows if (k := P.worker_identity(row.ns, row.name, row.uid)) in identities}
 
 
 def heartbeat_only(session: Session, m: Machine, body: P.Report, at: float) -> bool:
     """Write the report as a bare heartbeat when that is all it is (see the module); True when done. False: the
     report changes something, or the machine is not Ready; nothing was written, and it goes the usual way."""
-    if m.state != lifecycle.MachineState.READY or not changes_nothing(
+    if m.state != lifecycle.MachineState.READY or diskfull.disk_changed(m, body.disk) or not changes_nothing(
             recorded_here(session, m, {r.worker for r in body.workers}), body.workers):
         session.expire(m)  # read before the state lock: the usual way reads it again under the lock
         return False

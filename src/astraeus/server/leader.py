@@ -213,8 +213,11 @@ class Leader:
     its own, so that a long scheduling cycle never delays a renewal. `term()` is the term this replica may act in
     now, or None; the fence in each transaction is what makes acting safe, this only avoids useless cycles."""
 
-    def __init__(self, sessions, replica_id: str, lease_seconds: float, on_lead=None, take_over: bool = False):
+    def __init__(self, sessions, replica_id: str, lease_seconds: float, on_lead=None, take_over: bool = False,
+                 on_error=None):
         self.sessions = sessions
+        # called with a renewal's exception: the reason when it failed for want of space (diskfull.WriteHealth)
+        self.on_error = on_error
         self.replica_id = replica_id
         self.holder = f"{replica_id}#{secrets.token_hex(3)}"  # a fresh holder per start: a restart is a new term
         self.lease_seconds = lease_seconds
@@ -298,8 +301,11 @@ class Leader:
         self._stop.clear()
         try:
             self.tick()
-        except Exception:
-            log.exception("could not reach the scheduling lease; trying again")
+        except Exception as e:
+            if self.on_error is not None and self.on_error(e):
+                log.warning("could not take the scheduling lease; trying again: %s", self.on_error(e))
+            else:
+                log.exception("could not reach the scheduling lease; trying again")
         self._thread = threading.Thread(target=self._run, name="leader-lease", daemon=True)
         self._thread.start()
 
@@ -308,8 +314,10 @@ class Leader:
         while not self._stop.wait(every):
             try:
                 self.tick()
-            except Exception as e:  # the database is away or the row is locked: not renewed this time
-                log.warning("scheduling lease not renewed: %s", str(e).splitlines()[0] if str(e) else type(e))
+            except Exception as e:  # the database is away, its disk full, or the row locked: not renewed this time
+                why = self.on_error(e) if self.on_error is not None else None
+                log.warning("scheduling lease not renewed (trying again every %.3g s): %s", every,
+                            why or (str(e).splitlines()[0] if str(e) else type(e)))
                 if self.term() is None:
                     self._lose()
                 try:  # a holder stuck past its lease keeps the row locked: end its database session

@@ -514,7 +514,7 @@ def _gang(run: Run) -> bool:
 
 
 def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, signal: int | None,
-          message: str | None, at: float, oom_limit_bytes: int | None = None) -> None:
+          message: str | None, at: float, oom_limit_bytes: int | None = None, evicted: str | None = None) -> None:
     """The worker's process is gone (agent report), it failed to start, or its machine is lost (message given,
     no code). What that means follows the stop asked of it, if any, else its exit and its restart policy. A
     report for a worker not holding room (already ended, or a stale attempt) is ignored. `oom_limit_bytes`: the
@@ -530,6 +530,8 @@ def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, sig
            or "lost")
     if oom_limit_bytes:
         how = f"Out of memory (limit {human_bytes(oom_limit_bytes)})"
+    if evicted:  # its agent stopped it over its ephemeral storage limit (agent/disk.py)
+        how = evicted
     gang = _gang(run)
     if kind == StopKind.PREEMPT:
         # Another workspace's run is never named: the stop reason already says so when it is one.
@@ -569,7 +571,7 @@ def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, sig
         failed = any(w.state == W.FAILED for w in run.workers)  # for good: the gang is not restarted
         _move(worker, "gang_stopped", "Stopped: a worker of its gang failed" if failed else "Stopped to restart its gang")
         _requeue_gang(run)
-    elif exit_code == 0 and kind is None:
+    elif exit_code == 0 and kind is None and not evicted:
         _move(worker, "succeed", "Exited with code 0")
     else:
         _failed(session, run, worker, how, at, gang)

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, selectinload
 from astraeus import drives as drive_rules
 from astraeus import rendezvous
 from astraeus import scheduler as sched
-from astraeus.server import agents, lifecycle
+from astraeus.server import agents, diskfull, lifecycle
 from astraeus.server import pools as pool_rules
 from astraeus.server import replica_groups as replica_group_duty
 from astraeus.server import reservations as reservation_duty
@@ -56,10 +56,14 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
     accesses = list(session.scalars(_ACCESSES, of))
     drives = {(d.workspace_id, d.name): d for d in session.scalars(_DRIVES, of)}
 
+    pressure = {m.id: diskfull.disk_pressure(m.disk_path, m.disk_free_bytes, m.disk_total_bytes,
+                                             diskfull.PRESSURE_BELOW) for m in machines}
     snap_machines = tuple(
         sched.Machine(name=m.name, gpus=m.gpus, cpu_cores=m.cpu_cores, memory_bytes=m.memory_bytes,
                       labels=tuple(sorted((m.labels or {}).items())), stop_grace_seconds=m.stop_grace_seconds,
-                      schedulable=m.state == lifecycle.MachineState.READY,
+                      schedulable=m.state == lifecycle.MachineState.READY and pressure[m.id] is None,
+                      unschedulable_reason=("lost" if m.state != lifecycle.MachineState.READY
+                                            else pressure[m.id] or "lost"),
                       gpu_model=(m.gpu_models or [""])[0] or "")
         for m in sorted(machines, key=lambda m: m.name))
     snap_pools = tuple(sched.Pool(name=p.name, machines=tuple(pool_rules.pool_members(p, machines)))
@@ -374,15 +378,21 @@ def set_rendezvous(session: Session, run: Run) -> None:
         return  # not all placed (cannot happen for a gang): nothing to meet
     machines = {m.id: m for m in session.scalars(select(Machine).where(
         Machine.id.in_({w.machine_id for w in workers})))}
-    used = set()
+    used, taken = set(), set()  # the ports of the cluster's other live gangs, and their workers' addresses
     for env in session.scalars(select(Worker.rendezvous).join(Run, Worker.run_id == Run.id).where(
-            Run.cluster_id == run.cluster_id, Run.id != run.id, Worker.index == 0,
+            Run.cluster_id == run.cluster_id, Run.id != run.id,
             Worker.state.in_(lifecycle.ACTIVE), Worker.rendezvous.is_not(None))):
         if env and str(env.get("ASTRAEUS_MASTER_PORT", "")).isdigit():
             used.add(int(env["ASTRAEUS_MASTER_PORT"]))
-    port = rendezvous.choose_port(used, f"{run.uid}:{workers[0].attempt}")
+        if env and env.get("ASTRAEUS_WORKER_ADDR"):
+            taken.add(env["ASTRAEUS_WORKER_ADDR"])
+    seed = f"{run.uid}:{workers[0].attempt}"
+    port = rendezvous.choose_port(used, seed)
+    isolated = (run.spec["task_template"].get("network") or "isolated") == "isolated"
+    addresses = rendezvous.choose_addresses(taken, seed, len(workers)) if isolated else [None] * len(workers)
     nodes = [rendezvous.Node(machine=machines[w.machine_id].name, address=machines[w.machine_id].address,
-                             gpus=len(w.gpu_indices or [])) for w in workers]
+                             gpus=len(w.gpu_indices or []), worker_address=a)
+             for w, a in zip(workers, addresses, strict=True)]
     for w, env in zip(workers, rendezvous.environments(run.name, nodes, port), strict=True):
         w.rendezvous = env
 
@@ -782,8 +792,12 @@ class SchedulingLoop:
                     last_full = time.time()
                 if touched:
                     n.bump_machines(touched)
-            except Exception:  # the loop must survive a bad cycle; the error is logged and retried
-                log.exception("scheduling cycle failed")
+            except Exception as e:  # the loop must survive a bad cycle; the error is logged and retried
+                full = self.cp.writes.failed(e) if self.cp.writes is not None else None
+                if full:  # a full disk: said once per cycle tried, without the traceback
+                    log.warning("scheduling cycle not applied (trying again): %s", full)
+                else:
+                    log.exception("scheduling cycle failed")
                 time.sleep(0.5)
 
     def cycle_once(self, full: bool = True, term: Term | None = None, submits_only: bool = False,

@@ -14,6 +14,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from astraeus import drives as drive_rules
 from astraeus import spec as S
 from astraeus import templates
 from astraeus.server import lifecycle
@@ -290,6 +291,7 @@ def set_access(session: Session, ws: Workspace, cluster: Cluster, **fields) -> A
                 for p in v:
                     S.check_host_path(p)
                 v = list(v)
+                check_grants(session, ws, cluster, [p for p in v if p not in (acc.host_paths or [])])
             setattr(acc, k, v)
     session.flush()
     return acc
@@ -551,6 +553,11 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float, *
                        f"priority {body.spec.priority} is above namespace {ws.ns}'s maximum of "
                        f"{access.max_priority}")
     tt = body.spec.task_template
+    if tt.network == "host" and not access.host_network:
+        raise ApiError(403, "HOST_NETWORK_NOT_ALLOWED",
+                       f"spec.task_template.network: host is not allowed for workspace {ws.name} on cluster "
+                       f"{cluster.name}: remove it (each worker gets a network of its own), or ask an admin to "
+                       f"allow it (clusters.{cluster.name}.host_network: true)")
     for ref in tt.datavolume_refs:
         d = session.scalar(select(Drive.id).where(Drive.workspace_id == ws.id, Drive.name == ref.name))
         if d is None:
@@ -810,6 +817,7 @@ def create_drive(session: Session, caller: Caller, body: S.DriveCreate, at: floa
     name = body.metadata.name
     if session.scalar(select(Drive.id).where(Drive.workspace_id == caller.workspace.id, Drive.name == name)):
         raise ApiError(409, "ALREADY_EXISTS", f"a drive named {name} already exists: choose another metadata.name")
+    check_drive_place(session, caller.workspace.id, cluster.id, src.model_dump())
     d = Drive(workspace_id=caller.workspace.id, cluster_id=cluster.id, name=name,
               spec=body.spec.model_dump(mode="json", exclude_none=True), created_at=at)
     session.add(d)
@@ -817,6 +825,49 @@ def create_drive(session: Session, caller: Caller, body: S.DriveCreate, at: floa
                     f"drive {name} on {src.where()}", at)
     session.flush()
     return d
+
+
+def _machine_facts(session: Session, cluster_id: int) -> list[drive_rules.MachineFacts]:
+    """The cluster's machines as far as drives' places go: their names and shared filesystems."""
+    return [drive_rules.MachineFacts(name=n, shared_filesystems=dict(fs or {})) for n, fs in session.execute(
+        select(Machine.name, Machine.shared_filesystems).where(Machine.cluster_id == cluster_id))]
+
+
+def check_drive_place(session: Session, ws_id: int, cluster_id: int, src: dict) -> None:
+    """Refuse a drive folder (a source) of workspace `ws_id` that is inside, equal to or above a drive folder of
+    another workspace on the cluster, or that holds a folder granted to another workspace (drives.py says why).
+    The message names neither the other workspace nor its drive. Called in the state transaction (tx), so two
+    creates racing are checked one after the other."""
+    machines = _machine_facts(session, cluster_id)
+    mine = drive_rules.source_places(src, machines)
+    others = select(Drive.spec).where(Drive.cluster_id == cluster_id, Drive.workspace_id != ws_id)
+    grants = select(Access.host_paths).where(Access.cluster_id == cluster_id, Access.workspace_id != ws_id)
+    if (any(drive_rules.overlap(mine, drive_rules.source_places(spec["sources"][0], machines))
+            for spec in session.scalars(others))
+            or any(drive_rules.holds(mine, drive_rules.grant_places(g, machines))
+                   for paths in session.scalars(grants) for g in paths or [])):
+        where = f" in shared filesystem {src['filesystem']}" if src.get("filesystem") else ""
+        raise ApiError(409, "PATH_IN_USE", f"spec.sources[0].path {src['path']}{where} overlaps a folder another "
+                                           f"workspace uses; choose a path outside it")
+
+
+def check_grants(session: Session, ws: Workspace, cluster: Cluster, added: list[str]) -> None:
+    """Refuse host paths newly granted to `ws` on `cluster` that lie inside (or are) a drive folder of another
+    workspace there. Grants may be shared or nested (drives.py): the drives made in them are what may not overlap.
+    An organisation admin asks, so the message names the drive and its workspace."""
+    if not added:
+        return
+    machines = _machine_facts(session, cluster.id)
+    rows = session.execute(select(Drive.name, Drive.spec, Workspace.name).join(Workspace, Drive.workspace_id == Workspace.id)
+                           .where(Drive.cluster_id == cluster.id, Drive.workspace_id != ws.id).order_by(Drive.id))
+    drives = [(name, spec["sources"][0], owner) for name, spec, owner in rows]
+    for p in added:
+        mine = drive_rules.grant_places(p, machines)
+        for name, src, owner in drives:
+            if drive_rules.holds(drive_rules.source_places(src, machines), mine):
+                raise ApiError(409, "PATH_IN_USE",
+                               f"clusters.{cluster.name}.host_paths: {p} overlaps drive {name} of workspace {owner} "
+                               f"({S.DriveSource(**src).where()}): grant a folder outside it")
 
 
 def list_drives(session: Session, caller: Caller) -> list[Drive]:
@@ -900,8 +951,21 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
                     "stop_grace_seconds": m.stop_grace_seconds, "labels": m.labels, "runtime": m.runtime,
                     "address": m.address, "shared_filesystems": m.shared_filesystems or {},
                     "nfs": m.nfs or {"server": None, "client": False, "rdma": False},
-                    "last_heartbeat": iso(m.last_heartbeat)})
+                    **_disk_view(m), "last_heartbeat": iso(m.last_heartbeat)})
     return out
+
+
+def _disk_view(m: Machine) -> dict:
+    """A machine's disk (its agent's state dir's filesystem; None from an older agent) and why it takes no new
+    workers (None: it does, or it is Lost, which its state says)."""
+    from astraeus.server.diskfull import PRESSURE_BELOW, disk_pressure
+
+    disk = None if m.disk_total_bytes is None else {
+        "path": m.disk_path, "free_bytes": m.disk_free_bytes, "total_bytes": m.disk_total_bytes,
+        "free_percent": round(100 * (m.disk_free_bytes or 0) / m.disk_total_bytes, 1) if m.disk_total_bytes else None}
+    reason = disk_pressure(m.disk_path, m.disk_free_bytes, m.disk_total_bytes, PRESSURE_BELOW) \
+        if m.state == "Ready" else None
+    return {"schedulable": m.state == "Ready" and reason is None, "reason": reason, "disk": disk}
 
 
 def workspace_view(session: Session, caller: Caller, base: str) -> dict:
@@ -916,6 +980,6 @@ def workspace_view(session: Session, caller: Caller, base: str) -> dict:
 
 def access_view(c: Cluster, a: Access) -> dict:
     return {"name": c.name, "max_priority": a.max_priority, "weight": a.weight, "host_paths": a.host_paths or [],
-            "preemption": c.preemption, "pools": list(a.pools) if a.pools is not None else None,
+            "host_network": bool(a.host_network), "preemption": c.preemption, "pools": list(a.pools) if a.pools is not None else None,
             "quota": {"gpus": a.quota_gpus, "cpu_cores": a.quota_cpu_cores, "memory_bytes": a.quota_memory_bytes,
                       "workers": a.quota_workers}}

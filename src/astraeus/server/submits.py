@@ -52,7 +52,7 @@ def batchable(parsed: S.RunCreate | None) -> bool:
     if sp.template or sp.array is not None or (sp.dependency is not None and sp.dependency.runs):
         return False
     tt = sp.task_template
-    if tt.datavolume_refs:
+    if tt.datavolume_refs or tt.network == "host":  # the drives' and the host network's checks read more
         return False
     rr = tt.requested_resources
     sel = rr.node_selection if rr is not None else None

@@ -108,5 +108,10 @@ class Runtime(abc.ABC):
     def forget(self, worker: str, attempt: int) -> None:
         """Drop an ended attempt's records and logs."""
 
+    def adopt_as(self, worker: str, attempt: int, identity: str) -> bool:
+        """Name a live attempt an older agent keyed `worker` by `identity` from now on (protocol: worker
+        identity); False when this runtime keeps no such attempt."""
+        return False
+
     def close(self) -> None:  # noqa: B027 (a runtime with nothing of its own to stop has nothing to do)
         """The agent is shutting down: stop what the runtime runs for itself (not the workers, which run on)."""

@@ -183,7 +183,8 @@ class ContainerShim(Shim):
         for i, m in enumerate(self.spec.get("mounts") or []):
             what = f"drive at {m.get('mount_path')}"
             try:
-                fd = mounts.open_drive_dir(m["host_path"], m.get("granted_root"), bool(m.get("create")))
+                fd = mounts.open_drive_dir(m["host_path"], m.get("granted_root"), bool(m.get("create")),
+                                          self.iso)
                 try:
                     if not m.get("read_only"):
                         mounts.hand_over(fd, int(self.iso["uid"]), int(self.iso["gid"]), bool(m.get("create")))

@@ -3,14 +3,18 @@
 Workers are never root on the host. The shim's child (the PID 1 of the worker's own PID namespace) builds the
 worker's view in its own mount namespace, then forks the command, which drops to the workspace's user:
 
-- the view's root is a fresh tmpfs holding a recursive bind of each of the host's top-level folders, every one
-  of them read-only; /proc is a new proc for the worker's PID namespace (no other process is visible);
-  /tmp and /dev/shm are private, empty and writable; /root, the agent's state dir (every worker's folder, spec
-  and log) and the Astraeus home (`env` with tokens, the SQLite database) are empty tmpfs;
+- the view's root is a fresh tmpfs holding a recursive bind of each of the host's system folders (SHOWN: /usr,
+  /etc, /opt, /lib*, /bin, /sbin, /sys), every one of them read-only, and an empty folder for each other top-level
+  folder (/home, /data, /mnt, /srv, /var ...: no granted host path nor drive folder of any workspace shows, as in a
+  container, which has its image and its own drives only); /dev holds the usual nodes and the GPUs' (not
+  /dev/fuse, /dev/net/tun, ...); /proc is a new proc for the worker's PID namespace (no other process is
+  visible); /tmp and /dev/shm are private, empty and writable, /dev/mqueue is its own IPC namespace's; /root, the
+  agent's state dir (every worker's folder, spec and log) and the Astraeus home (`env` with tokens, the SQLite
+  database) are empty tmpfs;
 - drives and configs are bind mounts inside that view. Their mount points are made in the view only: a missing
   entry in a host folder is made by "exploding" that folder there (a tmpfs over it holding a bind of each of
   its entries, plus the new one), so no path a spec names creates anything on the host. A ReadOnly drive is
-  read-only at its mount path and at its host path (the whole host is read-only in the view);
+  read-only at its mount path (its host path does not show);
 - the worker's working folder (`work/` in its attempt's folder) is bound at its own path and owned by it.
 
 The host's part (the new root, the pivot, the read-only remounts, the host's tree let go of) is the same for every
@@ -27,7 +31,9 @@ swapped in between the check and the mount cannot redirect it. A ReadWrite drive
 to the workspace's user (owner uid:gid, mode 0700) when it is owned by root and either `create` is set or it
 is empty; otherwise it keeps its owner and mode (files in it stay readable across attempts: one uid per
 workspace). A folder another workspace owns is never handed over (a new workspace, e.g. of a new cluster, is a
-new owner: remove or chown such a folder). A host folder on the way to the working folder that the worker may
+new owner: remove or chown such a folder), and a drive in it is refused: a folder below the granted root on the
+way to the drive, or the drive's own, owned by another workspace's uid fails the start before anything is made
+below it; nothing is made without a granted root. A host folder on the way to the working folder that the worker may
 not search (0700, another owner) is covered by an empty tmpfs in the view.
 
 The command runs as that user (setgroups([]), setresgid, setresuid), with an empty capability bounding set and
@@ -42,6 +48,7 @@ import os
 import stat
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -127,10 +134,14 @@ def _components(path: str) -> list[str]:
     return [c for c in path.split("/") if c not in ("", ".")]
 
 
-def open_drive_dir(host_path: str, granted_root: str | None, create: bool) -> int:
+def open_drive_dir(host_path: str, granted_root: str | None, create: bool, owner: dict | None = None) -> int:
     """Open host_path (a directory under granted_root) without following any symlink below the root.
 
-    Returns an O_PATH descriptor. With create, missing folders are made (mode 0755)."""
+    Returns an O_PATH descriptor. With create, missing folders are made (mode 0755), only below the granted root:
+    with no granted root (its grant was taken back) nothing is made. `owner`: the worker's isolation ({"uid",
+    "uids": [first, end) of the machine's workspace uids}, as isolation_spec makes it): a folder on the way below
+    the granted root, or the drive's own, owned by another workspace's uid is refused before anything is made
+    below it (a folder of another workspace's drive is never made into, handed over nor mounted)."""
     if not os.path.isabs(host_path):
         raise MountError(f"drive path {host_path!r} is not absolute")
     root = granted_root or "/"
@@ -147,7 +158,8 @@ def open_drive_dir(host_path: str, granted_root: str | None, create: bool) -> in
         raise MountError(f"drive path {host_path} is outside the granted host path {root}")
     else:
         rel_parts = _components(rel)
-    if create:
+    own, others = _owners(owner)
+    if create and granted_root is not None:
         os.makedirs(root, exist_ok=True)  # the granted root is the admin's; it may be followed
     try:
         fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -162,6 +174,9 @@ def open_drive_dir(host_path: str, granted_root: str | None, create: bool) -> in
             except FileNotFoundError:
                 if not create:
                     raise MountError(f"drive path {walked} does not exist (the drive does not allow create)") from None
+                if granted_root is None:
+                    raise MountError(f"drive path {walked} does not exist, and no host path granted to the "
+                                     "workspace holds it: nothing is made outside a grant") from None
                 try:
                     os.mkdir(part, 0o755, dir_fd=fd)
                 except FileExistsError:
@@ -179,10 +194,23 @@ def open_drive_dir(host_path: str, granted_root: str | None, create: bool) -> in
                 raise MountError(f"drive path {walked}: {e.strerror}") from None
             os.close(fd)
             fd = nfd
+            uid = os.fstat(fd).st_uid  # the folder opened, not the name: a swap after the check changes nothing
+            if uid != own and uid in others:
+                raise MountError(f"drive path {hp}: {walked} is a folder of another workspace; a drive may not be "
+                                 "in it (choose a path outside it)")
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _owners(owner: dict | None) -> tuple[int | None, range]:
+    """(the worker's uid, the uids of the machine's workspaces) from its isolation; nothing to check without it, or
+    with one user for every workspace (ASTRAEUS_WORKER_USER: no uid tells workspaces apart)."""
+    if not owner or owner.get("uid") is None or not owner.get("uids"):
+        return None, range(0)
+    first, end = (int(x) for x in owner["uids"])
+    return int(owner["uid"]), range(first, end)
 
 
 # ------------------------------------------------------------------------------------------- the worker's user
@@ -247,7 +275,61 @@ def isolation_spec(state_dir: str, worker: str, env: dict, workspace_number: int
     if os.path.basename(parent) == "agents" and any(os.path.exists(os.path.join(home, f)) for f in ("env", "astraeus.db")):
         hide.add(home)
     hide = sorted(hide)
-    return {"uid": uid, "gid": gid, "hide": hide}
+    iso = {"uid": uid, "gid": gid, "hide": hide}
+    if not s.worker_user:  # the workspaces' uids (open_drive_dir refuses a folder of another one's)
+        iso["uids"] = [int(s.worker_uid_base), int(s.worker_uid_base) + int(s.worker_uid_range)]
+    return iso
+
+
+# What a process-runtime worker's view shows of the host, read-only: its system folders (the software a worker runs
+# with, as a container's image), never its data folders. Every other top-level folder (/home, /data, /mnt, /srv,
+# /var, /boot, /run, a site's /scratch ...) is an empty folder in the view, so no granted host path and no drive
+# folder of any workspace shows there: a worker sees its own drives at their mount paths only, and its Python
+# environment (shim.exposed_paths) wherever it lies.
+SHOWN = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "opt", "sys"})
+# The worker's /dev, as a container's (oci_spec: the usual nodes) plus the GPUs' (their device cgroup lets a worker
+# use its own only) and InfiniBand's: not /dev/fuse, /dev/net/tun, /dev/kvm, loop or disk devices. /dev/shm and
+# /dev/mqueue are mounted for each worker (enter()).
+DEV_NODES = frozenset({"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "fd", "stdin", "stdout",
+                       "stderr", "core", "infiniband"})
+
+
+def _dev_shown(name: str) -> bool:
+    return name in DEV_NODES or name.startswith("nvidia")
+
+
+def _worker_dev(dst: str) -> None:
+    """The worker's /dev at `dst`: a tmpfs holding a bind of each of the host's /dev entries it may use (DEV_NODES,
+    the GPUs'), and empty /dev/shm and /dev/mqueue."""
+    os.mkdir(dst, 0o755)
+    mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k")
+    for e in os.scandir("/dev"):
+        if _dev_shown(e.name):
+            _bind_entry(e, os.path.join(dst, e.name))
+    for d in ("shm", "mqueue"):
+        os.mkdir(os.path.join(dst, d), 0o755)
+
+
+def _show_resolver(root: str) -> None:
+    """Where /etc/resolv.conf is a symlink out of the system folders (systemd-resolved's /run/systemd/resolve/...),
+    its file read-only at its own path in the view, so names resolve as on the host."""
+    try:
+        real = os.path.realpath("/etc/resolv.conf")
+        if not os.path.isfile(real) or _components(real)[0] in SHOWN:
+            return
+        dst = os.path.join(root, real.lstrip("/"))
+        os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+        with open(dst, "w"):
+            pass
+        mount(real, dst, None, MS_BIND)
+    except (OSError, IndexError):
+        pass
+
+
+def shown(path: str) -> bool:
+    """Whether the host's `path` shows in a worker's view (under one of its system folders)."""
+    parts = _components(os.path.normpath(path))
+    return bool(parts) and parts[0] in SHOWN
 
 
 def _bind_entry(e: os.DirEntry, dst: str) -> None:
@@ -291,6 +373,14 @@ def drop_privileges(uid: int, gid: int) -> None:
         raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
     if os.getuid() == 0 or os.geteuid() == 0:
         raise OSError(1, "still root after setresuid")
+
+
+def unshare_ipc_namespace() -> None:
+    """This process (the worker's PID 1, as root, before its view) and what it starts get an IPC namespace of their
+    own: no System V shared memory, semaphores or message queues, nor POSIX message queues, of anyone else's."""
+    if _libc.unshare(CLONE_NEWIPC) != 0:
+        e = ctypes.get_errno()
+        raise MountError(f"cannot create an IPC namespace (unshare CLONE_NEWIPC): {os.strerror(e)}")
 
 
 def unshare_pid_namespace() -> None:
@@ -392,8 +482,10 @@ class WorkerView:
 
     def host_read_only(self, proc: bool) -> None:
         """In a new mount namespace: pivot into a new root, a tmpfs holding a read-only bind of each of the host's
-        top-level entries (/proc, /tmp, /root: empty folders; with `proc`, a new proc on /proc); the host's tree
-        stays at OLD."""
+        system folders (SHOWN) and top-level symlinks, an empty folder for each other top-level folder (the data
+        folders: no granted host path or drive folder shows), the worker's /dev (_worker_dev), the resolver's
+        file where /etc/resolv.conf leads out of the system folders; /proc, /tmp, /root: empty folders (with
+        `proc`, a new proc on /proc). The host's tree stays at OLD."""
         r = self.root_dir
         os.makedirs(r, mode=0o700, exist_ok=True)
         self.tmpfs(r, "755")
@@ -401,8 +493,13 @@ class WorkerView:
             dst = os.path.join(r, e.name)
             if e.name in ("proc", "tmp", "root"):
                 os.mkdir(dst, 0o755)
-            else:
+            elif e.name == "dev" and e.is_dir(follow_symlinks=False):
+                _worker_dev(dst)
+            elif e.is_symlink() or e.name in SHOWN:
                 _bind_entry(e, dst)
+            elif e.is_dir(follow_symlinks=False):
+                os.mkdir(dst, 0o755)  # a data folder (/home, /data, /mnt, /srv, /var ...): empty in the view
+        _show_resolver(r)
         os.mkdir(os.path.join(r, OLD.lstrip("/")), 0o700)
         _pivot_root(r, os.path.join(r, OLD.lstrip("/")))
         os.chdir("/")
@@ -417,7 +514,8 @@ class WorkerView:
                 raise MountError(f"cannot make the host's {mp} read-only in the worker's view: {e.strerror}") from None
 
     def enter(self) -> None:
-        """Make the root the read-only host, with a new /proc, private /tmp and /dev/shm, and the hidden paths.
+        """Make the root the read-only host's system folders, with a new /proc, private /tmp, /dev/shm and
+        /dev/mqueue (of the worker's IPC namespace), and the hidden paths.
         From a template: a copy of its namespace (the host read-only, made once), if the host is as it was then
         (else NeedFresh)."""
         if self.template is not None:
@@ -436,6 +534,8 @@ class WorkerView:
         self.tmpfs("/root", "755")
         if os.path.isdir("/dev/shm"):
             self.tmpfs("/dev/shm", "1777")
+        if os.path.isdir("/dev/mqueue"):  # the worker's own IPC namespace's (unshare_ipc_namespace, before)
+            mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         self.hide_again()
 
     def hide_again(self) -> None:
@@ -550,6 +650,10 @@ def host_signature() -> str:
     for e in sorted(os.scandir("/"), key=lambda e: e.name):
         link = os.readlink(e.path) if e.is_symlink() else ""
         h.update(f"\0{e.name}\0{e.is_dir(follow_symlinks=False)}\0{link}".encode())
+    try:
+        h.update("\0".join(sorted(n for n in os.listdir("/dev") if _dev_shown(n))).encode())  # GPUs that came
+    except OSError:
+        pass
     return h.hexdigest()
 
 

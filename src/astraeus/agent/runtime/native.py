@@ -12,7 +12,8 @@ config files; the stop reason folder; the worker's cgroups and limits), its driv
 (mounts.open_drive_dir, mounts.hand_over) and cloned with its configs as detached mounts (mounts.open_tree: what the
 Python shim's PID 1 does in the host's namespace), what the worker's view shows (shim.exposed_paths) and its HOME
 (shim.worker_home), all shared with the Python shim. The binary gets its plan on descriptor 4 (a pipe: `key=value`
-entries ended by NUL, so that the worker's environment is never on a command line), the prepared view's mount
+entries ended by NUL, so that the worker's environment is never on a command line; its seccomp filter is the Python
+shim's BPF program, astraeus.agent.runtime.seccomp, as hex), the prepared view's mount
 namespace on descriptor 3 and the detached mounts from descriptor 5 on.
 """
 
@@ -27,11 +28,22 @@ BINARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "astraeus-shim
 ENV_VAR = "ASTRAEUS_NATIVE_SHIM"  # in the agent: 0 turns it off; in the launcher: the binary's path
 
 
+# What a binary built from an older shim_native.c lacks (a checkout updated without `make install`): it would ignore
+# the plan's seccomp filter, so such a binary is not used (every worker gets the Python shim)
+CURRENT = b"cannot install the seccomp filter"
+
+
 def binary_for_agent() -> str | None:
     """The binary the agent's launcher may use (None: the Python shim for every worker)."""
     if os.environ.get(ENV_VAR, "1") == "0" or os.geteuid() != 0:
         return None
-    return BINARY if os.access(BINARY, os.X_OK) else None
+    if not os.access(BINARY, os.X_OK):
+        return None
+    try:
+        with open(BINARY, "rb") as f:
+            return BINARY if CURRENT in f.read() else None
+    except OSError:
+        return None
 
 
 # What the binary holds of each (its fixed tables; the launcher's check, so that nothing is cut short there)
@@ -73,7 +85,7 @@ def _mountables(spec: dict, d: str, iso: dict) -> list[tuple[str, int, bool, str
     out: list[tuple[str, int, bool, str]] = []
     try:
         for m in spec.get("mounts") or []:
-            fd = mounts.open_drive_dir(m["host_path"], m.get("granted_root"), bool(m.get("create")))
+            fd = mounts.open_drive_dir(m["host_path"], m.get("granted_root"), bool(m.get("create")), iso)
             try:
                 if not m.get("read_only"):
                     mounts.hand_over(fd, iso["uid"], iso["gid"], bool(m.get("create")))
@@ -165,6 +177,12 @@ def plan(spec_path: str, spec_text: str, spec: dict, exposed: list[str],
     items += _entries("env", [f"{k}={v}" for k, v in env.items()])
     items += _entries("hide", [os.path.normpath(h) for h in iso.get("hide") or []])
     items += _entries("expose", exposed)
+    from astraeus.agent.runtime.shim import SECCOMP_PROGRAM
+
+    if SECCOMP_PROGRAM is not None:  # the Python shim's filter, byte for byte: the binary holds no table of its own
+        items += _entries("seccomp", [SECCOMP_PROGRAM.hex()])
+    else:
+        warns.append(f"no seccomp filter: this machine's system calls ({os.uname().machine}) are not known here")
     items += _entries("warn", warns)
     for kind, fd, ro, path in mountables:
         items += _entries(kind, [f"{fd} {int(ro)} {path}"])

@@ -15,6 +15,8 @@ What a container worker gets (issue 14; docs/api.md):
 
 from __future__ import annotations
 
+from astraeus.agent.runtime import seccomp
+
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SIGNAL_DIR = "/run/astraeus"  # where the worker reads its stop reason (ASTRAEUS_STOP_REASON_FILE)
 STOP_REASON_FILE = SIGNAL_DIR + "/stop-reason"
@@ -25,34 +27,16 @@ MASKED_PATHS = ["/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/pro
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
-# Syscalls a worker has no use for and that widen the kernel's attack surface (Docker's default profile refuses
-# the same): new user namespaces (which would give a hostile worker capabilities over namespaces of its own),
-# mounts, kernel modules and keyrings, BPF, perf, setns, clocks, reboot, swap. Everything else is allowed.
-SECCOMP_DENIED = ["unshare", "setns", "mount", "umount2", "pivot_root", "keyctl", "add_key", "request_key", "bpf",
-                  "perf_event_open", "kexec_load", "kexec_file_load", "init_module", "finit_module",
-                  "delete_module", "open_by_handle_at", "name_to_handle_at", "userfaultfd", "swapon", "swapoff",
-                  "reboot", "syslog", "acct", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
-                  "iopl", "ioperm", "lookup_dcookie", "quotactl", "fsopen", "fsmount", "fsconfig", "fspick",
-                  "move_mount", "open_tree", "mount_setattr"]
-# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
-CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+# The system calls a worker may not make (new namespaces, mounts, keyrings, BPF, ...): one definition for both
+# runtimes, astraeus.agent.runtime.seccomp (the process runtime installs the same refusals as a BPF program).
+SECCOMP_DENIED = list(seccomp.DENIED)
+CLONE_NAMESPACE_FLAGS = seccomp.CLONE_NAMESPACE_FLAGS
 
 
 def seccomp_profile() -> dict:
     """Allow by default; EPERM for SECCOMP_DENIED and for clone() asking for a new namespace; clone3 answers
-    ENOSYS so that the C library falls back to clone(), whose flags a filter can read."""
-    return {
-        "defaultAction": "SCMP_ACT_ALLOW",
-        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"],
-        "syscalls": [
-            {"names": list(SECCOMP_DENIED), "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
-            # one rule per namespace flag: (flags & flag) == flag (rules are or-ed, a rule's args and-ed)
-            *({"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1,
-               "args": [{"index": 0, "value": bit, "valueTwo": bit, "op": "SCMP_CMP_MASKED_EQ"}]}
-              for bit in CLONE_NAMESPACE_FLAGS),
-            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
-        ],
-    }
+    ENOSYS so that the C library falls back to clone(), whose flags a filter can read (seccomp.oci_profile)."""
+    return seccomp.oci_profile()
 
 
 def process_args(command: str | None, args: list[str] | None, entrypoint: list[str] | None,

@@ -31,6 +31,7 @@ and bind-mounted read-only.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -190,6 +191,7 @@ class ProcessRuntime(Runtime):
         self._shims: dict[tuple[str, int], dict] = {}  # a live attempt's shim.json
         self._started: dict[tuple[str, int], dict] = {}  # a live attempt's started.json (also written once)
         self._legacy: dict[tuple[str, int], str] = {}  # (identity, attempt) -> an older agent's folder name
+        self._adopted: dict[str, tuple[str, int]] = {}  # an older agent's folder -> the key it was adopted as
         self._lock = threading.RLock()
         self._remover: threading.Thread | None = None  # deletes forgotten attempts' folders (_remove)
         self._removing = threading.Event()
@@ -229,19 +231,53 @@ class ProcessRuntime(Runtime):
         return worker, int(attempt)
 
     def _key_of(self, dirname: str) -> tuple[str, int] | None:
-        """The (worker identity, attempt) a folder holds. An identity always has a dot (`<ns>.<name>`); a name
-        alone is an older agent's folder, whose identity comes from the job name it recorded (`<ns>.<run>`)."""
+        """The (worker identity, attempt) a folder holds. An identity is `<ns>.<name>.<run uid>`. An older agent's
+        folder holds `<ns>.<name>` or a name alone: its key is the identity it was adopted as (its `identity`
+        file, `adopt_as`), else `<ns>.<name>`, the ns of a name alone coming from the job name it recorded."""
         parsed = self._parse_dirname(dirname)
-        if parsed is None or "." in parsed[0]:
+        if parsed is None or parsed[0].count(".") >= 2:
             return parsed
-        spec = _read_json(os.path.join(self.workers_dir, dirname, "spec.json")) or {}
-        job = str((spec.get("env") or {}).get("ASTRAEUS_JOB_NAME") or "")
-        ns = job.partition(".")[0] if "." in job else ""
-        if not ns:
-            return parsed  # no workspace known: keyed by its name, which nothing assigns (so it is stopped)
-        key = (f"{ns}.{parsed[0]}", parsed[1])
+        if (known := self._adopted.get(dirname)) is not None:
+            return known
+        try:
+            with open(os.path.join(self.workers_dir, dirname, "identity")) as f:
+                identity = f.read().strip()
+        except OSError:
+            identity = ""
+        if identity:
+            key = (identity, parsed[1])
+            self._adopted[dirname] = key
+        elif "." in parsed[0]:
+            return parsed
+        else:
+            spec = _read_json(os.path.join(self.workers_dir, dirname, "spec.json")) or {}
+            job = str((spec.get("env") or {}).get("ASTRAEUS_JOB_NAME") or "")
+            ns = job.partition(".")[0] if "." in job else ""
+            if not ns:
+                return parsed  # no workspace known: keyed by its name, which nothing assigns (so it is stopped)
+            key = (f"{ns}.{parsed[0]}", parsed[1])
         self._legacy[key] = dirname
         return key
+
+    def adopt_as(self, worker: str, attempt: int, identity: str) -> bool:
+        with self._lock:
+            d = self.dir(worker, attempt)
+            if not os.path.isdir(d):
+                return False
+            tmp = os.path.join(d, "identity.tmp")
+            with open(tmp, "w") as f:
+                f.write(identity + "\n")
+            os.replace(tmp, os.path.join(d, "identity"))
+            old, new = (worker, int(attempt)), (identity, int(attempt))
+            self._legacy.pop(old, None)
+            self._legacy[new] = os.path.basename(d)
+            self._adopted[os.path.basename(d)] = new
+            if old in self._final:  # an ended attempt's status, under its new name
+                self._final[new] = dataclasses.replace(self._final.pop(old), worker=identity)
+            for kept in (self._specs, self._shims, self._started):
+                if old in kept:
+                    kept[new] = kept.pop(old)
+            return True
 
     requires_command = True  # a container may start its image's entrypoint instead
 
@@ -729,10 +765,12 @@ class ProcessRuntime(Runtime):
         st = self.status(worker, attempt)
         if st is not None and not st.final:
             raise RuntimeError(f"{worker} attempt {attempt} is still {st.state}")
-        self._remove(self.dir(worker, attempt))
+        d = self.dir(worker, attempt)
+        self._remove(d)
         self._final.pop((worker, int(attempt)), None)
         self._drop_kept((worker, int(attempt)))
         self._legacy.pop((worker, int(attempt)), None)
+        self._adopted.pop(os.path.basename(d), None)
 
     def _remove(self, d: str) -> None:
         """Remove an attempt's folder: renamed out of the workers' folder at once (gone for list() and status()),

@@ -42,6 +42,8 @@ import signal
 import sys
 import time
 
+from astraeus.agent.runtime import seccomp
+
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
@@ -52,6 +54,9 @@ MAX_LINE = 64 * 1024
 # process start, ~7 ms here), which each shim paid twice.
 LIBC = ctypes.CDLL(None, use_errno=True)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The seccomp filter of an isolated worker (both supervisors: the C one gets these bytes in its plan), built once in
+# the launcher; None on a machine whose system call numbers seccomp.py does not know (the shim logs so).
+SECCOMP_PROGRAM = seccomp.program()
 _BOOT_TIME: list[float] = []
 
 
@@ -282,10 +287,13 @@ def exposed_paths(spec: dict, iso: dict) -> list[str]:
 
 
 def worker_home(env: dict[str, str], cwd: str, iso: dict) -> None:
-    """An isolated worker's HOME is its working folder (its own, writable) where the one it was given is root's
-    or hidden in its view."""
+    """An isolated worker's HOME is its working folder (its own, writable) where the one it was given is root's,
+    hidden in its view, or in none of the host's folders its view shows (mounts.shown: /home is empty there)."""
+    from astraeus.agent.runtime import mounts
+
     h = env.get("HOME") or "/root"
-    if h == "/root" or h.startswith("/root/") or any(h == x or h.startswith(x + "/") for x in iso["hide"]):
+    if (h == "/root" or h.startswith("/root/") or any(h == x or h.startswith(x + "/") for x in iso["hide"])
+            or not mounts.shown(h)):
         env["HOME"] = cwd
 
 
@@ -490,7 +498,7 @@ class Shim:
         for m in self.spec.get("mounts") or []:
             what = f"drive at {m.get('mount_path')}"
             try:
-                fd = mounts.open_drive_dir(m["host_path"], m.get("granted_root"), bool(m.get("create")))
+                fd = mounts.open_drive_dir(m["host_path"], m.get("granted_root"), bool(m.get("create")), iso)
                 if not m.get("read_only"):
                     mounts.hand_over(fd, iso["uid"], iso["gid"], bool(m.get("create")))
             except mounts.MountError as e:
@@ -581,6 +589,8 @@ class Shim:
         iso = self.iso
         if iso:
             worker_home(env, cwd, iso)
+            if SECCOMP_PROGRAM is None:
+                log(f"no seccomp filter: this machine's system calls ({os.uname().machine}) are not known here")
             from astraeus.agent.runtime import mounts
 
             try:
@@ -604,15 +614,23 @@ class Shim:
                     from astraeus.agent.runtime import mounts
 
                     try:
+                        mounts.unshare_ipc_namespace()  # before the view: its /dev/mqueue is this namespace's
                         self.build_view(cwd)
                     except (mounts.MountError, OSError) as e:
                         os.write(res_w, b"FAIL:" + str(e).encode()[:4000])
                         os._exit(126)
                     # PID 1 needs root no more: it becomes the workspace's user (no capabilities at all,
-                    # no_new_privs, not dumpable: the worker can neither ptrace it nor open its descriptors), and
-                    # spawns the command, which inherits all that, in the working folder
+                    # no_new_privs, not dumpable: the worker can neither ptrace it nor open its descriptors), takes
+                    # the containers' seccomp filter (astraeus.agent.runtime.seccomp) and spawns the command, which
+                    # inherits all that, in the working folder
                     mounts.drop_privileges(int(iso["uid"]), int(iso["gid"]))
                     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+                    if SECCOMP_PROGRAM is not None:
+                        try:
+                            seccomp.install(SECCOMP_PROGRAM)
+                        except OSError as e:
+                            os.write(res_w, b"FAIL:" + str(e.strerror).encode()[:4000])
+                            os._exit(126)
                     os.chdir(cwd)
                     cmd = spawn_command(argv, env, out_w, err_w)
                     # PID 1: reports the command's wait status and how many processes it left, and reaps the rest

@@ -12,7 +12,8 @@
  * file, SIGTERMs the main process and SIGKILLs the whole tree (cgroup, process group, descendants, processes marked
  * with the worker's ASTRAEUS_WORKER_ID) when the grace runs out; what the main process leaves behind is killed; a
  * wiped worker folder is written again. The worker's PID 1 builds the view from the prepared one exactly as
- * mounts.WorkerView(template=...) does, drops to the workspace's user and spawns the command.
+ * mounts.WorkerView(template=...) does, in an IPC namespace of its own, drops to the workspace's user, installs the
+ * seccomp filter the plan gives (the Python shim's program, astraeus.agent.runtime.seccomp) and spawns the command.
  *
  * Input: the launcher writes the plan on descriptor 4 as NUL-terminated `key=value` entries, so that the
  * worker's environment never shows on a command line; descriptor 3 is the prepared view's mount namespace, and
@@ -24,6 +25,8 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -65,7 +68,7 @@
 
 /* ------------------------------------------------------------------ the plan */
 static char *dir, *cwd, *command, *marker, *spec_text, *limits_json = "null", *cgroups_json = "null",
-            *cgroup_json = "null", *oom_message, *oom_limit = "null", *cg_v2, *cg_freezer, *cg_mem;
+            *cgroup_json = "null", *oom_message, *oom_limit = "null", *cg_v2, *cg_freezer, *cg_mem, *seccomp_hex;
 static char *args[MAXN], *envs[MAXN], *hides[256], *exposes[256], *cgdirs[16], *warns[64];
 static int nargs, nenvs, nhides, nexposes, ncg, nwarns, cg_mem_v;
 static struct mountable {
@@ -126,7 +129,7 @@ static void read_plan(void) {
         ONE("dir", dir); ONE("cwd", cwd); ONE("command", command); ONE("marker", marker); ONE("spec", spec_text);
         ONE("limits", limits_json); ONE("cgroups", cgroups_json); ONE("cgroup", cgroup_json);
         ONE("oom_message", oom_message); ONE("oom_limit", oom_limit); ONE("cg_v2", cg_v2);
-        ONE("cg_freezer", cg_freezer); ONE("cg_mem", cg_mem);
+        ONE("cg_freezer", cg_freezer); ONE("cg_mem", cg_mem); ONE("seccomp", seccomp_hex);
         MANY("arg", args, nargs) MANY("env", envs, nenvs) MANY("hide", hides, nhides)
         MANY("expose", exposes, nexposes) MANY("cg", cgdirs, ncg) MANY("warn", warns, nwarns)
         else if ((!strcmp(p, "drive") && ndrives < 64) || (!strcmp(p, "config") && nconfigs < 64)) {
@@ -844,6 +847,8 @@ static void build_view(void) {
     tmpfs("/tmp", 01777, 0, 0);
     tmpfs("/root", 0755, 0, 0);
     if (is_dir("/dev/shm")) tmpfs("/dev/shm", 01777, 0, 0);
+    if (is_dir("/dev/mqueue") && mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
+        view_fail("cannot build the worker's view: mount mqueue on /dev/mqueue: %s", strerror(errno));
     hide_again();
     char what[4400];
     for (int i = 0; i < ndrives; i++) { /* cloned by the launcher (native.py), in the host's namespace */
@@ -892,6 +897,25 @@ static void drop_privileges(void) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
+/* the seccomp filter the launcher gave in the plan: the Python shim's BPF program (astraeus.agent.runtime.seccomp),
+ * as hex; this binary holds no table of its own. After no_new_privs; the command inherits it. */
+static void install_seccomp(void) {
+    if (!seccomp_hex) return; /* a machine whose system calls seccomp.py does not know: the launcher warned */
+    size_t n = strlen(seccomp_hex) / 2;
+    if (!n || n % sizeof(struct sock_filter) || n / sizeof(struct sock_filter) > BPF_MAXINSNS)
+        view_fail("cannot install the seccomp filter: %s", strerror(EINVAL));
+    unsigned char *bytes = malloc(n);
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(seccomp_hex + 2 * i, "%2x", &v) != 1) view_fail("cannot install the seccomp filter: %s", strerror(EINVAL));
+        bytes[i] = (unsigned char)v;
+    }
+    struct sock_fprog prog = {(unsigned short)(n / sizeof(struct sock_filter)), (struct sock_filter *)bytes};
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0))
+        view_fail("cannot install the seccomp filter: %s", strerror(errno));
+    free(bytes);
+}
+
 /* shim.py's clear_identity(): /proc/self/cmdline shows `title`, /proc/self/environ nothing */
 static void clear_identity(const char *title) {
     char f[4][32];
@@ -938,8 +962,11 @@ static void pid1(int go_r, int status_w, int ack_r, int out_w, int err_w) {
     char c;
     if (read(go_r, &c, 1) != 1) _exit(0); /* the shim put us in the cgroup (or is gone) */
     close(go_r);
+    if (unshare(CLONE_NEWIPC)) /* before the view: its /dev/mqueue is this namespace's */
+        view_fail("cannot create an IPC namespace (unshare CLONE_NEWIPC): %s", strerror(errno));
     build_view();
     drop_privileges();
+    install_seccomp();
     if (chdir(cwd)) {
         dprintf(res_fd, "%s: %s", command, strerror(errno));
         _exit(127);
@@ -1364,8 +1391,14 @@ int main(int argc, char **argv) {
     put_float(&sj, shim_ctime);
     puts_(&sj, ", \"started_at\": ");
     put_float(&sj, now());
-    putf(&sj, ", \"cgroup\": %s, \"cgroups\": %s, \"limits\": %s}", ncg ? cgroup_json : "null",
-         ncg ? cgroups_json : "null", limits_json);
+    /* put, not putf: the cgroups' paths grow with the worker's identity, past putf's 1 KiB */
+    puts_(&sj, ", \"cgroup\": ");
+    puts_(&sj, ncg ? cgroup_json : "null");
+    puts_(&sj, ", \"cgroups\": ");
+    puts_(&sj, ncg ? cgroups_json : "null");
+    puts_(&sj, ", \"limits\": ");
+    puts_(&sj, limits_json);
+    puts_(&sj, "}");
     started_json = sj.s;
     write_file("started.json", started_json);
     {

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from astraeus import protocol as P
-from astraeus.server import agents, heartbeats, leader, services
+from astraeus.server import agents, diskfull, heartbeats, leader, services
 from astraeus.server import bodies as B
 from astraeus.server.asgi import read_request, replay
 from astraeus.server.db import Machine, Token
@@ -157,6 +157,7 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
                 if body.lines else 0
             told: set[int] = set()  # the machines whose agents must hear now (agents.report)
             changed = agents.report(s, m, body, time.time(), told)
+            changed = diskfull.record_disk(m, body.disk) or changed  # disk pressure began or ended: plan again
     if told:
         cp.notifier.bump_machines(told)
     if changed:

@@ -16,8 +16,9 @@ router = APIRouter(include_in_schema=False)
 @router.get("/healthz")
 def healthz(cp: CP):
     """This replica's role in scheduling and whether its database answers: `{"role": "leader"|"follower",
-    "epoch": N, "database": "ok"}`, or 503 with `"database": "unreachable"`. `epoch` is the scheduling lease's:
-    this replica's own while it leads, else the database's."""
+    "epoch": N, "database": "ok"}`, or 503 with `"database": "unreachable"`, or 503 with `"database": "cannot
+    write"` and the `reason` while writes fail for want of space (server/diskfull.py). `epoch` is the scheduling
+    lease's: this replica's own while it leads, else the database's."""
     ld = cp.leader
     term = ld.term() if ld is not None else None
     try:
@@ -26,6 +27,10 @@ def healthz(cp: CP):
     except Exception:
         return JSONResponse({"role": "leader" if term else "follower", "epoch": ld.epoch if ld else 0,
                              "database": "unreachable"}, status_code=503)
+    full = cp.writes.reason if cp.writes is not None else None
+    if full:
+        return JSONResponse({"role": "leader" if term else "follower", "epoch": term.epoch if term else epoch,
+                             "database": "cannot write", "reason": full}, status_code=503)
     return {"role": "leader" if term else "follower", "epoch": term.epoch if term else epoch, "database": "ok"}
 
 

@@ -15,7 +15,7 @@ addrs = os.environ.get("ASTRAEUS_NODE_ADDRS", "").split(",")
 node = int(os.environ.get("ASTRAEUS_NODE_RANK", "0"))
 me = addrs[node] if node < len(addrs) else None
 
-dist.init_process_group("gloo")  # over GLOO_SOCKET_IFNAME, the interface of this machine's address (the agent's)
+dist.init_process_group("gloo")  # over GLOO_SOCKET_IFNAME, the worker's own interface (the agent's)
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([rank + 1.0])
 dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -304,10 +304,39 @@ class AgentSettings(HomeSettings):
         "`auto` finds out (nfs4 in /proc/filesystems, or mount.nfs4 and a loadable nfsv4 module); `true`/`false` "
         "say so.", "auto, true or false")
 
+    worker_network: Literal["isolated", "host"] = setting(
+        "isolated", "`isolated`: every worker gets a network namespace of its own with an address of its own, "
+        "reaching nothing of the machine nor other workers but its gang's (docs/fleet.md, \"Networks\"); needs root, "
+        "iproute2 and nftables, without which workers share the machine's network and the agent says so at start. "
+        "`host`: every worker shares the machine's network.", "isolated or host")
+    worker_egress: Literal["internet", "none", "all"] = setting(
+        "internet", "Where workers with networks of their own may connect beyond their gang: `internet` (not to "
+        "private, shared, link-local or loopback addresses, so neither to other machines nor to a cloud's metadata "
+        "service; the resolvers of /etc/resolv.conf on port 53 and ASTRAEUS_WORKER_EGRESS_ALLOW excepted), `none`, "
+        "or `all` (anything but the machine itself and the control plane).", "internet, none or all")
+    worker_egress_allow: Annotated[list[str], NoDecode] = setting(
+        [], "Addresses or networks workers may reach although `internet` egress leaves them out (a site's package "
+        "mirror, object store), comma-separated.", "comma-separated IPv4 addresses or networks, such as "
+        "10.0.5.0/24,10.0.9.7")
+
     @field_validator("server")
     @classmethod
     def _server_url(cls, v: str | None) -> str | None:
         return http_urls(v) if v is not None else v
+
+    @field_validator("worker_egress_allow", mode="before")
+    @classmethod
+    def _egress_allow(cls, v) -> list[str]:
+        import ipaddress
+
+        items = [x.strip() for x in v.split(",")] if isinstance(v, str) else list(v or [])
+        out = []
+        for item in (x for x in items if x):
+            try:
+                out.append(str(ipaddress.IPv4Network(item, strict=False)))
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IPv4 address or network") from None
+        return out
 
     @field_validator("address")
     @classmethod

@@ -1,6 +1,6 @@
 """A 2-machine gang that runs `torchrun allreduce.py` with no flags: two machines with their own addresses
 (`astraeus up --machines 2 --netns`), the rendezvous environment each worker gets, and an all_reduce (gloo, CPU)
-across the two network namespaces."""
+across the two machines, each worker in a network namespace of its own (its own address is its MASTER_ADDR)."""
 
 import re
 from pathlib import Path
@@ -79,6 +79,10 @@ def test_torchrun_with_no_flags_all_reduces_across_two_machines(fleet):
     assert all(w["state"] == "Succeeded" and w["exit_code"] == 0 and w["restarts"] == 0 for w in workers), workers
 
     envs = []
+    own = {}  # each worker's own address (a network of its own: astraeus.agent.network)
+    for i in (0, 1):
+        own[i] = dict(line.split("=", 1) for line in logs[i].split(END_OF_ENV)[0].splitlines())["ASTRAEUS_WORKER_ADDR"]
+    assert own[0] != own[1] and not set(own.values()) & set(addr.values()), (own, addr)
     for i in (0, 1):
         env = dict(line.split("=", 1) for line in logs[i].split(END_OF_ENV)[0].splitlines())
         envs.append(env)
@@ -90,13 +94,13 @@ def test_torchrun_with_no_flags_all_reduces_across_two_machines(fleet):
         assert env["ASTRAEUS_NUM_NODES"] == env["PET_NNODES"] == env["SLURM_JOB_NUM_NODES"] == env["SLURM_NNODES"] == "2"
         assert env["PET_NPROC_PER_NODE"] == env["SLURM_GPUS_ON_NODE"] == env["ASTRAEUS_GPU_COUNT"] == "2"
         assert env["WORLD_SIZE"] == "4"  # 2 machines x 2 GPUs
-        # rank 0's machine address, from GET /machines
-        assert env["ASTRAEUS_MASTER_ADDR"] == env["PET_MASTER_ADDR"] == env["MASTER_ADDR"] == addr[workers[0]["machine"]]
+        # rank 0's own address, not its machine's (which GET /machines shows)
+        assert env["ASTRAEUS_MASTER_ADDR"] == env["PET_MASTER_ADDR"] == env["MASTER_ADDR"] == own[0]
         assert env["ASTRAEUS_MASTER_PORT"] == env["PET_MASTER_PORT"] == env["MASTER_PORT"]
         assert 1 <= int(env["MASTER_PORT"]) <= 65535
-        assert env["ASTRAEUS_NODE_ADDRS"] == ",".join(addr[x["machine"]] for x in workers)  # in rank order
+        assert env["ASTRAEUS_NODE_ADDRS"] == f"{own[0]},{own[1]}"  # in rank order
         assert env["SLURM_JOB_NODELIST"] == ",".join(x["machine"] for x in workers)
-        # the agent points gloo and NCCL at the interface holding the machine's address (eth0 in its namespace)
+        # the agent points gloo and NCCL at the worker's own interface (eth0 in its own network namespace)
         assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0"
         assert env["SLURM_JOB_NAME"] == env["ASTRAEUS_RUN_NAME"] == "allreduce"
         assert env["ASTRAEUS_WORKER_NAME"] == f"allreduce-{i}" and env["ASTRAEUS_WORKER_INDEX"] == str(i)
@@ -110,7 +114,6 @@ def test_torchrun_with_no_flags_all_reduces_across_two_machines(fleet):
             seen[int(m[1])] = (i, m[2], int(m[3]))
     assert sorted(seen) == [0, 1, 2, 3], logs
     assert all(s == 10 for _, _, s in seen.values()), seen
-    # torchrun gives node rank 0 global ranks 0 and 1, node rank 1 ranks 2 and 3; each prints its machine's address
-    assert {r: (i, a) for r, (i, a, _) in seen.items()} == {
-        0: (0, addr[workers[0]["machine"]]), 1: (0, addr[workers[0]["machine"]]),
-        2: (1, addr[workers[1]["machine"]]), 3: (1, addr[workers[1]["machine"]])}
+    # torchrun gives node rank 0 global ranks 0 and 1, node rank 1 ranks 2 and 3; each prints its worker's address
+    assert {r: (i, a) for r, (i, a, _) in seen.items()} == {0: (0, own[0]), 1: (0, own[0]), 2: (1, own[1]),
+                                                             3: (1, own[1])}

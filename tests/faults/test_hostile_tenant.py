@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shutil
 import signal
 import textwrap
@@ -226,6 +227,49 @@ def attack_other_workspace_dataset(T):
     return open(T["vision_dataset"]).read() or os.listdir(os.path.dirname(T["vision_dataset"]))
 
 
+# Issue 42, item 1: each worker has a network of its own (astraeus.agent.network). Vision's worker listens on TCP
+# 0.0.0.0:29555 (a TCPStore-like rendezvous) and on an abstract unix socket, answering with its secret.
+
+def _tcp(host, port):
+    import socket
+
+    with socket.create_connection((host, port), timeout=2) as s:
+        s.settimeout(2)
+        return s.recv(200) or f"connected to {host}:{port}"
+
+
+def attack_vision_tcp_listener(T):
+    return [got for host in (T["vision_addr"], "127.0.0.1", T["machine_addr"])
+            if (got := _try(lambda h=host: _tcp(h, 29555)))]
+
+
+def attack_vision_abstract_socket(T):
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        s.connect("\0" + T["tag"])
+        return s.recv(200)
+
+
+def attack_machine_services(T):
+    # the control plane, PostgreSQL and the image registry wherever they listen on the machine
+    return [got for host, port in T["services"] if (got := _try(lambda h=host, p=port: _tcp(h, p)))]
+
+
+def attack_vision_sockets_in_proc_net(T):
+    tcp = [ln for ln in open("/proc/net/tcp").read().splitlines()[1:] if ":7363 " in ln]  # 29555
+    unix = [ln for ln in open("/proc/net/unix").read().splitlines() if T["tag"] in ln]
+    return tcp + unix
+
+
+def _try(fn):
+    try:
+        return fn()
+    except OSError:
+        return None
+
+
 ATTACKS = [f for name, f in sorted(globals().items()) if name.startswith("attack_")]
 
 PRELUDE = r'''
@@ -245,7 +289,7 @@ def step(name, fn):
 
 
 def hostile_script() -> str:
-    parts = [PRELUDE]
+    parts = [PRELUDE, textwrap.dedent(inspect.getsource(_tcp)), textwrap.dedent(inspect.getsource(_try))]
     for f in ATTACKS:
         parts.append(textwrap.dedent(inspect.getsource(f)))
         parts.append(f"step({f.__name__[len('attack_'):]!r}, {f.__name__})\n")
@@ -267,6 +311,22 @@ if addr not in (None, ctypes.c_void_p(-1).value):
 else:
     print(f"shm failed: {os.strerror(ctypes.get_errno())}", flush=True)
 print("dataset " + open("/adata/train.csv").read().strip().replace("\n", "|"), flush=True)
+import socket, threading
+def serve(sock):
+    while True:
+        c, _ = sock.accept()
+        c.sendall(os.environ["VISION_SECRET"].encode())
+        c.close()
+tcp = socket.socket()
+tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+tcp.bind(("0.0.0.0", 29555))
+tcp.listen()
+unix = socket.socket(socket.AF_UNIX)
+unix.bind("\0" + sys.argv[2])
+unix.listen()
+for s in (tcp, unix):
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+print("listening at " + os.environ.get("ASTRAEUS_WORKER_ADDR", "the machine's address"), flush=True)
 i = 0
 while True:
     with open("/vckpt/progress", "a") as f:
@@ -283,6 +343,14 @@ def _run(name: str, code: str, args: list[str], env: dict, configs: list[dict], 
         "image": image, "command": "python", "args": ["-c", code, *args], "env": env,
         "restart_policy": "Never", "configs": configs, "datavolume_refs": drives,
         "requested_resources": {"cpu_cores": 1, "memory_bytes": 1 << 29, "gpu_requests": {"count": 1}}}}}
+
+
+def _registry(runtime) -> list[tuple[str, int]]:
+    """The local image registry the container variant pulls from (127.0.0.1:PORT), as (host, port)."""
+    host, _, rest = runtime.image.partition("/")
+    if runtime.kind != "container" or ":" not in host:
+        return []
+    return [(host.split(":")[0], int(host.split(":")[1]))]
 
 
 def _drive(name: str, path: str, mount: str, mode: str) -> dict:
@@ -361,7 +429,7 @@ def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster, 
             assert r.status_code == 201, r.text
             r = vis.post("/drives", json=_drive("adata", str(base / "a-dataset"), "/adata", "ReadOnly"))
             assert r.status_code == 201, r.text
-            r = vis.post("/runs", json=_run("vlong", VISION, [str(shm_key)], {"VISION_SECRET": secret},
+            r = vis.post("/runs", json=_run("vlong", VISION, [str(shm_key), tag], {"VISION_SECRET": secret},
                                             [{"mounts": ["/etc/vision/conf.yaml"], "value": f"config-{secret}"}],
                                             [{"name": "vckpt", "mount_path": "/vckpt", "mode": "ReadWrite"},
                                              {"name": "adata", "mount_path": "/adata", "mode": "ReadOnly"}],
@@ -371,17 +439,26 @@ def test_a_hostile_tenant_reaches_nothing_and_the_other_tenant_runs_on(cluster, 
                             timeout=60, what="vision's worker printing")
             # what nlp's steps aim at is really there for vision: its shared memory segment and its dataset
             assert "shm ready" in vlog and "dataset x,y|1,vision-only" in vlog, vlog
+            vision_addr = re.search(r"^listening at (\S+)$", vlog, re.M)[1]  # its own address
+            assert vision_addr != "the machine's", vlog
+            # vision's listeners answer vision's own gang (here: the host, which reaches its worker) with the secret
+            assert _tcp(vision_addr, 29555) == secret.encode()
         state_dir = cluster.home / "agents" / "gpu-01"
         vision_pid = wait_for(lambda: next((p for p, w in worker_procs(state_dir).items() if "vlong" in w), None),
                               what="vision's worker process")
         vision_dir = next(n for n in os.listdir(state_dir / "workers") if "vlong" in n)
+        with cluster.client() as vis:
+            machine_addr = vis.get("/machines").json()["items"][0]["address"] or "127.0.0.1"
         with cluster.client() as vis:
             before = vis.get("/workers/vlong-0").json()
         targets = {"agent_pid": _agent_pid(state_dir), "home": str(cluster.home), "state_dir": str(state_dir),
                    "vision_dir": vision_dir, "vision_pid": vision_pid, "vision_secret": secret,
                    "vision_drive": str(base / "vision"), "shim": os.path.realpath(shim_module.__file__),
                    "ro_drive": str(base / "nro"), "tag": tag, "shm_key": shm_key,
-                   "vision_dataset": str(base / "a-dataset" / "train.csv")}
+                   "vision_dataset": str(base / "a-dataset" / "train.csv"), "vision_addr": vision_addr,
+                   "machine_addr": machine_addr,
+                   "services": [("127.0.0.1", cluster.port), (machine_addr, cluster.port), ("127.0.0.1", 5432),
+                                *_registry(runtime)]}
         shim_before = Path(targets["shim"]).read_bytes()
         with cluster.client(nlp_token) as nlp:
             nlp.base_url = nlp_api

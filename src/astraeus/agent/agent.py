@@ -57,8 +57,10 @@ import logging
 import os
 import random
 import signal
+import socket
 import threading
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -117,14 +119,16 @@ def interface_of(address: str | None, interfaces: dict[str, list[str]]) -> str |
     return next((name for name, addrs in sorted(interfaces.items()) if address in addrs), None)
 
 
-def with_gang_interface(a: P.Assignment, address: str | None) -> P.Assignment:
+def with_gang_interface(a: P.Assignment, address: str | None, own_network: bool = False) -> P.Assignment:
     """A gang's worker (its env has a rendezvous) talks to its peers over the interface holding this machine's
-    registered address: gloo and NCCL otherwise pick theirs from the hostname, which may resolve to loopback (or
-    to an interface the other machines cannot reach), and hang. A run that sets GLOO_SOCKET_IFNAME or
-    NCCL_SOCKET_IFNAME itself keeps its own."""
+    registered address, or, with a network of its own (`own_network`), its only one (`eth0`, astraeus.agent.network):
+    gloo and NCCL otherwise pick theirs from the hostname, which may resolve to loopback (or to an interface the
+    other machines cannot reach), and hang. A run that sets GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME itself keeps its
+    own."""
     if "ASTRAEUS_NODE_ADDRS" not in a.env:
         return a
-    found = interface_of(address, {n: [x.address for x in xs] for n, xs in psutil.net_if_addrs().items()})
+    found = "eth0" if own_network else interface_of(address, {n: [x.address for x in xs]
+                                                              for n, xs in psutil.net_if_addrs().items()})
     if found is None:
         return a
     env = dict(a.env)
@@ -209,6 +213,30 @@ def choose_runtime(asked: str, tools_missing: list[str], nvidia_gpus: int, root:
     return "container", f"auto: {nvidia_gpus} NVIDIA GPU(s) and the container tools found"
 
 
+def worker_networks(runtime: Runtime, env: AgentSettings, servers: list[str]):
+    """Each worker's own network (astraeus.agent.network), or None with the reason logged: the machine's network is
+    asked for (ASTRAEUS_WORKER_NETWORK=host), the runtime makes no networks, or this machine cannot (not root, no
+    iproute2 or nftables). Workers never reach the control plane's addresses."""
+    from astraeus.agent import network
+
+    if env.worker_network == "host" or not hasattr(runtime, "networks"):
+        return None
+    why = network.unavailable()
+    if why:
+        log.warning("workers share the machine's network: %s", why)
+        return None
+    blocked = set()
+    for base in servers:
+        host = urllib.parse.urlsplit(base).hostname or ""
+        try:
+            blocked |= {i[4][0] for i in socket.getaddrinfo(host, None, socket.AF_INET)}
+        except OSError:
+            pass
+    policy = network.Policy(egress=env.worker_egress, blocked=tuple(sorted(blocked)),
+                            allowed=tuple(env.worker_egress_allow))
+    return network.WorkerNetworks(runtime.owner, policy)
+
+
 def runtime_label(runtime: Runtime) -> str:
     """What the machine says it runs workers with: "container (runc 1.1.5)" or "process"."""
     if type(runtime).__name__ == "ContainerRuntime":
@@ -291,6 +319,7 @@ class Agent:
         why = "given"
         if runtime is None:
             runtime, why = build_runtime(runtime_kind or env.runtime, self.state_dir, self.stop_grace, env, image_map)
+            runtime.networks = worker_networks(runtime, env, self.servers)
         self.runtime = runtime
         self.runtime_name = runtime_label(self.runtime)
         log.info("runtime: %s (%s)", self.runtime_name, why)
@@ -689,7 +718,8 @@ class Agent:
                     a = self.nfs_mounts.local(a)
                 except NfsMountError as e:
                     raise StartFailed(str(e)) from None
-            a = with_gang_interface(a, self.registered_address)
+            own = a.network == "isolated" and getattr(self.runtime, "networks", None) is not None
+            a = with_gang_interface(a, self.registered_address, own)
             st = self.runtime.start(a)
             log.info("started %s attempt %s: pid %s in %s", key[0], key[1], st.pid, st.environment)
         except StartFailed as e:
@@ -971,6 +1001,8 @@ class Agent:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        if getattr(self.runtime, "networks", None) is not None:
+            self.runtime.networks.setup_machine()  # before adopting: the sweep of networks left behind needs it
         adopted = self.runtime.adopt()
         live = [st for st in adopted if not st.final]
         if adopted:
@@ -1010,6 +1042,14 @@ class Agent:
                 log.warning("stopping the NFS server: %s", e)
         if self.stop_workers_on_exit and self.nfs_mounts is not None:
             self.nfs_mounts.unmount_all()
+        networks = getattr(self.runtime, "networks", None)
+        if self.stop_workers_on_exit and networks is not None:  # the machine keeps nothing of this agent's
+            try:
+                for name in networks.existing():
+                    networks.discard(name)
+                networks.close_machine()
+            except (OSError, RuntimeError) as e:
+                log.warning("removing the workers' networks: %s", e)
         if self.registered.is_set():  # last words: states and logs, best effort
             try:
                 with self._client(timeout=3) as client:

@@ -338,7 +338,9 @@ class ContainerShim(Shim):
         binds = self.stage_drives() + [b for b in gpus.binds if os.path.exists(b[0])]
         pidns = self.start_reaper()
         lim = spec.get("limits") or {}
-        host_files = [f for f in ("/etc/hosts", "/etc/resolv.conf") if os.path.isfile(f)]
+        # with a network of its own, its resolvers come as a config at /etc/resolv.conf (ProcessRuntime.start)
+        host_files = [f for f in ("/etc/hosts", "/etc/resolv.conf") if os.path.isfile(f)
+                      and not (f == "/etc/resolv.conf" and self.iso.get("netns"))]
         self.runc_cgroup = self.cg.name if self.cg else self.cid
         config = oci_spec.build_config(
             rootfs=rootfs, argv=argv, env=env, cwd=cwd, uid=int(self.iso["uid"]), gid=int(self.iso["gid"]),
@@ -346,7 +348,7 @@ class ContainerShim(Shim):
             cgroups_path=f"/astraeus/{self.runc_cgroup}",
             shm_bytes=int(self.c.get("shm_bytes") or 64 << 20), binds=binds, devices=devices, hooks=gpus.hooks,
             host_files=host_files, **{k: lim.get(k) for k in ("memory_bytes", "cpu_cores", "pids_max")},
-            nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+            nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[1], network=self.iso.get("netns"))
         with open(os.path.join(self.layers, "config.json"), "w") as f:
             json.dump(config, f)
         out_r, out_w = os.pipe()

@@ -49,6 +49,7 @@ import stat
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -373,6 +374,23 @@ def drop_privileges(uid: int, gid: int) -> None:
         raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
     if os.getuid() == 0 or os.geteuid() == 0:
         raise OSError(1, "still root after setresuid")
+
+
+def enter_network(path: str | None) -> None:
+    """This process (the worker's PID 1, as root) and what it starts join the worker's own network namespace, which
+    the agent made (astraeus.agent.network); None: the machine's (`network: host`, or an agent without them)."""
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise MountError(f"cannot enter the worker's network namespace {path}: {e.strerror}") from None
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            e = ctypes.get_errno()
+            raise MountError(f"cannot enter the worker's network namespace {path}: {os.strerror(e)}")
+    finally:
+        os.close(fd)
 
 
 def unshare_ipc_namespace() -> None:

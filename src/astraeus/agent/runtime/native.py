@@ -29,8 +29,9 @@ ENV_VAR = "ASTRAEUS_NATIVE_SHIM"  # in the agent: 0 turns it off; in the launche
 
 
 # What a binary built from an older shim_native.c lacks (a checkout updated without `make install`): it would ignore
-# the plan's seccomp filter, so such a binary is not used (every worker gets the Python shim)
-CURRENT = b"cannot install the seccomp filter"
+# the plan's worker network (and, older still, its seccomp filter), so such a binary is not used (every worker gets
+# the Python shim)
+CURRENT = b"cannot enter the worker's network namespace"
 
 
 def binary_for_agent() -> str | None:
@@ -170,6 +171,8 @@ def plan(spec_path: str, spec_text: str, spec: dict, exposed: list[str],
         items += _entries("cg", cg.dirs)
     for k, v in one.items():
         items += _entries(k, [v])
+    if iso.get("netns"):
+        items += _entries("netns", [iso["netns"]])
     items += _entries("arg", [spec["command"], *(spec.get("args") or [])])
     for k in env:
         if "=" in k or not k:

@@ -70,10 +70,11 @@ def build_config(*, rootfs: str, argv: list[str], env: dict[str, str], cwd: str,
                  nofile: int = 1048576, binds: list[tuple[str, str, bool]] = (),
                  devices: list[dict] = (), host_files: list[str] = (), hooks: dict | None = None,
                  memory_bytes: int | None = None, cpu_cores: float | None = None,
-                 pids_max: int | None = None) -> dict:
+                 pids_max: int | None = None, network: str | None = None) -> dict:
     """runc's config.json. `binds`: (source on the host, path in the container, read-only); `devices`:
     {"path", "type", "major", "minor"} of device nodes the worker may use (its GPUs); `host_files`: host files
-    shown read-only at the same path (/etc/hosts, /etc/resolv.conf)."""
+    shown read-only at the same path (/etc/hosts, /etc/resolv.conf); `network`: the
+    worker's own network namespace (astraeus.agent.network), None for the machine's."""
     mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
@@ -124,7 +125,7 @@ def build_config(*, rootfs: str, argv: list[str], env: dict[str, str], cwd: str,
         "mounts": mounts,
         "linux": {
             "namespaces": [{"type": "pid", "path": pid_namespace}, {"type": "ipc"}, {"type": "uts"},
-                           {"type": "mount"}],
+                           {"type": "mount"}] + ([{"type": "network", "path": network}] if network else []),
             "cgroupsPath": cgroups_path,
             "resources": resources,
             "devices": nodes,

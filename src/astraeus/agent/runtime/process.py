@@ -168,8 +168,11 @@ class ProcessRuntime(Runtime):
 
     def __init__(self, state_dir: str, image_map: ImageMap | None = None, stop_grace: float = 30.0,
                  use_cgroups: bool = True, start_timeout: float = 30.0, pids_max: int | None = None,
-                 device_dir: str = "/dev"):
+                 device_dir: str = "/dev", networks=None):
         self.state_dir = os.path.abspath(state_dir)
+        # Each worker's own network (astraeus.agent.network.WorkerNetworks, set up by the agent); None: workers
+        # share the machine's network
+        self.networks = networks
         self.workers_dir = os.path.join(self.state_dir, "workers")
         os.makedirs(self.workers_dir, mode=0o700, exist_ok=True)
         for folder in (self.state_dir, self.workers_dir):  # workers' env, configs and logs: the agent's only
@@ -352,6 +355,9 @@ class ProcessRuntime(Runtime):
                 raise StartFailed(str(e)) from None
             d = self.dir(worker, attempt)
             os.makedirs(d, mode=0o700, exist_ok=True)
+            configs = [c.model_dump() for c in assignment.configs]
+            if isolation is not None and self.networks is not None and assignment.network == "isolated":
+                configs += self._own_network(assignment, os.path.basename(d), isolation, env, configs)
             spec = {
                 "worker": worker, "attempt": attempt, "run": assignment.run,
                 "marker": self.marker(worker, attempt),
@@ -359,7 +365,7 @@ class ProcessRuntime(Runtime):
                 "command": assignment.command, "args": list(assignment.args),
                 "env": env, "cwd": os.path.join(d, "work"),
                 "mounts": [m.model_dump() for m in assignment.mounts],
-                "configs": [c.model_dump() for c in assignment.configs],
+                "configs": configs,
                 "cgroups": self.cgroups.worker(self.cgroup_name(worker, attempt)).to_json() if self.cgroup_root
                 else None,
                 "limits": self.limits(assignment).to_json(),
@@ -398,6 +404,22 @@ class ProcessRuntime(Runtime):
         if st.state == START_FAILED:
             raise StartFailed(st.message or "start failed")
         return st
+
+    def _own_network(self, a: Assignment, key: str, isolation: dict, env: dict, configs: list[dict]) -> list[dict]:
+        """Make the attempt's own network (astraeus.agent.network): its namespace goes in `isolation` (the shim
+        enters it), its address in ASTRAEUS_WORKER_ADDR; the answer is the config of its /etc/resolv.conf (unless
+        the run has its own)."""
+        from astraeus.agent import network
+
+        try:
+            net = self.networks.create(key, a.address, [network.Peer(p.address, p.machine_address) for p in a.peers])
+        except (network.NetworkError, ValueError) as e:
+            raise StartFailed(f"cannot make the worker's network: {e}") from None
+        isolation["netns"] = net.path
+        env["ASTRAEUS_WORKER_ADDR"] = net.address
+        if any(c.get("mount_path") == "/etc/resolv.conf" for c in configs):
+            return []
+        return [{"mount_path": "/etc/resolv.conf", "value": network.worker_resolv_conf_of_host()}]
 
     def _launch_shim(self, d: str, shim_env: dict[str, str]) -> None:
         """Start the attempt's shim: forked by the pre-started launcher (astraeus.agent.runtime.launcher), or, when
@@ -689,6 +711,11 @@ class ProcessRuntime(Runtime):
             key = self._key_of(wid) or parsed
             self._stop_orphan(key[0], key[1], self.stop_grace)
         self._sweep_cgroups(shim_ids)
+        if self.networks is not None:  # the networks of attempts this agent no longer keeps (forgotten while down)
+            keep = {self.networks.name_of(n) for n in os.listdir(self.workers_dir)}
+            for name in self.networks.existing():
+                if name not in keep:
+                    self.networks.discard(name)
         return self.list()
 
     def _sweep_cgroups(self, live: set[str]) -> None:
@@ -767,6 +794,8 @@ class ProcessRuntime(Runtime):
             raise RuntimeError(f"{worker} attempt {attempt} is still {st.state}")
         d = self.dir(worker, attempt)
         self._remove(d)
+        if self.networks is not None:
+            self.networks.remove(os.path.basename(d))
         self._final.pop((worker, int(attempt)), None)
         self._drop_kept((worker, int(attempt)))
         self._legacy.pop((worker, int(attempt)), None)

@@ -614,6 +614,7 @@ class Shim:
                     from astraeus.agent.runtime import mounts
 
                     try:
+                        mounts.enter_network(iso.get("netns"))  # its own network (astraeus.agent.network)
                         mounts.unshare_ipc_namespace()  # before the view: its /dev/mqueue is this namespace's
                         self.build_view(cwd)
                     except (mounts.MountError, OSError) as e:

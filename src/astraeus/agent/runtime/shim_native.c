@@ -68,7 +68,8 @@
 
 /* ------------------------------------------------------------------ the plan */
 static char *dir, *cwd, *command, *marker, *spec_text, *limits_json = "null", *cgroups_json = "null",
-            *cgroup_json = "null", *oom_message, *oom_limit = "null", *cg_v2, *cg_freezer, *cg_mem, *seccomp_hex;
+            *cgroup_json = "null", *oom_message, *oom_limit = "null", *cg_v2, *cg_freezer, *cg_mem, *seccomp_hex,
+            *netns_path;
 static char *args[MAXN], *envs[MAXN], *hides[256], *exposes[256], *cgdirs[16], *warns[64];
 static int nargs, nenvs, nhides, nexposes, ncg, nwarns, cg_mem_v;
 static struct mountable {
@@ -129,7 +130,7 @@ static void read_plan(void) {
         ONE("dir", dir); ONE("cwd", cwd); ONE("command", command); ONE("marker", marker); ONE("spec", spec_text);
         ONE("limits", limits_json); ONE("cgroups", cgroups_json); ONE("cgroup", cgroup_json);
         ONE("oom_message", oom_message); ONE("oom_limit", oom_limit); ONE("cg_v2", cg_v2);
-        ONE("cg_freezer", cg_freezer); ONE("cg_mem", cg_mem); ONE("seccomp", seccomp_hex);
+        ONE("cg_freezer", cg_freezer); ONE("cg_mem", cg_mem); ONE("seccomp", seccomp_hex); ONE("netns", netns_path);
         MANY("arg", args, nargs) MANY("env", envs, nenvs) MANY("hide", hides, nhides)
         MANY("expose", exposes, nexposes) MANY("cg", cgdirs, ncg) MANY("warn", warns, nwarns)
         else if ((!strcmp(p, "drive") && ndrives < 64) || (!strcmp(p, "config") && nconfigs < 64)) {
@@ -962,6 +963,12 @@ static void pid1(int go_r, int status_w, int ack_r, int out_w, int err_w) {
     char c;
     if (read(go_r, &c, 1) != 1) _exit(0); /* the shim put us in the cgroup (or is gone) */
     close(go_r);
+    if (netns_path) { /* its own network (astraeus.agent.network), as mounts.enter_network */
+        int nfd = open(netns_path, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNET))
+            view_fail("cannot enter the worker's network namespace %s: %s", netns_path, strerror(errno));
+        close(nfd);
+    }
     if (unshare(CLONE_NEWIPC)) /* before the view: its /dev/mqueue is this namespace's */
         view_fail("cannot create an IPC namespace (unshare CLONE_NEWIPC): %s", strerror(errno));
     build_view();

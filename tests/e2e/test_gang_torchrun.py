@@ -117,3 +117,62 @@ def test_torchrun_with_no_flags_all_reduces_across_two_machines(fleet):
     # torchrun gives node rank 0 global ranks 0 and 1, node rank 1 ranks 2 and 3; each prints its worker's address
     assert {r: (i, a) for r, (i, a, _) in seen.items()} == {0: (0, own[0]), 1: (0, own[0]), 2: (1, own[1]),
                                                              3: (1, own[1])}
+
+
+# Issue 42, item 2: another workspace's worker on each machine binds every rendezvous port (29500-30499) on all of
+# its addresses and listens, before the gang starts. With a network of its own per worker, that takes nothing
+# from the gang: its rank 0 binds its MASTER_PORT, rank 1 reaches rank 0 (never the squatter), and the squatter
+# sees no connection.
+SQUATTER = r'''
+import os, select, socket
+socks = []
+for port in range(29500, 30500):
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", port))
+        s.listen()
+        socks.append(s)
+    except OSError:
+        s.close()
+print(f"bound {len(socks)} ports at {os.environ.get('ASTRAEUS_WORKER_ADDR', 'the machine')}", flush=True)
+while True:
+    for s in select.select(socks, [], [])[0]:
+        c, peer = s.accept()
+        print(f"HIJACKED a connection from {peer[0]} on port {s.getsockname()[1]}", flush=True)
+        c.close()
+'''
+
+
+def test_another_workspace_holding_every_rendezvous_port_takes_nothing_from_a_gang(fleet):
+    with fleet.admin() as adm:
+        r = adm.post("/workspaces", json={"name": "nlp", "clusters": {"main": {}}})
+        assert r.status_code == 201, r.text
+        nlp_token = adm.post("/tokens", json={"kind": "user", "workspace": "nlp", "role": "editor"}).json()["token"]
+    nlp = fleet.client(nlp_token)
+    nlp.base_url = fleet.api.replace("/w/vision", "/w/nlp")
+    with nlp:
+        for m in ("gpu-01", "gpu-02"):
+            r = nlp.post("/runs", json={"metadata": {"name": f"squat-{m}"}, "spec": {"task_template": {
+                "image": "python:3.11", "command": "python", "args": ["-c", SQUATTER], "restart_policy": "Never",
+                "requested_resources": {"cpu_cores": 0.5, "node_selection": {"mode": "Names", "names": [m]}}}}})
+            assert r.status_code == 201, r.text
+        for m in ("gpu-01", "gpu-02"):
+            fleet.wait_for(lambda m=m: "bound 1000 ports" in nlp.get(f"/workers/squat-{m}-0/logs").text, 60,
+                           what=f"the squatter on {m} holding every rendezvous port")
+        spec = {"metadata": {"name": "allreduce"}, "spec": {"start": "Gang", "task_template": {
+            "image": "python:3.11", "command": "torchrun", "args": ["/app/allreduce.py"], "restart_policy": "Never",
+            "time_limit_seconds": 300,
+            "requested_resources": {"gpu_requests": {"count": 4, "min_per_machine": 2}, "cpu_cores": 1},
+            "configs": [{"mounts": ["/app/allreduce.py"], "value": (EXAMPLE / "allreduce.py").read_text()}]}}}
+        with fleet.client() as c:
+            r = c.post("/runs", json=spec)
+            assert r.status_code == 201, r.text
+        run = fleet.wait_for(lambda: (x := fleet.run("allreduce"))["status"]["state"] in ("Completed", "Failed")
+                             and x, 120, interval=0.5, what="the gang to end")
+        logs = {i: fleet.logs(f"allreduce-{i}") for i in (0, 1)}
+        assert run["status"]["state"] == "Completed", (run["status"], logs)
+        assert sum(len(re.findall(r"all_reduce sum = 10$", logs[i], re.M)) for i in (0, 1)) == 4, logs
+        for m in ("gpu-01", "gpu-02"):
+            squat = nlp.get(f"/workers/squat-{m}-0/logs").text
+            assert "HIJACKED" not in squat and nlp.get(f"/workers/squat-{m}-0").json()["state"] == "Running", squat
+            assert nlp.delete(f"/runs/squat-{m}").status_code == 200

@@ -7,13 +7,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-fast lint system-deps demo-deps clean
 
-# System packages: util-linux (unshare, for the worker's mount namespace), jq and curl (the pages' shell
-# lines) for the demo; the tests also use chromium (console tests), iproute2, and the container runtime's
-# tools with a local registry and test images (runc, skopeo, umoci, docker-registry, busybox-static, mmdebstrap,
+# System packages: util-linux (unshare, for the worker's mount namespace), iproute2 and nftables (every worker's own
+# network), jq and curl (the pages' shell lines) for the demo; the tests also use chromium (console tests) and the
+# container runtime's tools with a local registry and test images (runc, skopeo, umoci, docker-registry, busybox-static, mmdebstrap,
 # apache2-utils for a registry password), and for drives across machines NFS-Ganesha with its VFS backend and a
 # userspace NFS client (libnfs-utils: nfs-cp, nfs-ls), since the kernel of CI machines may have no NFS client.
-DEMO_DEPS := unshare:util-linux jq:jq curl:curl
-TEST_DEPS := $(DEMO_DEPS) chromium:chromium ip:iproute2 runc:runc skopeo:skopeo umoci:umoci docker-registry:docker-registry busybox:busybox-static mmdebstrap:mmdebstrap htpasswd:apache2-utils \
+DEMO_DEPS := unshare:util-linux jq:jq curl:curl ip:iproute2 nft:nftables
+TEST_DEPS := $(DEMO_DEPS) chromium:chromium runc:runc skopeo:skopeo umoci:umoci docker-registry:docker-registry busybox:busybox-static mmdebstrap:mmdebstrap htpasswd:apache2-utils \
 	ganesha.nfsd:nfs-ganesha /usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so:nfs-ganesha-vfs nfs-cp:libnfs-utils
 
 define apt_for

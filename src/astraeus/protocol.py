@@ -165,6 +165,10 @@ class Mount(Answer):
     read_only: bool = False
     create: bool = False
     granted_root: str | None = None
+    size_bytes: Annotated[int, Field(ge=1, le=INT64)] | None = Field(
+        None, description="The drive's size (`spec.size_bytes`): the agent keeping its folder measures it, and over "
+        "it stops every worker there writing to it (`Evicted: drive ckpt over its size (64 MiB)`); older agents "
+        "ignore it")
 
 
 class ConfigFile(Answer):

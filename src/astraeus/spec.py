@@ -535,6 +535,9 @@ class DriveSpecBody(Strict):
     sources: list[DriveSource] = Field(min_length=1, max_length=1)
     transport: Literal["Auto", "TCP", "RDMA"] = "Auto"
     permissions: DrivePermissions = Field(default_factory=DrivePermissions)
+    # The most its folder may hold, measured by the agent of the machine keeping it (agent/disk.py): over it, the
+    # workers there writing to it are evicted. A whole number of bytes (strict: "64Mi" or "5" is refused by name).
+    size_bytes: Annotated[int, Field(strict=True, gt=0, le=2**63 - 1)] | None = None
 
 
 class DriveCreate(Strict):

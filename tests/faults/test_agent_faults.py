@@ -17,6 +17,8 @@ from collections import Counter
 import httpx
 import pytest
 
+from astraeus import protocol as P
+
 from .conftest import machines_run, pid_alive, shim_procs, sleeper_run, wait_for, worker_procs
 
 
@@ -30,8 +32,8 @@ def _all_running(c: httpx.Client, n: int):
 
 
 def _name(marker: str) -> str:
-    """A worker's name from its process marker, "<ns>.<name>.<attempt>" (its identity, then the attempt)."""
-    return marker.rsplit(".", 1)[0].split(".", 1)[-1]
+    """A worker's name from its process marker, "<ns>.<name>.<run uid>.<attempt>" (its identity, then the attempt)."""
+    return P.identity_name(marker.rsplit(".", 1)[0])
 
 
 def _one_live_process_per_worker(state_dir, names) -> dict[str, int]:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from astraeus import protocol as P
 from astraeus.fleet import netns
 
 from .conftest import pid_alive, sleeper_run, wait_for, worker_procs
@@ -99,5 +100,5 @@ def test_partition_short_and_long(fleet):
             assert w["machine"] == "gpu-02" and w["state"] == "Running" and w["pid"] == moved[r]["pid"]
             assert pid_alive(w["pid"])
         live = list(worker_procs(a1.state_dir).values()) + list(worker_procs(a2.state_dir).values())
-        # one live copy each (a marker is "<ns>.<name>.<attempt>")
-        assert sorted(v.rsplit(".", 1)[0].split(".", 1)[1] for v in live) == ["p0-0", "p1-0"]
+        # one live copy each (a marker is "<ns>.<name>.<run uid>.<attempt>")
+        assert sorted(P.identity_name(v.rsplit(".", 1)[0]) for v in live) == ["p0-0", "p1-0"]

@@ -1,6 +1,9 @@
 """Drives across machines over NFS (astraeus.agent.nfs): NFS-Ganesha on this host exports a drive's folder to one
 network namespace's address only, and libnfs' userspace client (`nfs-cp`, `nfs-ls`) reads and writes it from that
-namespace and is refused from another; the mount options the transports give; a mount that never gets an answer
+namespace and is refused from another; an export trusts no client's word: a process of a listed machine that
+cannot bind a privileged port (a worker: not root, or root without CAP_NET_BIND_SERVICE) is refused whatever uid it
+states, every uid lands as the drive's owner, and the pseudo-root lists to a client only the exports it may use;
+the mount options the transports give; a mount that never gets an answer
 ends with a clear reason at its deadline; and, on a cluster of two machines in their own namespaces, the keeping
 agent exports a drive to exactly the machine that runs its worker, and stops when that worker ends.
 
@@ -99,6 +102,12 @@ def url(nets: Nets, name: str, port: int, path: str, **args) -> str:
     return f"nfs://{nets.host(name)}{path}?{q}"
 
 
+# libnfs run as root binds a privileged source port (as the agent's kernel mount does: resvport); these run it as
+# a worker would be: root without CAP_NET_BIND_SERVICE (so ports < 1024 are not bindable), or another user.
+NO_BIND_CAP = ("setpriv", "--bounding-set=-net_bind_service")
+NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+
+
 def ganesha_pids(conf: str) -> list[int]:
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -137,10 +146,11 @@ def test_drive_exported_to_its_machines_only_and_unexported_after_the_last(nets,
     r = nets.run("gpu-02", "nfs-cp", url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ft-ckpt/step-7.pt"),
                  str(back))
     assert r.returncode == 0 and back.read_bytes() == b"weights at step 7\n", r.stderr
-    # another user of gpu-02 is not the workspace's: the folder is the workspace's alone
+    # whatever uid a client states, it acts as the workspace's user (All_Squash): what it writes is that user's
     other = nets.run("gpu-02", "nfs-cp", str(src),
                      url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ft-ckpt/x.pt", uid=4242, gid=4242))
-    assert other.returncode != 0 and "NFS4ERR_ACCESS" in other.stderr
+    assert other.returncode == 0, other.stderr
+    assert (st := (root / "ft-ckpt" / "x.pt").stat()) and (st.st_uid, st.st_gid) == (uid, gid)
     # the ReadOnly drive reads from both machines and takes no write
     ls = nets.run("gpu-03", "nfs-ls", url(nets, "gpu-03", exports.port, f"/astraeus/{NS}.datasets"))
     assert ls.returncode == 0 and "train.txt" in ls.stdout, ls.stderr
@@ -169,6 +179,105 @@ def test_drive_exported_to_its_machines_only_and_unexported_after_the_last(nets,
     ls = nets.run("gpu-03", "nfs-ls", url(nets, "gpu-03", exports.port, f"/astraeus/{NS}.ft-ckpt"))
     assert ls.returncode != 0 and "step-7" not in ls.stdout
     assert saved.read_bytes() == b"weights at step 7\n"  # the bytes stay on the keeping machine
+
+
+@needs_ganesha
+def test_a_listed_machine_is_refused_from_an_unprivileged_port_whatever_uid_it_states(nets, exports, tmp_path):
+    """PrivilegedPort: a worker on a listed machine (its traffic masqueraded as the machine's address, with
+    ASTRAEUS_WORKER_EGRESS=all or on `network: host`) cannot bind a port below 1024, so it is refused, even stating
+    uid 0; the same read from root's privileged port works."""
+    nets.add("gpu-02")
+    root = tmp_path / "data"
+    root.mkdir()
+    e = P.Export(drive=f"{NS}.ft-ckpt", path=str(root / "ft-ckpt"), granted_root=str(root),
+                 clients=[nets.addr("gpu-02")], create=True)
+    assert exports.apply([e]) == {}
+    uid, gid = nfs.workspace_ids(e.drive, None)
+    (root / "ft-ckpt" / "step-1.pt").write_text("A's weights\n")
+    os.chown(root / "ft-ckpt" / "step-1.pt", uid, gid)
+    src = Path("/dev/shm") / f"bnfs-{secrets.token_hex(4)}.pt"  # readable by every user
+    src.write_text("B's plant\n")
+    src.chmod(0o644)
+    file = url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ft-ckpt/step-1.pt")
+    try:
+        ok = nets.run("gpu-02", "nfs-cat", file)  # root: a privileged source port
+        assert ok.returncode == 0 and ok.stdout == "A's weights\n", ok.stderr
+        for who in (NO_BIND_CAP, NOBODY):
+            for uid_said in ({}, {"uid": 0, "gid": 0}):
+                read = nets.run("gpu-02", *who, "nfs-cat", url(nets, "gpu-02", exports.port,
+                                                               f"/astraeus/{NS}.ft-ckpt/step-1.pt", **uid_said))
+                assert read.returncode != 0 and "A's weights" not in read.stdout, (who, uid_said, read.stdout)
+                assert "NFS4ERR_NOENT" in read.stderr, read.stderr  # as if the export were not there
+                plant = nets.run("gpu-02", *who, "nfs-cp", str(src), url(nets, "gpu-02", exports.port,
+                                                                         f"/astraeus/{NS}.ft-ckpt/plant.pt", **uid_said))
+                assert plant.returncode != 0, (who, uid_said, plant.stdout)
+                ls = nets.run("gpu-02", *who, "nfs-ls", url(nets, "gpu-02", exports.port, "/astraeus", **uid_said))
+                assert ls.returncode == 0 and "ft-ckpt" not in ls.stdout, ls.stdout  # not even listed
+        assert sorted(p.name for p in (root / "ft-ckpt").iterdir()) == ["step-1.pt"]
+        assert (root / "ft-ckpt" / "step-1.pt").read_text() == "A's weights\n"
+        # and the same write from root's privileged port lands (as the drive's owner)
+        w = nets.run("gpu-02", "nfs-cp", str(src), url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ft-ckpt/ok.pt"))
+        assert w.returncode == 0, w.stderr
+        assert (root / "ft-ckpt" / "ok.pt").read_text() == "B's plant\n"
+    finally:
+        src.unlink()
+
+
+@needs_ganesha
+def test_every_uid_a_client_states_lands_as_the_drives_owner(nets, exports, tmp_path):
+    """All_Squash: root (uid 0, stated by libnfs' `uid=0` or by being root) and any other uid act as the drive's
+    workspace user: the files they write are that user's, and they read what that user may."""
+    nets.add("gpu-02")
+    root = tmp_path / "data"
+    root.mkdir()
+    e = P.Export(drive=f"{NS}.ft-ckpt", path=str(root / "ft-ckpt"), granted_root=str(root),
+                 clients=[nets.addr("gpu-02")], create=True)
+    assert exports.apply([e]) == {}
+    uid, gid = nfs.workspace_ids(e.drive, None)
+    assert (uid, gid) != (0, 0)
+    src = tmp_path / "w.pt"
+    src.write_text("w\n")
+    said = {"root": {}, "uid0": {"uid": 0, "gid": 0}, "uid4242": {"uid": 4242, "gid": 4242},
+            "owner": {"uid": uid, "gid": gid}}
+    for name, args in said.items():
+        w = nets.run("gpu-02", "nfs-cp", str(src), url(nets, "gpu-02", exports.port,
+                                                       f"/astraeus/{NS}.ft-ckpt/{name}.pt", **args))
+        assert w.returncode == 0, (name, w.stderr)
+    owners = {p.name: (p.stat().st_uid, p.stat().st_gid) for p in (root / "ft-ckpt").iterdir()}
+    assert owners == {f"{name}.pt": (uid, gid) for name in said}
+    # a file of the keeping machine's root, mode 0600, is nobody's through NFS, root's word included
+    (root / "ft-ckpt" / "roots.pt").write_text("root's\n")
+    (root / "ft-ckpt" / "roots.pt").chmod(0o600)
+    r = nets.run("gpu-02", "nfs-cat", url(nets, "gpu-02", exports.port, f"/astraeus/{NS}.ft-ckpt/roots.pt",
+                                          uid=0, gid=0))
+    assert r.returncode != 0 and "root's" not in r.stdout and "NFS4ERR_ACCESS" in r.stderr, r.stderr
+
+
+@needs_ganesha
+def test_the_pseudo_root_lists_to_a_client_only_its_own_exports(nets, exports, tmp_path):
+    """Workspace A's drive is exported to gpu-02, workspace B's to gpu-03: listing the server's NFSv4 pseudo-root
+    from gpu-03 shows B's drive only (nothing names A's workspace), and a LOOKUP of A's name answers NOENT; gpu-02
+    sees A's only."""
+    nets.add("gpu-02")
+    nets.add("gpu-03")
+    ns_b = "ws-" + "ba9876543210"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert exports.apply([P.Export(drive=f"{NS}.adrive", path=str(tmp_path / "a"), clients=[nets.addr("gpu-02")]),
+                          P.Export(drive=f"{ns_b}.bdrive", path=str(tmp_path / "b"),
+                                   clients=[nets.addr("gpu-03")])]) == {}
+    for machine, mine, other in (("gpu-03", f"{ns_b}.bdrive", NS), ("gpu-02", f"{NS}.adrive", ns_b)):
+        top = nets.run(machine, "nfs-ls", url(nets, machine, exports.port, "/"))
+        assert top.returncode == 0 and top.stdout.split()[-1:] == ["astraeus"], top.stdout + top.stderr
+        ls = nets.run(machine, "nfs-ls", url(nets, machine, exports.port, "/astraeus"))
+        assert ls.returncode == 0, ls.stderr
+        assert [line.split()[-1] for line in ls.stdout.splitlines()] == [mine], ls.stdout
+        assert other not in ls.stdout
+        deep = nets.run(machine, "nfs-ls", "-R", url(nets, machine, exports.port, "/"))
+        assert other not in deep.stdout + deep.stderr, deep.stdout
+        guess = nets.run(machine, "nfs-ls", url(nets, machine, exports.port, f"/astraeus/{other}."
+                                                f"{'bdrive' if other == ns_b else 'adrive'}"))
+        assert guess.returncode != 0 and "NFS4ERR_NOENT" in guess.stderr, guess.stdout
 
 
 @needs_ganesha
@@ -233,7 +342,24 @@ def test_mount_options_follow_the_drive_transport(transport, server_rdma, client
     assert got == (proto, port)
     opts = nfs.mount_options(*got).split(",")
     assert opts[:3] == ["vers=4.2", f"proto={proto}", f"port={port}"] and "hard" in opts and "ro" not in opts
+    assert "resvport" in opts and "noresvport" not in opts  # every export requires a privileged source port
     assert nfs.mount_options(*got, read_only=True).split(",")[-1] == "ro"
+
+
+def test_every_export_requires_a_privileged_port_and_squashes_every_uid():
+    conf = nfs.ganesha_config([
+        {"id": 1, "path": "/data/a", "pseudo": "/astraeus/ws-a.d", "clients": {"10.0.0.2": "RW"}, "uid": 200001,
+         "gid": 200001},
+        {"id": 2, "path": "/data/b", "pseudo": "/astraeus/ws-b.d", "clients": {"10.0.0.3": "RO"}, "uid": 200002,
+         "gid": 200002}], 2049, "/state/recovery", "/usr/lib/ganesha")
+    blocks = conf.split("EXPORT {")[1:]
+    assert len(blocks) == 2
+    for block, n in zip(blocks, (200001, 200002), strict=True):
+        assert "PrivilegedPort = true;" in block and "Squash = All_Squash;" in block
+        assert f"Anonymous_Uid = {n}; Anonymous_Gid = {n};" in block and "SecType = sys;" in block
+    assert "Root_Squash" not in conf and "No_Root_Squash" not in conf
+    defaults = next(ln for ln in conf.splitlines() if ln.startswith("EXPORT_DEFAULTS"))
+    assert "PrivilegedPort = true;" in defaults and "All_Squash" in defaults and "Access_Type = None;" in defaults
 
 
 def test_mount_options_refuse_what_mount_would_not_take():
@@ -353,7 +479,8 @@ def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(t
     """`astraeus up --machines 2 --netns`: gpu-01 keeps drive ft-ckpt; a run placed on gpu-02 uses it. gpu-02 says
     it can mount NFS (ASTRAEUS_NFS_CLIENT=true: this kernel cannot, so the worker cannot start, and says why).
     While the worker is placed, gpu-01 exports the folder to gpu-02's address only, and the export is read from
-    gpu-02's namespace with nfs-cat; once the worker ended, gpu-01 exports nothing; and an agent that exits while it
+    gpu-02's namespace with nfs-cat from a privileged port (refused from an unprivileged one, as a worker's would
+    be whatever address it leaves with); once the worker ended, gpu-01 exports nothing; and an agent that exits while it
     exports stops its server."""
     from astraeus.fleet import netns as fleet
 
@@ -372,7 +499,7 @@ def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(t
             assert r.status_code == 201, r.text
             # A partial network fault for the length of the test: gpu-02's root (its agent) gets no answer from
             # gpu-01's NFS port, so its mount waits for the deadline and the worker stays placed meanwhile; the
-            # test reads the export from gpu-02 as another user.
+            # test reads the export from gpu-02 as another user given CAP_NET_BIND_SERVICE (a privileged port).
             subprocess.run([*nft, "add table inet bnfs; add chain inet bnfs out { type filter hook output priority 0; }; "
                             f"add rule inet bnfs out ip daddr {g1.address} tcp dport 2049 meta skuid 0 drop"],
                            check=True, capture_output=True, text=True)
@@ -393,11 +520,17 @@ def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(t
             (out / "step-3.pt").write_text("weights\n")
             os.chown(out / "step-3.pt", owner, owner)
             ns = _workspace_ns(conf)
-            read = subprocess.run(
-                ["nsenter", f"--net=/run/netns/{g2.netns}", "setpriv", f"--reuid={owner}", f"--regid={owner}",
-                 "--clear-groups", "nfs-cat", f"nfs://{g1.address}/astraeus/{ns}.ft-ckpt/step-3.pt?version=4"],
-                capture_output=True, text=True, timeout=30)
+            as_owner = ["nsenter", f"--net=/run/netns/{g2.netns}", "setpriv", f"--reuid={owner}", f"--regid={owner}",
+                        "--clear-groups"]
+            bind_cap = ["--inh-caps=+net_bind_service", "--ambient-caps=+net_bind_service"]
+            file = f"nfs://{g1.address}/astraeus/{ns}.ft-ckpt/step-3.pt?version=4"
+            read = subprocess.run([*as_owner, *bind_cap, "nfs-cat", file], capture_output=True, text=True,
+                                  timeout=30)
             assert read.returncode == 0 and read.stdout == "weights\n", read.stderr
+            # from gpu-02's address but an unprivileged port (a worker's, with egress `all` or host network): refused
+            worker = subprocess.run([*as_owner, "nfs-cat", file + "&uid=0&gid=0"], capture_output=True, text=True,
+                                    timeout=30)
+            assert worker.returncode != 0 and "weights" not in worker.stdout, worker.stdout
             # the worker's reason names the machine it could not reach
             w = wait_for(lambda: (lambda x: x if x.get("state") == "Failed" else None)(c.worker("trainer-0")),
                          timeout=60, what="the worker to fail")
@@ -409,9 +542,7 @@ def test_keeping_machine_exports_to_the_worker_machine_while_it_uses_the_drive(t
             log = (home / "agent-gpu-01.log").read_text()
             assert f"{ns}.ft-ckpt ({out} as /astraeus/{ns}.ft-ckpt) to {g2.address}" in log
             assert "stopping the NFS server" in log
-            gone = subprocess.run(["nsenter", f"--net=/run/netns/{g2.netns}", "setpriv", f"--reuid={owner}",
-                                   f"--regid={owner}", "--clear-groups", "nfs-ls",
-                                   f"nfs://{g1.address}/astraeus/{ns}.ft-ckpt?version=4"],
+            gone = subprocess.run([*as_owner, *bind_cap, "nfs-ls", f"nfs://{g1.address}/astraeus/{ns}.ft-ckpt?version=4"],
                                   capture_output=True, text=True, timeout=30)
             assert gone.returncode != 0
 

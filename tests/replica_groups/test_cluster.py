@@ -28,24 +28,32 @@ def cluster(tmp_path):
 
 
 @pytest.fixture
-def flags():
-    """A folder the workers see (their /tmp is their own; host folders are shown read-only)."""
-    d = Path(tempfile.mkdtemp(prefix="astraeus-rg-", dir="/var/tmp"))
+def flags(cluster):
+    """A folder the workers see at /flags: a ReadOnly drive of the workspace (under the host path `up` grants;
+    a worker sees no host folder but its drives)."""
+    base = Path("/data/astraeus")
+    base.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix="astraeus-rg-", dir=base))
     d.chmod(0o755)
+    with cluster.client() as h:
+        r = h.post("/drives", json={"metadata": {"name": "flags"}, "spec": {"sources": [
+            {"node": "gpu-01", "path": str(d), "mount_path": "/flags", "mode": "ReadOnly"}]}})
+        assert r.status_code == 201, r.text
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
 
-def replica_code(flags: str) -> str:
+def replica_code(flags: str = "/flags") -> str:
     # Runs until a file named after its worker appears in `flags`, then fails with exit code 3.
     return (f"import os,sys,time\nf=os.path.join({flags!r},os.environ['ASTRAEUS_WORKER_NAME'])\n"
             "print('up',flush=True)\nwhile not os.path.exists(f): time.sleep(0.2)\nsys.exit(3)")
 
 
-def group_body(name, replicas, code, gpus=2, priority=-10, budget=1):
+def group_body(name, replicas, code, gpus=2, priority=-10, budget=1, drives=()):
     return {"metadata": {"name": name}, "spec": {"replicas": replicas, "run": {
         "priority": priority, "task_template": {
             "image": "python:3.11", "command": "python", "args": ["-c", code], "max_restarts": budget,
+            "datavolume_refs": [{"name": n, "mount_path": f"/{n}", "mode": "ReadOnly"} for n in drives],
             "requested_resources": {"gpu_requests": {"count": gpus}}}}}}
 
 
@@ -80,7 +88,7 @@ def pid_of(c, worker):
 def test_kill_fail_delete_and_preempt_replicas_and_the_count_returns(cluster, flags):
     c = cluster
     with c.client() as h:
-        r = h.post("/replica-groups", json=group_body("evals", 3, replica_code(str(flags))))
+        r = h.post("/replica-groups", json=group_body("evals", 3, replica_code(), drives=["flags"]))
         assert r.status_code == 201, r.text
     assert set(running(c, 3)) == {"evals-1", "evals-2", "evals-3"}
 

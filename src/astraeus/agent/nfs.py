@@ -4,19 +4,37 @@ NFS-Ganesha), and the mounts of drives kept on other machines (`mount`/`unmount`
 The keeping machine (the one whose folder holds a drive's bytes) exports the folder over NFSv4 to exactly the
 machines that run the drive's workers elsewhere (`Assignments.exports`, computed by the control plane): one
 `ganesha.nfsd` per agent, with its own config, pid file, log and recovery folder under `<state_dir>/nfs-server/`,
-listening on its own port (`ASTRAEUS_NFS_PORT`, default 2049). Every export is `Access_Type = None` for everybody
-but its CLIENT block, which grants RW (RO for a ReadOnly drive) to the listed addresses only. Root on a client is
-squashed to the drive's workspace user (`Anonymous_Uid/Gid` = the workspace's uid, the uid its workers run as on
-every machine: astraeus.agent.runtime.mounts), so the mounting agent, the worker's shim and the worker all act as
-that user on the drive, and as nobody else; another uid gets what the folder's mode gives "other". A ReadWrite
-folder that is root's and new (or empty) is handed to that user first, as a worker on the keeping machine would.
-The folder is opened inside its granted root without following a symlink out of it (mounts.open_drive_dir), and
-exported at `/astraeus/<ns>.<drive>` in the server's NFSv4 namespace (`pseudo_path`: flat, so two drives never nest
-whatever their folders are; the mounting agent computes the same path). A changed list is applied by rewriting the config and SIGHUP (Ganesha 4 re-reads its exports,
-adding, changing and removing them); the server is stopped once nothing is exported, and on agent shutdown. A
-server left behind by a crashed agent (its pid file) is stopped when the next agent starts, and a new one started
-for the exports the control plane gives it. Graceless: a restarted server has no 90 s grace period (clients
-re-open their files; there are no NFSv4 locks to reclaim worth blocking every worker for).
+listening on its own port (`ASTRAEUS_NFS_PORT`, default 2049). A ReadWrite folder that is root's and new (or
+empty) is handed to the drive's workspace user first, as a worker on the keeping machine would. The folder is opened
+inside its granted root without following a symlink out of it (mounts.open_drive_dir), and exported at
+`/astraeus/<ns>.<drive>` in the server's NFSv4 namespace (`pseudo_path`: flat, so two drives never nest whatever
+their folders are; the mounting agent computes the same path). A changed list is applied by rewriting the config and
+SIGHUP (Ganesha 4 re-reads its exports, adding, changing and removing them); the server is stopped once nothing is
+exported, and on agent shutdown. A server left behind by a crashed agent (its pid file) is stopped when the next
+agent starts, and a new one started for the exports the control plane gives it. Graceless: a restarted server has
+no 90 s grace period (clients re-open their files; there are no NFSv4 locks to reclaim worth blocking every worker
+for).
+
+What an export trusts. AUTH_SYS (`SecType = sys`) authenticates nobody: a client states a uid and gids, and any
+process that reaches the server can state any. So an export trusts only what an unprivileged process cannot choose:
+- **the client's address**: every export is `Access_Type = None` for everybody but its CLIENT block, which grants
+  RW (RO for a ReadOnly drive) to the addresses of the machines that run the drive's workers, and nobody else;
+- **a privileged source port** (`PrivilegedPort = true` in every EXPORT and in EXPORT_DEFAULTS): a request from a
+  port >= 1024 is refused as if its address were not listed. Only root (or a process with CAP_NET_BIND_SERVICE)
+  binds one: the mounting agent's kernel mount does (`resvport`: mount_options); a worker cannot (no capabilities,
+  and ports below 1024 are not bindable in its own network namespace nor in the machine's), even where its traffic
+  leaves with the machine's address (`ASTRAEUS_WORKER_EGRESS=all`, `network: host`);
+- **no uid at all**: `Squash = All_Squash` maps every uid and gid a client states, root's included, to the drive's
+  workspace user (`Anonymous_Uid/Gid` = the workspace's uid, the uid its workers run as on every machine:
+  astraeus.agent.runtime.mounts), so the mounting agent, the worker's shim and the worker all act as that user on
+  the drive, and whatever is written through NFS is that user's.
+What is left: root on a listed machine can act as the drive's owner on that drive (as it can through the agent's
+mount there anyway). Kerberos (`SecType = krb5p`) would authenticate machines; the agent does not configure it
+(docs/fleet.md says how a site that has it would).
+The pseudo-root shows a client only the exports it may use: Ganesha leaves the junction of an export the client has
+no access to (address not listed, or an unprivileged port) out of a READDIR of `/astraeus` and answers a LOOKUP of
+it with NOENT, so another workspace's drive name is shown to nobody but the root of the machines that run its
+workers (tests/fleet/test_nfs.py checks it).
 
 A worker on another machine gets a Mount with `nfs` set: the agent mounts `server:/export_path` with `mount -t nfs4
 -o mount_options(...)` under `<state_dir>/nfs/<ns>.<drive>` (shared by that drive's workers on the machine,
@@ -165,12 +183,13 @@ def pseudo_path(drive: str) -> str:
 def mount_options(transport: str, port: int, read_only: bool = False, timeo: int = 100, retrans: int = 3) -> str:
     """mount(8) options for an NFS drive (pure): NFSv4.2, `proto=tcp` or `proto=rdma` (the control plane chose it
     with drives.choose_transport: RDMA on port 20049 when both machines have RDMA, else TCP on 2049), `hard` (a
-    checkpoint is never half-written silently: I/O waits for the server), timeo in tenths of a second."""
+    checkpoint is never half-written silently: I/O waits for the server), `resvport` (a privileged source port, which
+    every export requires; said, so that a site's nfsmount.conf cannot turn it off), timeo in tenths of a second."""
     if transport not in ("tcp", "rdma"):
         raise ValueError(f"unknown NFS transport {transport!r}: tcp or rdma")
     if not 0 < int(port) < 65536:
         raise ValueError(f"NFS port {port} is not a port (1-65535)")
-    opts = ["vers=4.2", f"proto={transport}", f"port={int(port)}", "hard", f"timeo={int(timeo)}",
+    opts = ["vers=4.2", f"proto={transport}", f"port={int(port)}", "hard", "resvport", f"timeo={int(timeo)}",
             f"retrans={int(retrans)}"]
     if read_only:
         opts.append("ro")
@@ -210,7 +229,7 @@ def ganesha_config(exports: list[dict], port: int, recovery_dir: str, plugins_di
     """Ganesha's config for `exports` (pure): each {"id", "path", "pseudo", "clients": {addr: "RW"|"RO"}, "uid",
     "gid"}.
     NFSv4 only, over TCP; no NLM, no RQUOTA, no UDP, no portmapper; every export closed to all but its CLIENT
-    block."""
+    block, to a client's unprivileged port, and to every uid but the drive's owner (All_Squash to "uid"/"gid")."""
     core = [f"NFS_Port = {int(port)};", "Protocols = 4;", "Enable_NLM = false;", "Enable_RQUOTA = false;",
             "Enable_UDP = false;", f'Plugins_Dir = "{plugins_dir}";']
     if bind:
@@ -220,12 +239,13 @@ def ganesha_config(exports: list[dict], port: int, recovery_dir: str, plugins_di
            f'NFSV4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = "{recovery_dir}"; '
            "Minor_Versions = 0, 1, 2; }",
            "NFS_KRB5 { Active_krb5 = false; }",
-           "EXPORT_DEFAULTS { Access_Type = None; Squash = Root_Squash; SecType = sys; Protocols = 4; }"]
+           "EXPORT_DEFAULTS { Access_Type = None; PrivilegedPort = true; Squash = All_Squash; Anonymous_Uid = -2; "
+           "Anonymous_Gid = -2; SecType = sys; Protocols = 4; }"]
     for e in exports:
         out.append("EXPORT {")
         out.append(f'    Export_Id = {int(e["id"])}; Path = "{e["path"]}"; Pseudo = "{e["pseudo"]}";')
-        out.append("    Protocols = 4; Transports = TCP; SecType = sys; Access_Type = None;")
-        out.append(f"    Squash = Root_Squash; Anonymous_Uid = {int(e['uid'])}; Anonymous_Gid = {int(e['gid'])};")
+        out.append("    Protocols = 4; Transports = TCP; SecType = sys; Access_Type = None; PrivilegedPort = true;")
+        out.append(f"    Squash = All_Squash; Anonymous_Uid = {int(e['uid'])}; Anonymous_Gid = {int(e['gid'])};")
         out.append("    FSAL { Name = VFS; }")
         for mode in ("RW", "RO"):
             clients = sorted(a for a, m in e["clients"].items() if m == mode)

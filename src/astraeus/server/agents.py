@@ -233,16 +233,17 @@ def _mount(d: Drive, ref: dict, access: Access, m: Machine, keepers: dict[str, M
         base = (m.shared_filesystems or {}).get(fs) or f"/nonexistent/shared-filesystem-{fs}"
         root = drive_rules.shared_path(base, granted.partition(":")[2]) if granted else None
         return P.Mount(drive=d.name, host_path=drive_rules.shared_path(base, src["path"]), mount_path=ref["mount_path"],
-                       read_only=ro, create=create, granted_root=root)
+                       read_only=ro, create=create, granted_root=root, size_bytes=d.spec.get("size_bytes"))
     node = src.get("node")
     if node == m.name or node not in keepers:
         return P.Mount(drive=d.name, host_path=src["path"], mount_path=ref["mount_path"], read_only=ro, create=create,
-                       granted_root=granted)
+                       granted_root=granted, size_bytes=d.spec.get("size_bytes"))
     keeper = keepers[node]
     proto, port = drive_rules.choose_transport(d.spec.get("transport", "Auto"), _facts(keeper).rdma, _facts(m).rdma)
     nfs = P.NfsSource(server=keeper.address or keeper.name, machine=keeper.name, export_path=drive_rules.export_path(f"{ns}.{d.name}"),
                       transport=proto, port=port)
-    return P.Mount(drive=d.name, nfs=nfs, host_path="/", mount_path=ref["mount_path"], read_only=ro, create=create)
+    return P.Mount(drive=d.name, nfs=nfs, host_path="/", mount_path=ref["mount_path"], read_only=ro, create=create,
+                   size_bytes=d.spec.get("size_bytes"))  # not measured through NFS (agent/disk.py)
 
 
 def exports(session: Session, m: Machine) -> list[P.Export]:

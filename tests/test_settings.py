@@ -42,6 +42,13 @@ def _clean_env(tmp_path, **extra) -> dict:
      'file holding one, got "[1]"'),
     (["agent", "--server", "http://127.0.0.1:1", "--token", "x"], "ASTRAEUS_STOP_GRACE", "-1",
      'astraeus agent: ASTRAEUS_STOP_GRACE: must be a number of seconds >= 0, got "-1"'),
+    (["agent", "--server", "http://127.0.0.1:1", "--token", "x"], "ASTRAEUS_WORKER_NETWORK", "bridge",
+     'astraeus agent: ASTRAEUS_WORKER_NETWORK: must be isolated or host, got "bridge"'),
+    (["agent", "--server", "http://127.0.0.1:1", "--token", "x"], "ASTRAEUS_WORKER_EGRESS", "open",
+     'astraeus agent: ASTRAEUS_WORKER_EGRESS: must be internet, none or all, got "open"'),
+    (["agent", "--server", "http://127.0.0.1:1", "--token", "x"], "ASTRAEUS_WORKER_EGRESS_ALLOW", "10.0.0.0/33",
+     "astraeus agent: ASTRAEUS_WORKER_EGRESS_ALLOW: must be comma-separated IPv4 addresses or networks, such as "
+     '10.0.5.0/24,10.0.9.7, got "10.0.0.0/33"'),
     (["agent", "--token", "x"], "ASTRAEUS_SERVER", "cp-host:8420",
      'astraeus agent: ASTRAEUS_SERVER: must be an http:// or https:// URL, or several comma-separated, got '
      '"cp-host:8420"'),

@@ -43,6 +43,12 @@ def _http_url(value: str | None) -> str | None:
     return value.rstrip("/") if value else value
 
 
+def comma_items(value) -> list[str]:
+    """The entries of a comma-separated setting (or of a list given as such), stripped, empty ones left out."""
+    items = value.split(",") if isinstance(value, str) else list(value or [])
+    return [x.strip() for x in items if x and x.strip()]
+
+
 def http_urls(value: str) -> str:
     """One http(s) URL or several, comma-separated (the control plane's replicas): each checked, trailing slashes
     dropped; ValueError naming the first bad one."""
@@ -329,9 +335,8 @@ class AgentSettings(HomeSettings):
     def _egress_allow(cls, v) -> list[str]:
         import ipaddress
 
-        items = [x.strip() for x in v.split(",")] if isinstance(v, str) else list(v or [])
         out = []
-        for item in (x for x in items if x):
+        for item in comma_items(v):
             try:
                 out.append(str(ipaddress.IPv4Network(item, strict=False)))
             except ValueError:
@@ -358,9 +363,8 @@ class AgentSettings(HomeSettings):
     @field_validator("insecure_registries", mode="before")
     @classmethod
     def _insecure(cls, v) -> list[str]:
-        items = [x.strip() for x in v.split(",")] if isinstance(v, str) else list(v or [])
         out = []
-        for item in (x for x in items if x):
+        for item in comma_items(v):
             from astraeus.imageref import ImageRef
 
             try:

@@ -337,3 +337,26 @@ def test_the_host_network_is_for_workspaces_an_admin_allowed_it(app):
     assert given["nccl-0"]["peers"] == [] and "ASTRAEUS_WORKER_ADDR" not in e0
     assert e0["MASTER_ADDR"] == e1["MASTER_ADDR"] == {"gpu-01": "10.77.0.2", "gpu-02": "10.77.0.3"}[
         next(m for m, c in creds.items() if any(a["name"] == "nccl-0" for a in _assignments(app, c, m)["assignments"]))]
+
+
+def test_a_name_being_deleted_says_so_until_its_workers_have_ended(app):
+    """A deleted run keeps its name while its workers stop (SQLite and PostgreSQL): a submit of that name meanwhile
+    is refused saying so (not "delete it first"), by the group-commit path and the plain one alike; once its
+    worker has ended the name is free."""
+    cred = _register(app, "gpu-01")
+    _run(app, "live", gpus=1)
+    wait_for(lambda: _worker(app, "live-0")["state"] == "Starting", what="placed")
+    _report(app, cred, "gpu-01", "Running")
+    assert app.client.delete(f"{app.api}/runs/live", headers=app.h()).status_code == 200
+    body = {"metadata": {"name": "live"}, "spec": {"task_template": {"image": "python:3.11", "command": "true"}}}
+    said = ("a run named live in workspace vision is being deleted (its workers are stopping): submit again once it "
+            "is gone, within its stop grace, or choose another metadata.name")
+    _drive(app, "d", node="gpu-01", path="/data/astraeus/d")
+    with_drive = {"metadata": {"name": "live"}, "spec": {"task_template": {  # not batched: services.submit_run
+        **body["spec"]["task_template"], "datavolume_refs": [{"name": "d", "mount_path": "/d"}]}}}
+    for b in (body, with_drive):
+        r = app.client.post(f"{app.api}/runs", json=b, headers=app.h())
+        assert r.status_code == 409 and r.json() == {"code": "ALREADY_EXISTS", "message": said}, r.text
+    _report(app, cred, "gpu-01", "Exited", exit_code=143)
+    wait_for(lambda: app.client.post(f"{app.api}/runs", json=body, headers=app.h()).status_code == 201,
+             what="the name free again")

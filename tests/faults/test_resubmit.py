@@ -44,7 +44,8 @@ def _resubmit(cl, body: dict):
     then); the agent may still hold that ended attempt, and its worker's ended process, as the new one starts."""
     def taken():
         r = cl.post("/runs", json=body)
-        assert r.status_code in (201, 409), r.text
+        assert r.status_code == 201 or (r.status_code == 409 and " is being deleted (its workers are stopping)"
+                                        in r.json()["message"]), r.text
         return r.status_code == 201 and r
     return wait_for(taken, timeout=30, interval=0.01, what="the name free again")
 

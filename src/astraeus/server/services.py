@@ -388,10 +388,21 @@ def _cluster_for(session: Session, caller: Caller, name: str | None) -> tuple[Cl
     return cluster_for(session, caller.workspace.id, caller.workspace.name, name)
 
 
-def name_taken(name: str, ws_name: str) -> ApiError:
-    """The refusal of a run whose name a live run of the workspace has (submit_run, the group-commit writer)."""
+def name_taken(name: str, ws_name: str, deleting: bool = False) -> ApiError:
+    """The refusal of a run whose name a live run of the workspace has (submit_run, the group-commit writer); one
+    being deleted keeps its name until its workers have ended."""
+    if deleting:
+        return ApiError(409, "ALREADY_EXISTS", f"a run named {name} in workspace {ws_name} is being deleted (its "
+                                               f"workers are stopping): submit again once it is gone, within its "
+                                               f"stop grace, or choose another metadata.name")
     return ApiError(409, "ALREADY_EXISTS", f"a run named {name} already exists in workspace {ws_name}: "
                                            f"choose another metadata.name, or delete it first")
+
+
+def name_holder_deleting(session: Session, ws_id: int, name: str) -> bool | None:
+    """Whether the live run of that name in the workspace is being deleted; None when there is none."""
+    return session.scalar(select(Run.deleting).where(Run.workspace_id == ws_id, Run.name == name,
+                                                     Run.live_key == ""))
 
 
 _CLUSTERS = select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id).where(
@@ -566,8 +577,8 @@ def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float, *
                            f"{ws.name}: create it first (POST $API/drives)")
     check_node_selection(session, caller, cluster, access, tt.requested_resources, at)
     name = body.metadata.name
-    if session.scalar(select(Run.id).where(Run.workspace_id == ws.id, Run.name == name, Run.live_key == "")):
-        raise name_taken(name, ws.name)
+    if (deleting := name_holder_deleting(session, ws.id, name)) is not None:
+        raise name_taken(name, ws.name, bool(deleting))
     gpus, cpu, mem = S.worker_resources(tt)
     if mem > INT64:  # what the database holds (and far beyond any machine)
         raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "

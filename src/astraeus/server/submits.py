@@ -284,7 +284,7 @@ def _insert(s, accepted: list[Submit]) -> list[Submit]:
     unique workspace, name and live key: the check and the write in one statement, under the state lock): its
     submit is refused as submit_run refuses it, and nothing of it is written. Returns the submits written."""
     from astraeus.server.db import Worker
-    from astraeus.server.services import dialect_insert, name_taken
+    from astraeus.server.services import dialect_insert, name_holder_deleting, name_taken
 
     runs_t, workers_t = Run.__table__, Worker.__table__
     rows = [_values(it.run, runs_t) for it in accepted]
@@ -313,7 +313,8 @@ def _insert(s, accepted: list[Submit]) -> list[Submit]:
         rid = got.get((it.ws_id, it.run.name))
         if rid is None:
             it.run, it.cluster = None, None
-            it.error = name_taken(it.parsed.metadata.name, it.ws_name)
+            name = it.parsed.metadata.name
+            it.error = name_taken(name, it.ws_name, bool(name_holder_deleting(s, it.ws_id, name)))
             continue
         it.run.id = rid
         for w in it.run.workers:

@@ -124,7 +124,7 @@ def test_a_worker_writing_past_its_drives_size_is_evicted_and_a_reader_is_not(fl
             assert "Evicted: drive ckpt over its size (64 MiB)" in w["reason"], w
             history = [h.get("reason") or "" for h in run["status"].get("history") or []]
             assert any("Evicted: drive ckpt over its size (64 MiB)" in h for h in history), run["status"]
-            assert (path / "big").stat().st_size > 64 << 20  # the drive is full: a reader finds it so
+            assert (path / "big").stat().st_size >= 64 << 20  # the drive is full (as measured): a reader finds it so
             assert httpx.get(srv.url + "/healthz", timeout=10).status_code == 200
             assert c.get("/runs").status_code == 200
 

@@ -92,6 +92,7 @@ def reap(state_dir: Path) -> None:
         for cid in listed.stdout.split():
             subprocess.run(["runc", "--root", str(runc_root), "delete", "--force", cid], capture_output=True)
     owner = owner_of(state_dir)
+    _remove_networks(owner)
     end = time.time() + 5  # a killed process leaves its cgroup only once it has exited: retry until then
     while True:
         left = 0
@@ -108,6 +109,24 @@ def reap(state_dir: Path) -> None:
         if not left or time.time() > end:
             break
         time.sleep(0.1)
+
+
+def _remove_networks(owner: str) -> None:
+    """The workers' networks and the nftables table of a killed agent (what its next start or a clean exit removes)."""
+    from astraeus.agent import network
+
+    if network.unavailable() is not None:
+        return
+    nets = network.WorkerNetworks(owner)
+    for name in nets.existing():
+        try:
+            nets.discard(name)
+        except (OSError, network.NetworkError):
+            pass
+    try:
+        nets.close_machine()
+    except (OSError, network.NetworkError):
+        pass
 
 
 # ------------------------------------------------------------------------------------ processes

@@ -22,7 +22,7 @@ workers' addresses to them).
 Interfaces carry the owner's tag so that two agents sharing one network namespace (`astraeus up --machines 2`)
 each police only their own workers: with one `aw*` match, one agent's "nothing else reaches a worker" rule would drop
 the other's gang pairs. `remove` deletes the /32 route and unpins the namespace; the kernel destroys the veth pair
-with the namespace in the background (an explicit `link del` waits ~30 ms for an RCU grace period).
+with the namespace in the background (an explicit `link del` waits for an RCU grace period).
 
 Each worker's address and peers are recorded under <run_dir>/network/<owner>/<netns>.json, so `remove` knows which
 set elements and routes are its own after an agent restart.
@@ -580,7 +580,7 @@ class WorkerNetworks:
                     self._update_elements(set(), gone, address_gone=None if rec else address)
             # The route first: a process still in the namespace is cut off (its source no longer routes back, so
             # the prerouting check drops it) and the address is free. Unpinned, the namespace is destroyed by the
-            # kernel in the background with its veth pair (`link del` would wait ~30 ms for an RCU grace period).
+            # kernel in the background with its veth pair (`link del` would wait for an RCU grace period).
             lines = [f"route del {address}/32 dev {iface}"] if address else []
             if os.path.exists(f"{NETNS_DIR}/{name}"):
                 lines.append(f"netns del {name}")

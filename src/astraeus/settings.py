@@ -43,6 +43,21 @@ def _http_url(value: str | None) -> str | None:
     return value.rstrip("/") if value else value
 
 
+def size_setting(value, name: str) -> int | None:
+    """A size setting: bytes, or a size such as 10GiB (astraeus.units); None stays None."""
+    if value is None or isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text)
+    from astraeus.units import UnitError, parse_memory
+
+    try:
+        return parse_memory(text, name)
+    except UnitError as e:
+        raise ValueError(str(e)) from None
+
+
 def comma_items(value) -> list[str]:
     """The entries of a comma-separated setting (or of a list given as such), stripped, empty ones left out."""
     items = value.split(",") if isinstance(value, str) else list(value or [])
@@ -202,19 +217,8 @@ class ServerSettings(HomeSettings):
     @field_validator("default_ephemeral_storage_bytes", mode="before")
     @classmethod
     def _ephemeral(cls, v):
-        if v is None:
-            return v
-        text = str(v).strip()
-        if text.isdigit():
-            n = int(text)
-        else:
-            from astraeus.units import UnitError, parse_memory
-
-            try:
-                n = parse_memory(text, cls.env_name("default_ephemeral_storage_bytes"))
-            except UnitError as e:
-                raise ValueError(str(e)) from None
-        if n <= 0:
+        n = size_setting(v, cls.env_name("default_ephemeral_storage_bytes"))
+        if n is not None and n <= 0:
             raise ValueError("must be more than 0")
         return n
 
@@ -380,19 +384,8 @@ class AgentSettings(HomeSettings):
     @field_validator("image_cache_bytes", "worker_shm_bytes", mode="before")
     @classmethod
     def _size(cls, v, info):
-        if v is None or isinstance(v, int):
-            return v
-        text = str(v).strip()
-        if text.isdigit():
-            n = int(text)
-        else:
-            from astraeus.units import UnitError, parse_memory
-
-            try:
-                n = parse_memory(text, cls.env_name(info.field_name))
-            except UnitError as e:
-                raise ValueError(str(e)) from None
-        if info.field_name == "worker_shm_bytes" and n <= 0:
+        n = size_setting(v, cls.env_name(info.field_name))
+        if info.field_name == "worker_shm_bytes" and n is not None and n <= 0:
             raise ValueError("must be more than 0")
         return n
 

@@ -437,6 +437,7 @@ class WorkerNetworks:
         self._mtu = mtu
         self._mu = threading.RLock()  # this agent's records, set elements and peer routes
         self._cache: dict[str, _Record] | None = None
+        self.resolv_conf: str | None = None  # the workers' /etc/resolv.conf, from setup_machine
         self._ip = _which("ip") or "ip"
         self._nft = _which("nft") or "nft"
 
@@ -446,7 +447,8 @@ class WorkerNetworks:
         """Make (or replace atomically) this owner's nftables table, keeping its `peers` elements, and turn on
         IPv4 forwarding. Idempotent."""
         os.makedirs(self.records_dir, exist_ok=True)
-        resolvers = nameservers(worker_resolv_conf_of_host())
+        self.resolv_conf = worker_resolv_conf_of_host()  # read once: every worker's /etc/resolv.conf
+        resolvers = nameservers(self.resolv_conf)
         with self._mu:
             text = ruleset(self.owner, self.policy, resolvers, self._set_elements())
             _run([self._nft, "-f", "-"], text)

@@ -419,7 +419,8 @@ class ProcessRuntime(Runtime):
         env["ASTRAEUS_WORKER_ADDR"] = net.address
         if any(c.get("mount_path") == "/etc/resolv.conf" for c in configs):
             return []
-        return [{"mount_path": "/etc/resolv.conf", "value": network.worker_resolv_conf_of_host()}]
+        resolv = self.networks.resolv_conf or network.worker_resolv_conf_of_host()  # set up by the agent, or read now
+        return [{"mount_path": "/etc/resolv.conf", "value": resolv}]
 
     def _launch_shim(self, d: str, shim_env: dict[str, str]) -> None:
         """Start the attempt's shim: forked by the pre-started launcher (astraeus.agent.runtime.launcher), or, when

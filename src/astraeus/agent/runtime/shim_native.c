@@ -287,11 +287,20 @@ static void put(buf_t *b, const char *s, size_t n) {
 static void puts_(buf_t *b, const char *s) { put(b, s, strlen(s)); }
 static void putf(buf_t *b, const char *fmt, ...) {
     char tmp[1024];
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    put(b, tmp, n < (int)sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    if (n >= (int)sizeof tmp) { /* longer than the stack buffer: formatted again at its length, never cut */
+        char *big = malloc((size_t)n + 1);
+        vsnprintf(big, (size_t)n + 1, fmt, again);
+        put(b, big, (size_t)n);
+        free(big);
+    } else if (n > 0) {
+        put(b, tmp, (size_t)n);
+    }
+    va_end(again);
 }
 
 static void put_u(buf_t *b, unsigned u) { putf(b, "\\u%04x", u); }
@@ -1398,14 +1407,8 @@ int main(int argc, char **argv) {
     put_float(&sj, shim_ctime);
     puts_(&sj, ", \"started_at\": ");
     put_float(&sj, now());
-    /* put, not putf: the cgroups' paths grow with the worker's identity, past putf's 1 KiB */
-    puts_(&sj, ", \"cgroup\": ");
-    puts_(&sj, ncg ? cgroup_json : "null");
-    puts_(&sj, ", \"cgroups\": ");
-    puts_(&sj, ncg ? cgroups_json : "null");
-    puts_(&sj, ", \"limits\": ");
-    puts_(&sj, limits_json);
-    puts_(&sj, "}");
+    putf(&sj, ", \"cgroup\": %s, \"cgroups\": %s, \"limits\": %s}", ncg ? cgroup_json : "null",
+         ncg ? cgroups_json : "null", limits_json);
     started_json = sj.s;
     write_file("started.json", started_json);
     {

@@ -3,6 +3,7 @@ separate processes the test kills and restarts, a TCP proxy that can cut an agen
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -390,6 +391,26 @@ class Proxy:
 
 
 # ------------------------------------------------------------------------------------------ runs
+
+
+@contextlib.contextmanager
+def cluster_on(runtime, prefix: str = "astraeus-", **kw):
+    """A real `astraeus up` whose machine runs workers with the test's runtime (checked), its home NOT under /tmp
+    (so that hiding it is what keeps it from the worker, not its private /tmp); `kw` goes to start_cluster."""
+    import tempfile
+
+    from tests.conftest import start_cluster
+
+    top = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    c = start_cluster(top / "home", env=runtime.env, **kw)
+    c.image = runtime.image
+    try:
+        with c.client() as cl:
+            machines_run(cl, runtime.kind)
+        yield c
+    finally:
+        c.stop()
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def machines_run(client: httpx.Client, kind: str, n: int = 1) -> list[dict]:

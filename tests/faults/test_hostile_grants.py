@@ -22,7 +22,7 @@ import pytest
 from astraeus.agent.runtime.base import START_FAILED, StartFailed
 from astraeus.agent.runtime.process import ProcessRuntime
 
-from .conftest import machines_run, wait_for
+from .conftest import cluster_on, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -131,20 +131,8 @@ def _drive_body(name: str, path: str) -> dict:
 
 @pytest.fixture
 def cluster(runtime):
-    import tempfile
-
-    from tests.conftest import start_cluster
-
-    top = Path(tempfile.mkdtemp(prefix="astraeus-grants-", dir="/var/tmp"))
-    c = start_cluster(top / "home", env=runtime.env)
-    c.image = runtime.image
-    try:
-        with c.client() as cl:
-            machines_run(cl, runtime.kind)
+    with cluster_on(runtime, "astraeus-grants-") as c:
         yield c
-    finally:
-        c.stop()
-        shutil.rmtree(top, ignore_errors=True)
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int, bytes | None]]:

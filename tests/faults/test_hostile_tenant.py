@@ -385,22 +385,10 @@ def cluster(runtime):
     """A real `astraeus up` whose home (env with tokens, the database, the agent's state dir) is NOT under /tmp,
     so that hiding them is what keeps them from the worker (not its private /tmp); its machine uses the test's
     runtime."""
-    import tempfile
+    from .conftest import cluster_on
 
-    from tests.conftest import start_cluster
-
-    from .conftest import machines_run
-
-    top = Path(tempfile.mkdtemp(prefix="astraeus-hostile-", dir="/var/tmp"))
-    c = start_cluster(top / "home", env=runtime.env)
-    c.image = runtime.image
-    try:
-        with c.client() as cl:
-            machines_run(cl, runtime.kind)
+    with cluster_on(runtime, "astraeus-hostile-") as c:
         yield c
-    finally:
-        c.stop()
-        shutil.rmtree(top, ignore_errors=True)
 
 
 # In a container, /root is the worker's own HOME in its own layer of the image (the host's /root is not in its

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import start_cluster
-
-from .conftest import machines_run, wait_for
+from .conftest import cluster_on, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -29,14 +27,9 @@ def _live(tag: str, image: str, code: str = SLOW_TO_STOP) -> dict:
 
 
 @pytest.fixture
-def cluster(tmp_path, runtime):
-    c = start_cluster(tmp_path / "home", env=runtime.env, stop_grace=5)
-    try:
-        with c.client() as cl:
-            machines_run(cl, runtime.kind)
+def cluster(runtime):
+    with cluster_on(runtime, "astraeus-resubmit-", stop_grace=5) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def _resubmit(cl, body: dict):

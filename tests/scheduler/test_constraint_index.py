@@ -28,7 +28,6 @@ from astraeus.scheduler import (
     plan,
 )
 from astraeus.scheduler import cluster as cluster_module
-from astraeus.scheduler import whynot as whynot_module
 from astraeus.scheduler.cluster import Cluster
 
 from .builders import GIB, HOUR, NOW
@@ -238,18 +237,6 @@ def test_a_selection_kept_by_the_fleet_is_told_from_another_of_the_same_mode():
         assert got == fresh
         placed = {s.run: s.placements[0].machine for s in got.starts}
         assert {machines[int(m[1:])].gpu_model for m in placed.values()} == {then}, placed
-
-
-@SETTINGS
-@given(snapshots())
-def test_why_not_lines_of_restricted_runs_equal_the_machine_by_machine_reference(snap):
-    """Lines laid over the per-shape template equal the lines made machine by machine."""
-    snap = replace(snap, why_not_limit=None)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(whynot_module, "FROM_TEMPLATE", False)
-        reference = plan(snap, NOW)
-        mp.setattr(whynot_module, "FROM_TEMPLATE", True)
-        assert plan(snap, NOW) == reference
 
 
 def test_many_runs_sharing_a_selection_keep_best_fit_on_a_large_cluster():

@@ -15,13 +15,8 @@ from __future__ import annotations
 import gc
 from dataclasses import replace
 
-import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from astraeus.scheduler import (
     Machine,
-    NodeSelection,
     PlacedWorker,
     Quota,
     RunningUnit,
@@ -32,72 +27,17 @@ from astraeus.scheduler import (
     plan,
 )
 from astraeus.scheduler import cycle as cycle_module
+from astraeus.scheduler.cycle import FAST
 
 from .builders import GIB, HOUR, NOW
-from .test_constraint_index import SETTINGS
 
 SPACES = ("ws-aaaaaaaaaaaa", "ws-bbbbbbbbbbbb", "ws-cccccccccccc", "ws-dddddddddddd")
 
 
-@st.composite
-def queues(draw) -> Snapshot:
-    """A few machines, running work, and many waiting runs in workspaces with and without quotas (fair share
-    and quota notes), sharing a handful of selection objects, with ties in submission time."""
-    n = draw(st.integers(1, 8))
-    machines = tuple(
-        Machine(f"m{i:02d}", draw(st.sampled_from([2, 4, 8])), 32, 256 * GIB,
-                labels=(("zone", draw(st.sampled_from(["z1", "z2"]))),), stop_grace_seconds=30.0,
-                schedulable=draw(st.integers(0, 6)) > 0)
-        for i in range(n)
-    )
-    units = []
-    for k, m in enumerate(machines):
-        gpus = draw(st.integers(0, m.gpus))
-        if gpus:
-            units.append(RunningUnit(
-                f"w{k:02d}" if draw(st.integers(0, 3)) == 0 else f"u{k}",  # some: a waiting run's other worker
-                draw(st.sampled_from(SPACES)), draw(st.integers(-1, 1)), NOW - 3600,
-                draw(st.sampled_from([None, HOUR, 4 * HOUR])),
-                (PlacedWorker(f"u{k}-0", 0, m.name, tuple(range(gpus)), 4, 16 * GIB),),
-            ))
-    spaces = tuple(
-        Workspace(ws, ws, Quota(gpus=draw(st.sampled_from([2, 4, 16]))) if draw(st.booleans()) else None,
-                  draw(st.sampled_from([1.0, 2.0])))
-        for ws in SPACES
-    )
-    shared = [NodeSelection(), NodeSelection("Labels", labels=(("zone", "z1"),)),
-              NodeSelection("Names", tuple(m.name for m in machines[: max(1, n // 2)]))]
-    runs = []
-    for k in range(draw(st.integers(1, 60))):
-        count = 1 if draw(st.integers(0, 5)) else 2
-        gpus = draw(st.sampled_from([1, 1, 2, 4, 8]))
-        reqs = tuple(WorkerRequest(i, gpus, 4 * gpus, 16 * GIB * gpus) for i in range(count))
-        sel = draw(st.sampled_from(shared)) if draw(st.integers(0, 5)) else NodeSelection()  # a fresh Any too
-        runs.append(WaitingRun(
-            f"w{k:02d}", draw(st.sampled_from(SPACES)), draw(st.sampled_from([-1, 0, 0, 1])),
-            NOW - 1000 + draw(st.integers(0, 20)), reqs, draw(st.sampled_from(["Gang", "Independent"])),
-            draw(st.sampled_from([None, 600.0, HOUR, 10 * HOUR])), sel,
-            quota_noted=draw(st.integers(0, 3)) == 0,
-        ))
-    return Snapshot("c", machines, tuple(units), tuple(runs), spaces, why_not_limit=draw(st.sampled_from([0, 1, 3])),
-                    preemption=draw(st.booleans()), backfill=draw(st.integers(0, 3)) > 0)
-
-
 def _plans(snap: Snapshot):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cycle_module, "BATCH", False)
-        mp.setattr(cycle_module, "KEEP_SETTLED", False)  # and every start forgets its workspace's outcomes
-        mp.setattr(cycle_module, "SETTLE_GANGS", False)  # and a gang behind the head is placed again
-        one_by_one = plan(snap, NOW)
-    return plan(snap, NOW), one_by_one
-
-
-@SETTINGS
-@given(queues())
-def test_plans_with_runs_settled_in_bulk_equal_plans_made_one_run_at_a_time(snap):
-    bulk, one_by_one = _plans(snap)
-    assert bulk == one_by_one
-    assert bulk.quota_reached == one_by_one.quota_reached  # the same notes, in the same order
+    """The plan with runs settled in bulk, and the one-run-at-a-time reference (every start forgets its
+    workspace's outcomes, a gang behind the head is placed again). Random queues: test_fast_paths.py."""
+    return plan(snap, NOW), plan(snap, NOW, replace(FAST, batch=False, keep_settled=False, settle_gangs=False))
 
 
 def test_a_long_queue_behind_the_head_is_settled_in_bulk_with_its_notes_in_queue_order(monkeypatch):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import compress, repeat
 from operator import attrgetter, is_not, itemgetter
 
@@ -66,13 +66,24 @@ def _quota_reached(run: str, workspace: str, message: str) -> QuotaReached:
     _set_message(q, message)
     return q
 
-# Runs behind the head settled in bulk by the queue (`Cycle.settle`); False in tests: one run at a time.
-BATCH = True
-# A start keeps the outcomes settled for its workspace's runs when the workspace has no quota; False in tests: every
-# start forgets them.
-KEEP_SETTLED = True
-# A gang behind the head is settled too (its outcome kept by its sorted shapes); False in tests: one-worker runs only.
-SETTLE_GANGS = True
+@dataclass(frozen=True)
+class Paths:
+    """Which way a cycle goes where it has a fast path and a plain one. Both give the same plan; the plain one is
+    the reference tests/scheduler/test_fast_paths.py holds the fast one to. Production uses FAST."""
+
+    # Runs behind the head settled in bulk by the queue (`Cycle.settle`); plain: one run at a time.
+    batch: bool = True
+    # A start keeps the outcomes settled for its workspace's runs when the workspace has no quota; plain: every
+    # start forgets them.
+    keep_settled: bool = True
+    # A gang behind the head is settled too (its outcome kept by its sorted shapes); plain: one-worker runs only.
+    settle_gangs: bool = True
+    # Why-not lines of restricted runs laid over the per-shape template (`WhyNot`); plain: machine by machine.
+    from_template: bool = True
+
+
+FAST = Paths()
+PLAIN = Paths(batch=False, keep_settled=False, settle_gangs=False, from_template=False)
 
 QuotaSpec = tuple  # ((word, formatter, limit), ...) for gpus, cpu cores, memory, workers; limit None: no limit
 
@@ -110,7 +121,7 @@ def _quota_check(spec: QuotaSpec, usage: Usage, workers) -> tuple[str, bool, str
     return detail, alone, reason, R.quota_reached(detail)
 
 
-def plan(snapshot: Snapshot, now: float) -> Plan:
+def plan(snapshot: Snapshot, now: float, paths: Paths = FAST) -> Plan:
     # A cycle makes many objects and frees few, and none of them in reference cycles: the cyclic garbage
     # collector, run every few thousand of them, would walk the whole snapshot again and again for nothing (a
     # quarter of a cycle with 100,000 waiting runs on 10,000 machines). It is paused for the cycle.
@@ -118,14 +129,14 @@ def plan(snapshot: Snapshot, now: float) -> Plan:
     if paused:
         gc.disable()
     try:
-        return _plan(snapshot, now)
+        return _plan(snapshot, now, paths)
     finally:
         if paused:
             gc.enable()
 
 
-def _plan(snapshot: Snapshot, now: float) -> Plan:
-    cycle = Cycle(snapshot, now)
+def _plan(snapshot: Snapshot, now: float, paths: Paths = FAST) -> Plan:
+    cycle = Cycle(snapshot, now, paths)
     held, place, starts = cycle.held, cycle.place, cycle.starts
     batch = cycle.batch
     for run in cycle.order_queue():
@@ -157,9 +168,11 @@ def _plan(snapshot: Snapshot, now: float) -> Plan:
 class Cycle:
     """What one cycle knows: the room, each workspace's usage, the head, and the plan so far."""
 
-    def __init__(self, snapshot: Snapshot, now: float):
+    def __init__(self, snapshot: Snapshot, now: float, paths: Paths = FAST):
         self.snapshot = snapshot
         self.now = now
+        self.paths = paths
+        self.settle_gangs = paths.settle_gangs
         self.starts: list[StartRun] = []
         self.stops: list[StopUnit] = []
         self.reasons: dict[str, str] = {}
@@ -183,7 +196,7 @@ class Cycle:
         self.fails: dict[str, str] = {}  # runs whose dependency can no longer be met, or whose reservation ended
         self.room()
         snap = snapshot
-        self.batch = Batch(self.settle) if BATCH and snap.fair_share and not snap.fifo and self.all_plain else None
+        self.batch = Batch(self.settle) if paths.batch and snap.fair_share and not snap.fifo and self.all_plain else None
         self._view_b: dict[float | None, bool] = {}  # time limit -> view B, behind the head
         self.reservation_stops: list[StopUnit] = []
         # Running work as preemption and the shadow time see it: units stopped for a reservation are stopping.
@@ -343,7 +356,7 @@ class Cycle:
             st = self.shadow_time
             ends_before = st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st
             view_b = not ends_before
-            if not avoid and (len(workers) == 1 or (run.start == "Gang" and SETTLE_GANGS)):
+            if not avoid and (len(workers) == 1 or (run.start == "Gang" and self.settle_gangs)):
                 # One worker, or a gang, behind the head: a run of its workspace with the same shapes, machines
                 # and view that waited already waits the same way (free room only shrinks; the workspace's usage,
                 # which its quota answer reads, has not changed since: `_take` forgets its runs' outcomes).
@@ -459,6 +472,7 @@ class Cycle:
         keyed = self.keyed_notes
         append = keyed.append
         vb_of = self._view_b
+        gangs = self.settle_gangs
         ws = lst[-1].workspace if lst else None
         settled = settled_of.get(ws)
         j = len(lst)
@@ -469,7 +483,7 @@ class Cycle:
             if (run.dependency is not None or run.array is not None or run.excluded_machines
                     or sel.reservation is not None):
                 break
-            if len(workers) != 1 and (run.start != "Gang" or not SETTLE_GANGS):
+            if len(workers) != 1 and (run.start != "Gang" or not gangs):
                 break
             if run.workspace is not ws:
                 ws = run.workspace  # the merged runs of workspaces without a quota
@@ -604,7 +618,7 @@ class Cycle:
         for w, _ in chosen:
             use.add(w.gpus, w.cpu_cores, w.memory_bytes, 1)
         seen = self.quota_seen.get(run.workspace)
-        if seen is not None or not KEEP_SETTLED:
+        if seen is not None or not self.paths.keep_settled:
             if seen is not None:
                 seen.clear()
             # With a quota, the outcomes settled for the workspace's runs read its usage (the quota's answer and
@@ -694,7 +708,8 @@ class Cycle:
     def explain(self) -> dict[str, tuple[tuple[str, str], ...]]:
         why_not: dict[str, tuple[tuple[str, str], ...]] = {}
         if self.unstarted:
-            lines = WhyNot(self.cluster, self.head, self.snapshot.why_not_machines).lines
+            lines = WhyNot(self.cluster, self.head, self.snapshot.why_not_machines,
+                           self.paths.from_template).lines
             for u, allowed_key in self.unstarted:
                 why_not.update(lines(u, allowed_key))
         return why_not

@@ -46,9 +46,6 @@ class Unstarted:
     avoid: frozenset[int]  # machines holding another worker of the run
 
 
-# Lines of restricted runs laid over the per-shape template (False in tests: the machine-by-machine reference).
-FROM_TEMPLATE = True
-
 EACH = 20  # on a cluster past `Snapshot.why_not_machines`: the machines that keep a line each, per worker
 
 
@@ -68,9 +65,12 @@ class WhyNot:
     shape (capacity short; free room short, with the holders of the GPUs; short of room held for the head),
     then per run what its selection, quota and other workers add. The cluster does not change any more."""
 
-    def __init__(self, cluster: Cluster, head: WaitingRun | None, group_above: int | None = None):
+    def __init__(self, cluster: Cluster, head: WaitingRun | None, group_above: int | None = None,
+                 from_template: bool = True):
         self.cluster = cluster
         self.head = head
+        # Lines of restricted runs laid over the per-shape template; False: the machine-by-machine reference.
+        self.from_template = from_template
         # Grouped lines (a cluster past `Snapshot.why_not_machines`): the free-room lines leave the holders out
         # (only the machines that keep a line of their own name them).
         self.grouped = group_above is not None and len(cluster.names) > group_above
@@ -394,7 +394,7 @@ class WhyNot:
             out, named, content = self._open_lines(s, u, head_shown)
             return tuple(out), named, None, content
         chosen = c.selected_set(selection)
-        if FROM_TEMPLATE and not excluded and quota is None and not avoid:
+        if self.from_template and not excluded and quota is None and not avoid:
             return self._restricted(s, u, head_shown, allowed_key, None if any_machine else chosen, restricted)
         named = {}  # machine (= position) -> GPU shortage line without holders
         caps = self._cap_lines(s)

@@ -53,8 +53,8 @@ demo: install demo-deps
 
 # Starts PostgreSQL if it is not up (dev machines and CI have it installed), then the whole suite with the files
 # side by side (TEST_WORKERS processes; most tests wait on real processes, not on the CPU; each file's tests in
-# order on one worker, tests/conftest.py's SHARED_GROUPS together): ~20 min on 2 cores instead of ~58 in one
-# process (TEST_WORKERS=0). Under that load a timing-sensitive test may fail now and then: the tests that failed
+# order on one worker, tests/conftest.py's SHARED_GROUPS together): much faster than one process (TEST_WORKERS=0),
+# even on a machine with few cores. Under that load a timing-sensitive test may fail now and then: the tests that failed
 # side by side run again, alone, in one process, and the output names them (a test that fails alone too fails
 # make test). Then the tests marked `serial` (they restart PostgreSQL under everyone) alone.
 TEST_WORKERS ?= 4
@@ -75,6 +75,7 @@ test-fast: install
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -110,7 +110,7 @@ class Batch:
             self.offsets[w.identity] = self.offsets.get(w.identity, w.shipped) + len(got)
             return len(got) >= want
 
-        share = max(1, LOG_BATCH // max(1, len(ws)))  # as Agent._collect_logs: each its share, then the rest
+        share = max(1, LOG_BATCH // max(1, len(ws)))  # as astraeus.agent.logs.LogShipper: each its share, then the rest
         behind = [w for w in ws if take(w, share)]
         self.more = False
         for w in behind:
@@ -210,7 +210,7 @@ class Machine:
                         self.states.pop((w["worker"], w["attempt"]), None)
 
     async def ship(self) -> None:
-        """As Agent.log_loop/_ship_logs: a round of at most LOG_BATCH lines from each worker's offset, every 0.5 s
+        """As the agent's LogShipper (astraeus.agent.logs): a round of at most LOG_BATCH lines from each worker's offset, every 0.5 s
         or at once if behind; the quiet workers' lines (all that was new fitted their share) posted first, on their
         own; after a 429, until its Retry-After, only the lines of the workers quiet in the last round that are
         still quiet, every 0.5 s. A refused post's lines are read again from the offsets, which move only once

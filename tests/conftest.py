@@ -346,11 +346,12 @@ class App:
 def make_app(tmp_path: Path, database_url: str | None, run_loop: bool = True):
     from fastapi.testclient import TestClient
 
+    from astraeus.app import create_app
     from astraeus.main import bootstrap
-    from astraeus.server.app import create_app
-    from astraeus.server.core import ControlPlane, Settings
+    from astraeus.server.core import ControlPlane
+    from astraeus.settings import ServerSettings
 
-    settings = Settings(home=tmp_path / "home", database_url=database_url)
+    settings = ServerSettings(home=tmp_path / "home", database_url=database_url)
     cp = ControlPlane.open(settings)
     boot = bootstrap(cp, "acme", "vision", "main", ["/data/astraeus"])
     return TestClient(create_app(settings, cp, run_loop=run_loop)), boot, cp, settings.url()

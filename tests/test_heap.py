@@ -9,7 +9,7 @@ import sys
 PROBE = """
 import gc, weakref
 from astraeus import heap
-import astraeus.server.app  # what a control plane holds at its start
+import astraeus.app  # what a control plane holds at its start
 before = gc.get_freeze_count()
 heap.settle()
 print(before, gc.get_freeze_count(), gc.get_threshold()[0])

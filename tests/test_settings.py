@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from astraeus import settings as S
-from astraeus.server.core import Settings
+from astraeus.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "configuration.md"
@@ -78,11 +78,13 @@ def test_values_come_from_the_environment_and_keywords_win(monkeypatch, tmp_path
     monkeypatch.setenv("ASTRAEUS_PUBLIC_URL", "https://console.example.com/")
     monkeypatch.setenv("ASTRAEUS_STOP_GRACE", "0")
     monkeypatch.setenv("ASTRAEUS_SCHEDULE_INTERVAL", "")  # empty: unset
-    s = Settings()
-    assert (s.home, s.heartbeat_seconds, s.schedule_interval) == (tmp_path / "h", 2.5, 15)
+    s = ServerSettings()
+    assert (s.home, s.heartbeat, s.schedule_interval) == (tmp_path / "h", 2.5, 15)
     assert s.console_base() == "https://console.example.com"
-    assert Settings(home=tmp_path, heartbeat_seconds=1, port=9).heartbeat_seconds == 1
-    assert Settings.from_env(home=tmp_path / "x", port=9).console_base() == "https://console.example.com"
+    assert ServerSettings(home=tmp_path, heartbeat=1, port=9).heartbeat == 1
+    assert ServerSettings.load(home=tmp_path / "x", port=9, host=None).console_base() == "https://console.example.com"
+    with pytest.raises(TypeError, match="no field heartbeat_seconds"):  # a misspelt keyword is not dropped
+        ServerSettings(heartbeat_seconds=1)
     agent = S.AgentSettings.load()
     assert agent.stop_grace == 0  # 0 s is a value, not "unset"
     assert agent.state_dir_for("gpu-01") == tmp_path / "h" / "agents" / "gpu-01"
@@ -92,13 +94,36 @@ def test_values_come_from_the_environment_and_keywords_win(monkeypatch, tmp_path
     monkeypatch.setenv("ASTRAEUS_SCHEDULE_INTERVAL", "15")
     monkeypatch.setenv("ASTRAEUS_HEARTBEAT", "soon")
     with pytest.raises(S.SettingsError, match='^ASTRAEUS_HEARTBEAT: must be a number of seconds > 0, got "soon"$'):
-        Settings(home=tmp_path)
+        ServerSettings(home=tmp_path)
+
+
+def test_host_and_port_are_options_not_variables(monkeypatch, tmp_path):
+    """The control plane's one settings object holds --host and --port too, but never reads them from the
+    environment, and the doc does not list them."""
+    monkeypatch.setenv("ASTRAEUS_HOST", "10.9.9.9")
+    monkeypatch.setenv("ASTRAEUS_PORT", "1")
+    s = ServerSettings(home=tmp_path)
+    assert (s.host, s.port) == ("127.0.0.1", 8420)
+    assert ServerSettings(home=tmp_path, host="0.0.0.0", port=9).console_base() == "http://0.0.0.0:9"
+    assert "ASTRAEUS_HOST" not in DOC.read_text()
+
+
+def test_the_cached_settings_follow_a_changed_variable(monkeypatch):
+    monkeypatch.setenv("ASTRAEUS_RESTART_BACKOFF_BASE", "3")
+    assert S.server_settings().restart_backoff_base == 3
+    assert S.server_settings() is S.server_settings()  # read once
+    monkeypatch.setenv("ASTRAEUS_RESTART_BACKOFF_BASE", "4")
+    assert S.server_settings().restart_backoff_base == 4
+    monkeypatch.setenv("ASTRAEUS_STOP_GRACE", "7")
+    assert S.agent_settings().stop_grace == 7
+    with pytest.raises(KeyError):
+        S.internal("PATH")  # only the documented internal variables
 
 
 def test_the_doc_lists_every_setting_and_is_current():
     doc = DOC.read_text()
     for model in S.MODELS:
-        for field, info in model.model_fields.items():
+        for field, info in model.variables().items():
             assert f"| `{model.env_name(field)}` |" in doc, model.env_name(field)
             assert info.description and info.description in doc
     assert doc == S.markdown(), "regenerate it: python -m astraeus.settings > docs/configuration.md"

@@ -7,13 +7,14 @@ internet; on a GPU machine with internet the same files run the real ResNet-50 o
 It says which runtime the cluster's machine uses, as `astraeus up` and its agent report it: on a machine
 without NVIDIA GPUs (or without runc, skopeo and umoci) `auto` picks the process runtime, where the run's image
 only names the local environment it maps to; ASTRAEUS_RUNTIME=container asks for containers.
-It leaves nothing running when it ends or is interrupted.
+Each demo keeps everything in a folder of its own (/tmp/astraeus-demo-*: its cluster's home, the recipe's files
+and the checkpoint drive's folder, granted to its workspace instead of /data/astraeus), so two demos at once do not
+touch each other's checkpoints; it removes that folder and leaves nothing running when it ends or is interrupted.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from astraeus import envvars
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "finetune"
@@ -35,7 +38,7 @@ if not sys.stdout.isatty():
 # Offline mode for this machine, and a pace a 2-core CPU keeps: a checkpoint line every 20 steps.
 OFFLINE_ENV = {"ASTRAEUS_OFFLINE": "1", "SAVE_EVERY": "20", "BATCH_SIZE": "32", "OFFLINE_SAMPLES": "2048",
                "STEP_SLEEP": "0.05", "EPOCHS": "3"}
-URGENT_SECONDS = int(os.environ.get("DEMO_URGENT_SECONDS", "20"))  # the page's urgent-eval sleeps 300 s
+URGENT_SECONDS = int(envvars.get("DEMO_URGENT_SECONDS") or "20")  # shorter than the page's urgent eval
 
 
 def step(n: int | str, text: str) -> None:
@@ -100,6 +103,21 @@ def runtime_said(up_log: str, agent_log: str) -> str:
     return line
 
 
+def demo_folder(demo_home: Path | None) -> tuple[Path, bool]:
+    """The demo's folder and whether the demo made it (and so removes it at the end): DEMO_HOME when set (kept),
+    else a new /tmp/astraeus-demo-* of this demo's own."""
+    if demo_home:
+        return Path(demo_home), False
+    return Path(tempfile.mkdtemp(prefix="astraeus-demo-")), True
+
+
+def remove_folder(home: Path) -> None:
+    """Remove a demo's folder: its cluster's state and the drive's files (the workspace's user owns some)."""
+    shutil.rmtree(home, ignore_errors=True)
+    if home.exists():
+        say(f"demo: could not remove all of {home}")
+
+
 def main() -> int:
     from astraeus.settings import DemoSettings, SettingsError
 
@@ -107,18 +125,8 @@ def main() -> int:
         demo_home = DemoSettings.load().demo_home
     except SettingsError as e:
         raise SystemExit(f"demo: {e}") from None
-    home = demo_home or Path(tempfile.mkdtemp(prefix="astraeus-demo-"))
-    work = home / "recipe"
-    work.mkdir(parents=True, exist_ok=True)
-    for f in ("drive.json", "finetune.json", "urgent.json", "finetune.py"):
-        shutil.copy(EXAMPLE / f, work / f)
-    Path("/data/astraeus").mkdir(parents=True, exist_ok=True)
-    old = Path("/data/astraeus/ft-ckpt")
-    if old.exists():  # a previous demo's checkpoint (and owner: its workspace's uid) would be in the way
-        say(f"(removing the checkpoint drive a previous demo left in {old})")
-        shutil.rmtree(old)
-    port = free_port()
     up = None
+    home, made = None, False
 
     def cleanup(*_):
         # A second Ctrl-C while the cluster stops must not leave it half-stopped.
@@ -130,6 +138,9 @@ def main() -> int:
                 up.wait(timeout=90)
             except subprocess.TimeoutExpired:
                 up.kill()
+                up.wait()
+        if made:
+            remove_folder(home)
 
     def interrupted(*_):
         raise KeyboardInterrupt
@@ -137,10 +148,19 @@ def main() -> int:
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGINT, interrupted)  # also when started in the background, where SIGINT is ignored
     try:
-        step(0, "Start a local cluster: one machine gpu-01 with 8 simulated GPUs, /data/astraeus granted")
-        say(f"$ astraeus up --home {home} --port {port}")
+        home, made = demo_folder(demo_home)
+        work, data = home / "recipe", home / "data"
+        work.mkdir(parents=True, exist_ok=True)
+        data.mkdir(parents=True, exist_ok=True)
+        drive_dir = data / "ft-ckpt"
+        for f in ("drive.json", "finetune.json", "urgent.json", "finetune.py"):
+            shutil.copy(EXAMPLE / f, work / f)
+        port = free_port()
+        step(0, f"Start a local cluster: one machine gpu-01 with 8 simulated GPUs, {data} granted")
+        say(f"$ astraeus up --home {home} --port {port} --host-path {data}")
         log = open(home / "up.log", "wb")
-        up = subprocess.Popen([str(BIN / "astraeus"), "up", "--home", str(home), "--port", str(port)],
+        up = subprocess.Popen([str(BIN / "astraeus"), "up", "--home", str(home), "--port", str(port),
+                               "--host-path", str(data)],
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         envfile = home / "env"
         wait_until(lambda: envfile.exists() or up.poll() is not None, 90, "the local cluster")
@@ -151,7 +171,7 @@ def main() -> int:
                    "the machine to be ready")
         agent_log = home / "agent-gpu-01.log"
         print(runtime_said((home / "up.log").read_text(), agent_log.read_text() if agent_log.exists() else ""))
-        env = dict(os.environ)
+        env = envvars.copy()
         for line in envfile.read_text().splitlines():
             k, _, v = line.removeprefix("export ").partition("=")
             env[k] = v
@@ -160,6 +180,9 @@ def main() -> int:
         sh = Shell(work, env)
 
         step(1, "Create the checkpoint drive")
+        say(f"(its folder is this demo's own, {drive_dir}, instead of the page's /data/astraeus/ft-ckpt: two demos at "
+            "once keep their checkpoints apart)")
+        sh(f"jq '.spec.sources[0].path = \"{drive_dir}\"' drive.json > drive.demo.json && mv drive.demo.json drive.json")
         sh('curl -fsS -X POST "$API/drives" -H "Authorization: Bearer $ASTRAEUS_TOKEN" \\\n'
            "    -H 'content-type: application/json' -d @drive.json | jq -r .metadata.name")
 
@@ -217,9 +240,10 @@ def main() -> int:
         sh("astra astraeus delete urgent-eval", check=False)
         sh('curl -fsS -X DELETE "$API/drives/ft-ckpt" -H "Authorization: Bearer $ASTRAEUS_TOKEN"', show=False)
         print('$ curl -fsS -X DELETE "$API/drives/ft-ckpt" -H "Authorization: Bearer $ASTRAEUS_TOKEN"')
-        kept = sorted(p.name for p in Path("/data/astraeus/ft-ckpt").glob("*"))
-        say(f"Deleting the drive leaves /data/astraeus/ft-ckpt on gpu-01 as it is: {kept}")
-        print(f"\n{BOLD}Done.{RESET} The local cluster stops now; its state is in {home}.")
+        kept = sorted(p.name for p in drive_dir.glob("*"))
+        say(f"Deleting the drive leaves {drive_dir} on gpu-01 as it is: {kept}")
+        print(f"\n{BOLD}Done.{RESET} The local cluster stops now; "
+              + (f"then the demo removes its folder {home}." if made else f"its state is in {home}."))
         return 0
     except KeyboardInterrupt:
         print("\ndemo: interrupted; stopping the local cluster", flush=True)

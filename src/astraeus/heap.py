@@ -3,8 +3,7 @@
 CPython's cyclic collector looks at the young objects every 700 allocations and, now and then, at every tracked
 object. What these processes hold from their start (modules, the app and its routes, SQLAlchemy's mappers and
 compiled statements, pydantic's models: hundreds of thousands of objects) never becomes garbage, yet every full
-collection walks it: in 200 trivial runs the collector was 10.6 % of the control plane's CPU and 8 % of the
-agent's (benchmarks/README.md, "Tenth round").
+collection walks it, a visible share of both processes' CPU under load (benchmarks/README.md, "A fleet's agents" and "API submit rate").
 
 settle(), once the process has started: one full collection, then gc.freeze() (what is alive now is left out of
 every later collection: it is only ever freed by reference counting, as it would have been) and a young

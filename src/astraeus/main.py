@@ -35,18 +35,22 @@ def _environment(command: str, *models):
 
 
 def _settings(command: str, home: Path | None, host: str, port: int):
-    from astraeus.server.core import Settings
-    from astraeus.settings import ServerSettings
+    """The control plane's settings (astraeus.settings.ServerSettings): the environment's, with the options."""
+    from astraeus.settings import ServerSettings, SettingsError
 
-    (env,) = _environment(command, ServerSettings)
-    return Settings.from_env(env, home=home.expanduser() if home else None, host=host, port=port)
+    try:
+        return ServerSettings.load(home=home.expanduser() if home else None, host=host, port=port)
+    except SettingsError as e:
+        for line in str(e).splitlines():
+            typer.echo(f"astraeus {command}: {line}", err=True)
+        raise typer.Exit(2) from None
 
 
 def bootstrap(cp, org: str, workspace: str, cluster: str, host_paths: list[str], lost_after: float | None = None,
               max_priority: int | None = None) -> dict:
     """The defaults a fresh control plane needs, and fresh tokens to reach it (secrets are kept only hashed)."""
     from astraeus.server import services
-    from astraeus.server.core import lock_state
+    from astraeus.server.state_lock import lock_state
 
     with cp.sessions() as s, s.begin():
         lock_state(s)  # several replicas starting at once: one makes the defaults, the others find them
@@ -125,15 +129,14 @@ def _serve(settings, cp, on_ready=None, on_signal=None, reuse_port: bool = False
     waiting long-polls are released and the server stops."""
     import uvicorn
 
-    from astraeus.server.app import create_app
+    from astraeus.app import create_app
 
     fastapi_app = create_app(settings, cp)
-    # timeout_keep_alive: longer than a client keeps an idle connection (httpx: 5 s), so that the client, not the
-    # server, closes it. With uvicorn's 5 s both sides closed at about the same moment, and an agent's heartbeat
-    # every 5 s now and then went out on a connection the server was closing (RemoteProtocolError / ReadError:
-    # hundreds a minute with 200 agents, benchmarks/bench_agents.py).
-    # loop/http: libuv's event loop and llhttp's parser (uvloop, httptools), not asyncio's pure-Python loop and h11:
-    # the HTTP side was about 40 % of the server's CPU per submit on those (benchmarks/README.md, API submit rate).
+    # timeout_keep_alive: longer than a client (httpx) keeps an idle connection, so that the client, not the
+    # server, closes it: with equal timeouts both sides closed at about the same moment, and an agent's heartbeat
+    # now and then went out on a connection the server was closing (RemoteProtocolError / ReadError).
+    # loop/http: libuv's event loop and llhttp's parser (uvloop, httptools), not asyncio's pure-Python loop and h11,
+    # whose HTTP side was a large share of the server's CPU per submit (benchmarks/README.md, API submit rate).
     config = uvicorn.Config(fastapi_app, host=settings.host, port=settings.port, log_level="warning",
                             timeout_graceful_shutdown=5, timeout_keep_alive=75, loop="uvloop", http="httptools")
     server = uvicorn.Server(config)
@@ -429,6 +432,7 @@ def _interrupted(*_) -> None:
 
 def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, layout) -> None:
     from astraeus.server.core import ControlPlane
+    from astraeus.settings import environment
 
     org, workspace, cluster, host_path, lost_after, max_priority = cp_args
     asked = runtime
@@ -462,7 +466,7 @@ def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, la
             log = open(home / f"agent-{name}.log", "ab")
             # The join token goes in the environment, not the command line, where `ps` would show it; each
             # agent exchanges it for its machine's own credential, kept in its state dir.
-            env = dict(os.environ, ASTRAEUS_MACHINE_TOKEN=boot["machine_token"])
+            env = environment(ASTRAEUS_MACHINE_TOKEN=boot["machine_token"])
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
         # Ready when every machine has joined.
         from sqlalchemy import func, select

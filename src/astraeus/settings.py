@@ -5,31 +5,39 @@ names the variable and says what it must be:
 
     astraeus server: ASTRAEUS_HEARTBEAT: must be a number of seconds > 0, got "abc"
 
-  ServerSettings  `astraeus server` and `astraeus up` (the control plane; server.core.Settings is built from it)
+  ServerSettings  `astraeus server` and `astraeus up`: the control plane's one settings object (ControlPlane.settings)
   AgentSettings   `astraeus agent` (and the agents `astraeus up` starts)
   CliSettings     `astra`
   DemoSettings    `make demo`
 
-An empty variable counts as unset. docs/configuration.md is generated from these models and the lists below:
+This module and astraeus.envvars are the only ones that read the environment (tests/test_no_environ.py); it imports
+nothing of Astraeus but bottom modules (units, imageref, imagemap, users, spec, envvars), so that any part may
+import it. An empty variable counts as unset. docs/configuration.md is generated from these models and the lists below:
 `python -m astraeus.settings > docs/configuration.md` (a test checks that it is current).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from astraeus import envvars
 
 PREFIX = "ASTRAEUS_"
 
 
 class SettingsError(ValueError):
-    """A variable has a value Astraeus cannot use; str(e) is one line per bad variable, naming it."""
+    """A variable has a value Astraeus cannot use; str(e) is one line per bad variable, naming it. `values`: each
+    bad variable's name → the value it was given."""
+
+    def __init__(self, message: str, values: dict[str, str] | None = None):
+        super().__init__(message)
+        self.values = values or {}
 
 
 def setting(default: Any, description: str, must: str, **constraints) -> Any:
@@ -85,22 +93,68 @@ def http_urls(value: str) -> str:
     return ",".join(u.rstrip("/") for u in urls)
 
 
+class _Variables(PydanticBaseSettingsSource):
+    """The environment's values, less the fields that are not variables (a model's NOT_VARIABLES)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self.env = env
+
+    def get_field_value(self, field, field_name):  # unused: __call__ asks the environment's source
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        skip = getattr(self.settings_cls, "NOT_VARIABLES", frozenset())
+        return {k: v for k, v in self.env().items() if k not in skip}
+
+
 class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, extra="ignore")
 
     READ_BY: ClassVar[str] = ""
+    # Fields given by the command line or by tests, never read from the environment (nor documented as variables).
+    NOT_VARIABLES: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, **given: Any) -> None:
+        """The environment's values, with `given` fields winning; raises SettingsError naming each bad variable,
+        TypeError on a keyword that is no field (a misspelt one would otherwise be dropped)."""
+        unknown = sorted(k for k in given if k not in type(self).model_fields and not k.startswith("_"))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {', '.join(unknown)}")
+        try:
+            super().__init__(**given)
+        except ValidationError as e:
+            errors = e.errors()
+            raise SettingsError("\n".join(self._explain(err) for err in errors),
+                                dict(self._raw(err) for err in errors)) from None
 
     @classmethod
-    def load(cls) -> Self:
-        """Read the environment; raises SettingsError naming each bad variable."""
-        try:
-            return cls()
-        except ValidationError as e:
-            raise SettingsError("\n".join(cls._explain(err) for err in e.errors())) from None
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return init_settings, _Variables(settings_cls, env_settings), dotenv_settings, file_secret_settings
+
+    @classmethod
+    def load(cls, **given: Any) -> Self:
+        """Read the environment, with the `given` fields that are not None winning (a command line's options);
+        raises SettingsError naming each bad variable."""
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
+    @classmethod
+    def variables(cls) -> dict[str, Any]:
+        """field → its FieldInfo, for the fields read from the environment."""
+        return {f: info for f, info in cls.model_fields.items() if f not in cls.NOT_VARIABLES}
 
     @classmethod
     def env_name(cls, field: str) -> str:
         return PREFIX + field.upper()
+
+    @classmethod
+    def _raw(cls, err: dict) -> tuple[str, str]:
+        """(the variable's name, the value it was given) of one validation error."""
+        field = str(err["loc"][0]) if err.get("loc") else ""
+        name = cls.env_name(field) if field else PREFIX + "*"
+        raw = next((v for k, v in envvars.prefixed(name) if k.upper() == name), err.get("input"))
+        return name, str(raw)
 
     @classmethod
     def _explain(cls, err: dict) -> str:
@@ -108,10 +162,9 @@ class _Settings(BaseSettings):
         info = cls.model_fields.get(field)
         if info is None:
             return f"{PREFIX}*: {err.get('msg', 'invalid')}"
-        name = cls.env_name(field)
-        raw = next((v for k, v in os.environ.items() if k.upper() == name), err.get("input"))
+        name, raw = cls._raw(err)
         must = (info.json_schema_extra or {}).get("must") or err.get("msg", "invalid")
-        return f"{name}: must be {must}, got {json.dumps(str(raw))}"
+        return f"{name}: must be {must}, got {json.dumps(raw)}"
 
 
 class HomeSettings(_Settings):
@@ -126,9 +179,16 @@ class HomeSettings(_Settings):
 
 
 class ServerSettings(HomeSettings):
-    """The control plane."""
+    """The control plane: what one control-plane process runs with (ControlPlane.settings). Read from the
+    environment; `astraeus server` gives host, port (and --home, --replica-id) as keywords, tests any field."""
 
     READ_BY: ClassVar[str] = "`astraeus server`, `astraeus up`"
+    NOT_VARIABLES: ClassVar[frozenset[str]] = frozenset({"host", "port", "schedule_debounce"})
+
+    host: str = "127.0.0.1"  # where the API listens (--host)
+    port: int = 8420  # --port
+    # A burst of submits within this many seconds is scheduled in one cycle.
+    schedule_debounce: float = 0.005
 
     database_url: str | None = setting(
         None, "The database, as a SQLAlchemy URL (`postgresql+psycopg://user@host:5432/astraeus`). Unset: SQLite "
@@ -213,6 +273,17 @@ class ServerSettings(HomeSettings):
     @classmethod
     def _public_url(cls, v: str | None) -> str | None:
         return _http_url(v)
+
+    def url(self) -> str:
+        """The database's URL: ASTRAEUS_DATABASE_URL, else SQLite in the home (made, mode 0700)."""
+        if self.database_url:
+            return self.database_url
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.home.chmod(0o700)  # the database, the env file with tokens, the agents' state
+        return f"sqlite:///{self.home / 'astraeus.db'}"
+
+    def console_base(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     @field_validator("default_ephemeral_storage_bytes", mode="before")
     @classmethod
@@ -394,7 +465,7 @@ class AgentSettings(HomeSettings):
     def _worker_user(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from astraeus.agent.runtime.mounts import resolve_user
+        from astraeus.users import resolve_user
 
         resolve_user(v)  # a ValueError names what is wrong
         return v
@@ -404,7 +475,7 @@ class AgentSettings(HomeSettings):
     def _image_map(cls, v, info):
         if v is None:
             return v
-        from astraeus.agent.runtime.images import ImageMap
+        from astraeus.imagemap import ImageMap
 
         raw = str(v).strip()
         try:
@@ -420,8 +491,8 @@ class AgentSettings(HomeSettings):
         return (self.state_dir or self.home / "agents" / name).expanduser()
 
     def images(self):
-        """The image map (an astraeus.agent.runtime.images.ImageMap)."""
-        from astraeus.agent.runtime.images import ImageMap
+        """The image map (an astraeus.imagemap.ImageMap)."""
+        from astraeus.imagemap import ImageMap
 
         return ImageMap.load(self.image_map, str(self.image_map_file) if self.image_map_file else None)
 
@@ -451,6 +522,45 @@ class DemoSettings(_Settings):
 
 
 MODELS: tuple[type[_Settings], ...] = (ServerSettings, AgentSettings, CliSettings, DemoSettings)
+
+_loaded: dict[type[_Settings], tuple[tuple, _Settings]] = {}
+
+
+def _cached(model: type[_Settings]):
+    """`model.load()`, read again only when an ASTRAEUS_ variable changed (tests change them): a model's read
+    costs pydantic's parsing of every variable, too dear for each worker start or each failure."""
+    key = envvars.prefixed(PREFIX)
+    cached = _loaded.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    s = model.load()
+    _loaded[model] = (key, s)
+    return s
+
+
+def agent_settings() -> AgentSettings:
+    """This agent's settings (AgentSettings), read once; raises SettingsError naming a bad variable."""
+    return _cached(AgentSettings)
+
+
+def server_settings() -> ServerSettings:
+    """The control plane's settings as the environment gives them (ServerSettings), read once: for code with no
+    ControlPlane at hand (the lifecycle's backoff, alembic's command line)."""
+    return _cached(ServerSettings)
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """This process's environment, a copy, with `extra` variables set: for a child process (an agent that
+    `astraeus up` starts, a worker's base PATH and HOME)."""
+    return envvars.copy(**extra)
+
+
+def internal(name: str) -> str | None:
+    """An internal variable's value (INTERNAL_ENV: set by the agent for its own processes, or `0` to turn a
+    mechanism off); None when unset."""
+    if name not in INTERNAL_ENV:
+        raise KeyError(f"{name} is not an internal variable (astraeus.settings.INTERNAL_ENV)")
+    return envvars.get(name)
 
 # Variables that are not settings: Astraeus sets them.
 WORKER_ENV = {
@@ -535,7 +645,7 @@ def markdown() -> str:
     """docs/configuration.md."""
     rows: dict[str, list] = {}
     for model in MODELS:
-        for field, info in model.model_fields.items():
+        for field, info in model.variables().items():
             name = model.env_name(field)
             if name in rows:
                 rows[name][2].append(model.READ_BY)

@@ -137,15 +137,16 @@ def _free_port() -> int:
 @pytest.fixture
 def server(tmp_path, request):
     """A real control plane (uvicorn in a thread, SQLite): its bootstrap tokens, "url", "api", and "cp". A test
-    parametrized indirectly gives more of its settings (a dict of core.Settings keywords)."""
+    parametrized indirectly gives more of its settings (a dict of ServerSettings keywords)."""
     uvicorn = pytest.importorskip("uvicorn")
+    from astraeus.app import create_app
     from astraeus.main import bootstrap
-    from astraeus.server.app import create_app
-    from astraeus.server.core import ControlPlane, Settings
+    from astraeus.server.core import ControlPlane
+    from astraeus.settings import ServerSettings
 
     port = _free_port()
-    settings = Settings(home=tmp_path / "home", port=port, heartbeat_seconds=1, schedule_interval=1,
-                        **getattr(request, "param", {}))
+    settings = ServerSettings(home=tmp_path / "home", port=port, heartbeat=1, schedule_interval=1,
+                              **getattr(request, "param", {}))
     cp = ControlPlane.open(settings)
     boot = bootstrap(cp, "acme", "vision", "main", [str(tmp_path / "data")])
     srv = uvicorn.Server(uvicorn.Config(create_app(settings, cp), host="127.0.0.1", port=port, log_level="warning"))

@@ -101,18 +101,18 @@ def test_a_quick_workers_lines_come_with_its_exit_report(server, tmp_path, monke
     """A worker that prints and ends at once: its lines reach the control plane with the report of its end, not in a
     log batch of their own (the log thread is not woken by each start and exit: its own pace, LOG_EVERY, is made
     long here so that only a wake could send one), and `logs` shows them all."""
-    from astraeus.agent import agent as agent_mod
+    from astraeus.agent import logs
 
-    monkeypatch.setattr(agent_mod, "LOG_EVERY", 60.0)
+    monkeypatch.setattr(logs, "LOG_EVERY", 60.0)
     agent = _agent(server, tmp_path)
     posted: list[str] = []
-    post = agent._post
+    post = agent.control_plane.post
 
     def counting(client, path, body, omit_none=()):
         posted.append(path)
         return post(client, path, body, omit_none)
 
-    agent._post = counting
+    agent.control_plane.post = counting
     agent.start()
     try:
         h = {"Authorization": f"Bearer {server['token']}"}

@@ -1,4 +1,4 @@
-"""Log admission (routers/agent.py): while too many batches of log lines are being stored, POST /api/v1/agent/logs
+"""Log admission (server/log_admission.py): while too many batches of log lines are being stored, POST /api/v1/agent/logs
 answers 429 with Retry-After, and the agent keeps the refused lines and ships them after it: none lost, none twice,
 in order. The real control plane (uvicorn in a thread, SQLite) and the real agent running a real worker."""
 
@@ -14,14 +14,14 @@ import pytest
 
 from astraeus import protocol as P
 from astraeus.agent.agent import Agent
-from astraeus.server.core import STATE_LOCK
-from astraeus.server.routers.agent import (
+from astraeus.server.log_admission import (
     LOG_RETRY_AFTER,
     LOG_STORES_WAITING,
     SMALL_BATCH_BYTES,
     SMALL_STORES_AT_ONCE,
     SMALL_STORES_WAITING,
 )
+from astraeus.server.state_lock import STATE_LOCK
 
 from .conftest import wait_for
 

@@ -212,14 +212,15 @@ def test_tokens_are_stored_as_digests(app):
 def test_restart_loses_nothing(app, tmp_path):
     from fastapi.testclient import TestClient
 
-    from astraeus.server.app import create_app
-    from astraeus.server.core import ControlPlane, Settings
+    from astraeus.app import create_app
+    from astraeus.server.core import ControlPlane
+    from astraeus.settings import ServerSettings
 
     app.client.post(app.api + "/drives", json=DRIVE, headers=app.h())
     app.client.post(app.api + "/runs", json=FT, headers=app.h())
     app.client.__exit__(None, None, None)
-    cp2 = ControlPlane.open(Settings(home=tmp_path / "home", database_url=app.url))
-    with TestClient(create_app(Settings(home=tmp_path / "home", database_url=app.url), cp2)) as c2:
+    cp2 = ControlPlane.open(ServerSettings(home=tmp_path / "home", database_url=app.url))
+    with TestClient(create_app(ServerSettings(home=tmp_path / "home", database_url=app.url), cp2)) as c2:
         runs = c2.get(app.api + "/runs", headers=app.h()).json()["items"]
         assert [r["metadata"]["name"] for r in runs] == ["finetune-r50"]
         assert c2.get(app.api + "/drives/ft-ckpt", headers=app.h()).json()["spec"]["sources"][0]["node"] == "gpu-01"

@@ -278,7 +278,7 @@ def _post_beside_a_state_change(app, post, count):
 
     from sqlalchemy import event
 
-    from astraeus.server.core import STATE_LOCK
+    from astraeus.server.state_lock import STATE_LOCK
 
     seen: list[int] = []
     if app.cp.postgres:
@@ -362,7 +362,7 @@ def test_a_state_change_goes_before_a_trim_of_a_workers_lines(app):
 
     from astraeus.server.db import LogLine
 
-    app.cp.settings.log_max_lines = 200
+    app.cp.settings.log_max_lines_per_worker = 200
     cred = _register(app, "gpu-01")["credential"]
     w = _placed(app, "chatty")
     ident = _ident(app, "chatty")
@@ -419,7 +419,7 @@ def test_a_run_deleted_while_its_lines_are_stored_keeps_none(app):
             t.start()
             wait_for(lambda: STATE_LOCK.waiting, timeout=10, what="the delete to wait")
 
-    from astraeus.server.core import STATE_LOCK
+    from astraeus.server.state_lock import STATE_LOCK
 
     if app.cp.postgres:  # the delete races the store in the log store's process
         started.append(threading.Thread(target=delete))

@@ -1,5 +1,5 @@
 """The shape of the HTTP layer: one module-level router per resource, the ControlPlane read from app.state, the
-console imported by the server only where the app is assembled, and every URL under its OpenAPI tag."""
+console above the server (astraeus.app adds it), and every URL under its OpenAPI tag."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 from fastapi import APIRouter
 
 ROUTERS = ("workspace", "runs", "templates", "workers", "drives", "registries", "events", "machines", "admin", "agent", "health",
-           "schedules", "replica_groups", "pools", "reservations", "console")
-SERVER_ROUTERS = [n for n in ROUTERS if n != "console"]
+           "schedules", "replica_groups", "pools", "reservations")
 
 
 @pytest.mark.parametrize("name", ROUTERS)
@@ -24,8 +23,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
-def test_the_server_imports_the_console_only_at_assembly():
-    imports = "; ".join(f"import astraeus.server.routers.{n}" for n in SERVER_ROUTERS)
+def test_the_server_never_imports_the_console():
+    imports = "; ".join(f"import astraeus.server.routers.{n}" for n in ROUTERS)
     r = _python(f"import sys, astraeus.server.app; {imports}; "
                 "print(sorted(m for m in sys.modules if m.startswith('astraeus.console')))")
     assert r.returncode == 0, r.stderr
@@ -33,7 +32,7 @@ def test_the_server_imports_the_console_only_at_assembly():
 
 
 def test_the_console_imports_the_server_without_a_cycle():
-    r = _python("import astraeus.console.pages, astraeus.server.routers.console, astraeus.server.app; print('ok')")
+    r = _python("import astraeus.console.site, astraeus.app, astraeus.server.app; print('ok')")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 

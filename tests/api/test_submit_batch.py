@@ -18,11 +18,14 @@ def body(name: str, priority: int = 0, gpus: int = 1) -> dict:
 
 
 def item(app, name: str, priority: int = 0) -> submits.Submit:
+    """A submit by an editor of the workspace (its caller known: the writer does not authenticate it)."""
+    from astraeus.server import services
     from astraeus.server.db import Workspace
 
     with app.cp.sessions() as s:
         ws = s.query(Workspace).filter_by(name=app.boot["workspace"]).one()
-        return submits.Submit(ws.id, ws.name, ws.ns, S.RunCreate.model_validate(body(name, priority)), time.time())
+        return submits.Submit(S.RunCreate.model_validate(body(name, priority)), time.time(),
+                              caller=services.system_caller(s, ws))
 
 
 def test_concurrent_submits_of_the_same_names_store_each_once_and_refuse_the_others_with_409(app):
@@ -217,12 +220,12 @@ def test_a_batch_whose_write_fails_keeps_nothing_and_each_submit_is_written_on_i
 def test_the_writers_first_caller_read_also_takes_the_state_lock(app):
     """On PostgreSQL the batch's first caller is read by the statement that also takes the state lock (one round
     trip for both): once it has found the token, another connection sees the lock held until the transaction
-    ends; a token not found takes no lock (the writer then takes it with core.lock_state)."""
+    ends; a token not found takes no lock (the writer then takes it with state_lock.lock_state)."""
     import psycopg
     from sqlalchemy import text
 
     from astraeus.server import services
-    from astraeus.server.core import STATE_LOCK_KEY
+    from astraeus.server.state_lock import STATE_LOCK_KEY
 
     org, ws = app.api.split("/o/")[1].split("/w/")
     other = psycopg.connect(app.url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
@@ -245,9 +248,9 @@ def test_the_writers_first_caller_read_also_takes_the_state_lock(app):
             s.rollback()
             assert not held(pid)
         # a batch whose first caller is refused is still written under the lock, its refused submit answered
-        first = submits.Submit(None, None, None, S.RunCreate.model_validate(body("l0")), time.time(),
+        first = submits.Submit(S.RunCreate.model_validate(body("l0")), time.time(),
                                authorization="Bearer ast_u_not-a-token", org=org, ws=ws)
-        second = submits.Submit(None, None, None, S.RunCreate.model_validate(body("l1")), time.time(),
+        second = submits.Submit(S.RunCreate.model_validate(body("l1")), time.time(),
                                 authorization=app.h()["Authorization"], org=org, ws=ws)
         app.cp.submits._write([first, second])
         assert first.error.code == "UNAUTHENTICATED" and first.run is None

@@ -123,11 +123,12 @@ def test_the_cookie_is_secure_behind_an_https_proxy(console_cluster):
 def test_the_cookie_is_secure_when_the_public_url_is_https(tmp_path):
     from fastapi.testclient import TestClient
 
+    from astraeus.app import create_app
     from astraeus.main import bootstrap
-    from astraeus.server.app import create_app
-    from astraeus.server.core import ControlPlane, Settings
+    from astraeus.server.core import ControlPlane
+    from astraeus.settings import ServerSettings
 
-    settings = Settings(home=tmp_path / "home", database_url=None, public_url="https://console.example.com")
+    settings = ServerSettings(home=tmp_path / "home", database_url=None, public_url="https://console.example.com")
     cp = ControlPlane.open(settings)
     boot = bootstrap(cp, "acme", "vision", "main", [])
     with TestClient(create_app(settings, cp, run_loop=False)) as h:
@@ -232,12 +233,13 @@ def test_a_session_expires(tmp_path):
     from fastapi.testclient import TestClient
     from sqlalchemy import update
 
+    from astraeus.app import create_app
     from astraeus.main import bootstrap
-    from astraeus.server.app import create_app
-    from astraeus.server.core import ControlPlane, Settings
+    from astraeus.server.core import ControlPlane
     from astraeus.server.db import ConsoleSession
+    from astraeus.settings import ServerSettings
 
-    settings = Settings(home=tmp_path / "home", database_url=None, console_session_hours=12)
+    settings = ServerSettings(home=tmp_path / "home", database_url=None, console_session_hours=12)
     cp = ControlPlane.open(settings)
     boot = bootstrap(cp, "acme", "vision", "main", [])
     with TestClient(create_app(settings, cp, run_loop=False)) as h:

@@ -104,9 +104,10 @@ class _SqliteFull(Exception):
 def test_the_lease_keeps_trying_through_a_full_disk_and_leads_again(tmp_path):
     """No root needed: the lease's renewals fail as on a full disk, the replica stops leading and the reason is the
     disk's; once writes work again it leads again by itself, at a higher epoch."""
-    from astraeus.server.core import ControlPlane, Settings
+    from astraeus.server.core import ControlPlane
+    from astraeus.settings import ServerSettings
 
-    cp = ControlPlane.open(Settings(home=tmp_path / "home", database_url=None))
+    cp = ControlPlane.open(ServerSettings(home=tmp_path / "home", database_url=None))
     flaky = _Flaky(cp.sessions)
     health = WriteHealth(None)  # judged by the writes themselves (PostgreSQL's way): no filesystem to look at
     ld = Leader(flaky, "r1", 0.6, on_error=health.failed)

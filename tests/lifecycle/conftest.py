@@ -31,8 +31,8 @@ def applied(monkeypatch):
     names: list[str] = []
     real = L._move
 
-    def recording(row, name, reason=None):
-        real(row, name, reason)
+    def recording(row, name, reason=None, **fields):
+        real(row, name, reason, **fields)
         names.append(name)
 
     monkeypatch.setattr(L, "_move", recording)

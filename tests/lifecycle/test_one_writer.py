@@ -1,7 +1,8 @@
 """server/lifecycle.py is the only code that writes a state, a stop kind, a reason, a restart or preemption
 count, or a crash-loop backoff. This reads every module of src/astraeus (its syntax tree, not its text, so a
 tuple assignment, an augmented one or a keyword of a row's constructor is found too) and fails on any write
-of those fields elsewhere.
+of those fields elsewhere, and on any History line or Event written elsewhere: made as a row, inserted by its
+model or table, or as dicts given to `values`, `execute` and the like.
 
 The scheduler and the simulator are left out: their objects are frozen dataclasses and the simulator's own
 records, never database rows; a test below makes sure they never import the server or SQLAlchemy, so no row
@@ -18,6 +19,12 @@ NO_ROWS = ("scheduler", "sim")  # packages that never hold a database row (check
 WATCHED = {"state", "stop_kind", "stop_reason", "reason", "queue_reason", "restarts", "preemptions",
            "preempted_by", "crash_streak", "restart_at", "desired"}
 ROWS = {"Run", "Worker", "Machine"}
+RECORDS = {"History", "Event"}  # a run's History and its workspace's Events: written by lifecycle only
+# Rows written in bulk as dicts: the dict literals (and dict(...) calls) given to these calls are checked too.
+BULK = {"values", "execute", "executemany", "insert", "update"}
+# TODO(43): server/submits.py writes a batch's History lines and RunSubmitted events (lifecycle.submitted_rows) with
+# its own INSERTs; another change moves that write into lifecycle. (module, function) -> what it may write.
+ALLOWED = {("server/submits.py", "_owned_rows"): {"History.__table__", "Event.__table__"}}
 # setattr with a computed name, where the object is known not to be a row that has a watched field:
 # (module, function) -> the model it writes, checked below to have no watched column.
 COMPUTED_SETATTR = {("server/services.py", "set_access"): "Access"}
@@ -27,6 +34,7 @@ def writes(source: str, module: str = "") -> list[tuple[int, str]]:
     """(line, what) for each write of a watched field in `source`."""
     found = []
     tree = ast.parse(source)
+    records = imported_records(tree) if module else set(RECORDS)
     owner = {}  # node -> name of the function it is in
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -68,7 +76,47 @@ def writes(source: str, module: str = "") -> list[tuple[int, str]]:
                 for k in node.keywords:
                     if k.arg in WATCHED:
                         found.append((node.lineno, f"{name}({k.arg}=...)"))
+            if isinstance(f, ast.Name) and f.id in records:
+                found.append((node.lineno, f"{f.id}(...)"))
+            if name in ROWS and any(k.arg is None for k in node.keywords):
+                found.append((node.lineno, f"{name}(**...)"))  # its fields cannot be told: a watched one may be
+            if name in BULK:
+                for a in [*node.args, *(k.value for k in node.keywords)]:
+                    for key in dict_keys(a):
+                        found.append((node.lineno, f"{name}({{{key!r}: ...}})"))
+                if name in ("insert", "update") and node.args and isinstance(node.args[0], ast.Name) \
+                        and node.args[0].id in records:
+                    found.append((node.lineno, f"{name}({node.args[0].id})"))
+        if (isinstance(node, ast.Attribute) and node.attr == "__table__" and isinstance(node.value, ast.Name)
+                and node.value.id in records):
+            what = f"{node.value.id}.__table__"
+            if what not in ALLOWED.get((module, owner.get(node)), ()):
+                found.append((node.lineno, what))
     return found
+
+
+def dict_keys(node):
+    """The watched keys of the dicts in `node` (a dict literal, dict(...), or a list or tuple of them)."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        for e in node.elts:
+            yield from dict_keys(e)
+    elif isinstance(node, ast.Dict):
+        for k in node.keys:
+            if isinstance(k, ast.Constant) and k.value in WATCHED:
+                yield k.value
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+        for k in node.keywords:
+            if k.arg in WATCHED:
+                yield k.arg
+
+
+def imported_records(tree) -> set[str]:
+    """The names the module gives History and Event (imported from the database module)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("server.db"):
+            names |= {a.asname or a.name for a in node.names if a.name in RECORDS}
+    return names
 
 
 def modules():
@@ -119,13 +167,35 @@ session.execute(update(Worker).values(preemptions=3))
 w.attempt += 1
 x = w.state
 w.machine_id = None
+session.execute(insert(History).values({"run_id": 1, "state": "Failed", "reason": "x"}))
+session.execute(insert(Event), [{"kind": "RunFailed"}])
+session.execute(insert(Worker.__table__), [{"run_id": 1, "state": "Pending"}, dict(reason="x")])
+History(**row)
+Worker(**fields)
+many.append((Event.__table__, events))
+session.execute(select(History).where(History.run_id == 1))
+threading.Event()
 """
-    assert writes(sample) == [
+    assert sorted(writes(sample)) == sorted([
         (2, "assignment to .state"), (3, "assignment to .state"), (3, "assignment to .reason"),
         (4, "assignment to .restarts"), (5, "assignment to .crash_streak"), (6, "assignment to .restart_at"),
         (7, "setattr of 'stop_kind'"), (8, "setattr of a computed name"), (9, "Worker(state=...)"),
         (10, "values(preemptions=...)"),
-    ]
+        (14, "values({'state': ...})"), (14, "values({'reason': ...})"), (14, "insert(History)"),
+        (15, "insert(Event)"),
+        (16, "execute({'state': ...})"), (16, "execute({'reason': ...})"),
+        (17, "History(...)"), (18, "Worker(**...)"), (19, "Event.__table__"),
+    ])
+
+
+def test_a_module_s_own_history_and_event_are_the_database_s_only():
+    source = """
+from astraeus.server.db import Event as Ev
+import threading
+Ev(kind="x")
+threading.Event()
+"""
+    assert writes(source, "server/x.py") == [(4, "Ev(...)")]
 
 
 def test_lifecycle_itself_is_where_they_are_written():

@@ -53,11 +53,12 @@ SHOW = r"""
 import json, sys
 from pathlib import Path
 from fastapi.testclient import TestClient
-from astraeus.server.app import create_app
-from astraeus.server.core import ControlPlane, Settings
+from astraeus.app import create_app
+from astraeus.server.core import ControlPlane
+from astraeus.settings import ServerSettings
 
 home, facts = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
-settings = Settings(home=home, database_url=None)
+settings = ServerSettings(home=home, database_url=None)
 cp = ControlPlane.open(settings)
 c = TestClient(create_app(settings, cp, run_loop=False))  # no `with`: the scheduling loop never starts
 api, org = facts["api"], facts["org_api"]

@@ -26,7 +26,8 @@ from alembic.script import ScriptDirectory
 
 import astraeus.server.migrations as migrations
 from astraeus.server import db
-from astraeus.server.core import ControlPlane, Settings
+from astraeus.server.core import ControlPlane
+from astraeus.settings import ServerSettings
 from tests.conftest import drop_postgres, make_app, postgres_url
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -289,7 +290,7 @@ def test_released_database_upgrades_to_head(released, tmp_path):
     assert had_deadline == (release == "release_5a64dc1")
 
     # The start-up opens the database, which migrates it to head.
-    cp = ControlPlane.open(Settings(home=tmp_path / "home", database_url=url))
+    cp = ControlPlane.open(ServerSettings(home=tmp_path / "home", database_url=url))
     cp.engine.dispose()
     assert version(url_now) == head()
     assert differences(url_now) == []

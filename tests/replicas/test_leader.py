@@ -19,11 +19,14 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
+from astraeus.app import create_app
 from astraeus.main import bootstrap
 from astraeus.server import leader as L
 from astraeus.server import loop as sched_loop
-from astraeus.server.app import create_app
-from astraeus.server.core import STATE_IDLE_TIMEOUT_MS, ControlPlane, Settings
+from astraeus.server import state_lock
+from astraeus.server.core import ControlPlane
+from astraeus.server.state_lock import STATE_IDLE_TIMEOUT_MS
+from astraeus.settings import ServerSettings
 from tests.conftest import VENV_BIN, drop_postgres, free_port, postgres_url, read_env, wait_for
 
 
@@ -64,7 +67,8 @@ def pg():
 
 
 def _cp(tmp_path: Path, url: str, name: str, lease: float = 2.0) -> ControlPlane:
-    return ControlPlane.open(Settings(home=tmp_path / name, database_url=url, lease_seconds=lease, replica_id=name))
+    return ControlPlane.open(ServerSettings(home=tmp_path / name, database_url=url, leader_lease_seconds=lease,
+                                            replica_id=name))
 
 
 # ------------------------------------------------------------------------------------------ the lease
@@ -189,7 +193,7 @@ def test_healthz_answers_503_when_the_database_does_not(pg, tmp_path):
 def test_concurrent_changes_through_two_replicas_never_answer_5xx(pg, tmp_path):
     """Submits, deletes and machine registrations of the same names, at once, through two replica processes:
     each answers what one process would (201, 409, 200, 404), never a 5xx, and the GPUs placed never exceed the
-    machine's. (Within one process core.STATE_LOCK already serialises; across processes it is the database's
+    machine's. (Within one process state_lock.STATE_LOCK already serialises; across processes it is the database's
     advisory lock.)"""
     env = _env(tmp_path, ASTRAEUS_DATABASE_URL=pg)
     r1 = Replica(tmp_path, "r1", env)
@@ -501,19 +505,18 @@ def test_a_state_change_left_idle_does_not_hold_the_other_replicas_writes(pg, tm
     one's writes nothing of its change."""
     from sqlalchemy.exc import DBAPIError
 
-    from astraeus.server import core
     from astraeus.server.db import Org
 
-    monkeypatch.setattr(core, "STATE_IDLE_TIMEOUT_MS", 500)
+    monkeypatch.setitem(state_lock.STATE_LOCK_PARAMS, "state_lock_t", "500")
     a, b = _cp(tmp_path, pg, "a"), _cp(tmp_path, pg, "b")
     try:
         paused = a.sessions()
         paused.begin()
-        core.lock_state(paused)
+        state_lock.lock_state(paused)
         paused.add(Org(name="from-the-paused-one"))
         paused.flush()  # then nothing more: as if its process were stopped
         with b.sessions() as s, s.begin():
-            core.lock_state(s)  # waits until PostgreSQL ends the idle one
+            state_lock.lock_state(s)  # waits until PostgreSQL ends the idle one
             s.add(Org(name="from-the-other"))
         with pytest.raises(DBAPIError):
             paused.commit()

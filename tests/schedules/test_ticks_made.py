@@ -44,7 +44,7 @@ class Plane:
             fn(s, services.system_caller(s, ws))
 
     def tick(self, at: float, term: Term | None = None) -> None:
-        schedules.make_ticks(self.cp, term or self.cp.leader.current(), self.cp.settings.lease_seconds, at)
+        schedules.make_ticks(self.cp, term or self.cp.leader.current(), self.cp.settings.leader_lease_seconds, at)
 
     def show(self, name: str) -> dict:
         r = self.client.get(f"{self.api}/schedules/{name}", headers=self.h)

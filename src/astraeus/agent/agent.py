@@ -48,68 +48,59 @@ worker and does not register again (the replicas share one database); the next p
 whole desired state. Each answer to /assignments carries the scheduling leader's epoch: the agent records the
 highest it has seen and ignores (with a log line) an answer made under an older one, unless every answer has been
 older for EPOCH_BACK_AFTER seconds (the database went back): then it takes the older epoch, and says so.
+
+Parts: astraeus.agent.client talks to the control plane (replicas, epochs, the credential, the HTTP calls);
+astraeus.agent.reconcile decides what to start, stop, adopt and forget (pure); astraeus.agent.logs reads and ships the
+workers' lines. `Agent`, here, owns the threads and applies the reconciler's decisions with the runtime.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import random
 import signal
 import socket
 import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
 
 import httpx
 import psutil
 from pydantic import ValidationError
 
 from astraeus import protocol as P
+from astraeus.agent import logs
+from astraeus.agent.client import Backoff, ControlPlaneClient, NeedsRegister, route_address
+from astraeus.agent.client import agent_bases as agent_bases  # tests and tools import it from here
 from astraeus.agent.disk import EvictionWatch, disk_of, mark_evicted
 from astraeus.agent.gpus import discover_gpus, nvml_gpus
+from astraeus.agent.logs import LOG_BATCH as LOG_BATCH  # benchmarks/bench_logs.py imports these from here
+from astraeus.agent.logs import LOG_POST_BYTES as LOG_POST_BYTES
+from astraeus.agent.logs import LogBatch, LogsDeferred, LogShipper
+from astraeus.agent.reconcile import (
+    Actual,
+    Adopt,
+    Forget,
+    ReleaseDrives,
+    Report,
+    Start,
+    Stop,
+    StoppedBeforeStart,
+    actions,
+    adoptions,
+    drives_needed,
+    state_of,
+)
 from astraeus.agent.runtime.base import EXITED, START_FAILED, Runtime, StartFailed, WorkerStatus
 from astraeus.agent.runtime.images import ImageMap
 from astraeus.settings import AgentSettings
 
 log = logging.getLogger("astraeus.agent")
 
-# Why the agent itself stops a worker (ASTRAEUS_STOP_REASON_FILE); the control plane's reasons come with the
-# assignment (Assignment.stop_reason).
-NOT_ASSIGNED = "no longer assigned to this machine"
+# Why the agent stops its workers on exit (ASTRAEUS_STOP_REASON_FILE; the other reasons: reconcile.NOT_ASSIGNED, and
+# the control plane's, which come with the assignment).
 DRAINING = "the machine is draining"
-
-LOG_BATCH = 2000
-LOG_EVERY = 0.5  # a running worker's new lines are shipped within this many seconds (sooner when a batch is full)
-# An older leader epoch than one seen is ignored; answered only that for this long, the agent takes it (the
-# control plane's database went back: restored from a backup, or a standby that lagged promoted).
-EPOCH_BACK_AFTER = 60.0
-LOG_POST_BYTES = 1 << 20  # one POST /logs carries at most about this much text
-
-
-def route_address(url: str) -> str | None:
-    """The source address of this machine's route to the control plane at `url`: the address the control plane and
-    the other machines reach it at, when no --address says otherwise. No packet is sent (a UDP connect only picks
-    the route). None when the name does not resolve or there is no route."""
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_DGRAM)
-    except (OSError, UnicodeError):
-        return None
-    for family, _, _, _, sockaddr in infos:
-        try:
-            with socket.socket(family, socket.SOCK_DGRAM) as sock:
-                sock.connect(sockaddr)
-                return sock.getsockname()[0]
-        except OSError:
-            continue
-    return None
 
 
 def interface_of(address: str | None, interfaces: dict[str, list[str]]) -> str | None:
@@ -148,34 +139,6 @@ def nfs_ability_or_none() -> P.NfsAbility | None:
     except OSError as e:
         log.warning("cannot tell what NFS this machine has: %s", e)
         return None
-
-
-class NeedsRegister(Exception):
-    pass
-
-
-class LogBatch(NamedTuple):
-    """What Agent._collect_logs read: the lines, the log offsets and rate limits they move to once stored (by log
-    key), whether more are waiting, and the attempts that were quiet (all their new lines fitted their share)."""
-
-    lines: list[P.WorkerLogLine]
-    offsets: dict[str, int]
-    limits: dict[str, list]
-    more: bool
-    quiet: set[tuple[str, int]]
-
-
-class LogsDeferred(httpx.HTTPStatusError):
-    """The control plane refused a batch of log lines for now (429: too many being stored): none of it was stored,
-    the lines stay unshipped (their offsets did not move), and they go again after `retry_after` seconds."""
-
-    def __init__(self, response: httpx.Response):
-        try:
-            self.retry_after = min(60.0, max(0.1, float(response.headers.get("retry-after", "1"))))
-        except ValueError:
-            self.retry_after = 1.0
-        super().__init__(f"log lines deferred by the control plane for {self.retry_after:g} s",
-                         request=response.request, response=response)
 
 
 RUNTIMES = ("auto", "container", "process")
@@ -271,55 +234,31 @@ def build_runtime(asked: str, state_dir: str, stop_grace: float, env: AgentSetti
     return rt, why
 
 
-class Backoff:
-    def __init__(self, first: float = 0.2, cap: float = 10.0):
-        self.first, self.cap, self.n = first, cap, 0
-
-    def reset(self) -> None:
-        self.n = 0
-
-    def next(self) -> float:
-        d = min(self.cap, self.first * (2 ** self.n))
-        self.n = min(self.n + 1, 20)
-        return d * (0.75 + random.random() / 2)
-
-
 class Agent:
+    """This machine's agent: owns the threads (poll, reconcile, report, logs, events, exports, disk) and applies what
+    the reconciler decides (astraeus.agent.reconcile) with the runtime. It talks to the control plane through
+    `control_plane` (astraeus.agent.client) and ships its workers' lines through `shipper` (astraeus.agent.logs).
+
+    Shared between threads, under `lock`: assignments, exports_wanted, synthetic, starting (the reconcile thread
+    adds to it, the start pool's threads take their attempt out), reported_final and last_states (the report and
+    reconcile threads). The log offsets are the shipper's, the replica, epochs and version the client's."""
+
     def __init__(self, server: str, token: str, name: str, *, runtime: Runtime | None = None, gpus: int | None = None,
                  cpu_cores: float | None = None, memory_bytes: int | None = None, state_dir: str | None = None,
                  stop_grace: float | None = None, labels: dict[str, str] | None = None,
                  stop_workers_on_exit: bool = False, poll_wait: float = 30.0, image_map: ImageMap | None = None,
                  runtime_kind: str | None = None, address: str | None = None,
                  shared_filesystems: dict[str, str] | None = None):
-        self.servers = agent_bases(server)  # the control plane's replicas: one is used at a time
-        self.server_lock = threading.Lock()
-        self.current = 0  # index in self.servers of the replica in use
-        self.epoch = 0  # the highest scheduling leader epoch seen in an answer
-        self.older_since: float | None = None  # since when every answer's epoch has been below self.epoch
-        self.epoch_back_after = EPOCH_BACK_AFTER
-        self.failovers = 0
-        self.token = token  # the join token (or this machine's credential, given as is)
         self.name = name
         env = AgentSettings.load() if state_dir is None or stop_grace is None or runtime is None else None
         self.state_dir = os.path.abspath(state_dir or env.state_dir_for(name))
         os.makedirs(self.state_dir, exist_ok=True)
-        self.credential_path = os.path.join(self.state_dir, "credential")
-        self.credential: str | None = self._load_credential()
-        self.ship_lock = threading.Lock()  # the log and report threads both ship lines
+        self.control_plane = ControlPlaneClient(server, token, os.path.join(self.state_dir, "credential"))
         self.stop_grace = env.stop_grace if stop_grace is None else float(stop_grace)
-        self.log_rate = (env or AgentSettings.load()).log_lines_per_second  # per worker: the rest are dropped
-        self.log_limits: dict[str, list] = {}  # attempt's log key -> [second, shipped in it, dropped, seq, time]
-        self.lines_in_report = True  # an ended attempt's last lines go in its report (False: an older control plane)
-        self.disk_in_report = True  # its state dir's filesystem goes in each report (False: an older control plane)
-        # The control plane refused a batch (429) until this time (monotonic): meanwhile only the attempts that were
-        # quiet in the last round (all their new lines fitted their share) ship, each LOG_EVERY, in small batches
-        # it admits while busy storing floods (routers/agent.py: the small lane)
-        self.logs_deferred_until = 0.0
-        self.quiet_attempts: set[tuple[str, int]] = set()
         why = "given"
         if runtime is None:
             runtime, why = build_runtime(runtime_kind or env.runtime, self.state_dir, self.stop_grace, env, image_map)
-            runtime.networks = worker_networks(runtime, env, self.servers)
+            runtime.networks = worker_networks(runtime, env, self.control_plane.servers)
         self.runtime = runtime
         self.runtime_name = runtime_label(self.runtime)
         log.info("runtime: %s (%s)", self.runtime_name, why)
@@ -333,22 +272,21 @@ class Agent:
         self.stop_workers_on_exit = stop_workers_on_exit
         self.poll_wait = poll_wait
 
-        self.heartbeat_seconds = 5.0
-        self.cluster: str | None = None
-        self.registered = threading.Event()
         self.stopping = threading.Event()
         self.wake_reconcile = threading.Event()
         self.wake_report = threading.Event()
         self.wake_logs = threading.Event()
         self.lock = threading.RLock()
-        self.version = 0
         self.assignments: dict[tuple[str, int], P.Assignment] | None = None  # None until the first answer
         self.synthetic: dict[tuple[str, int], WorkerStatus] = {}  # states without a runtime record
         self.starting: set[tuple[str, int]] = set()
         self.reported_final: set[tuple[str, int]] = set()
         self.last_states: dict[tuple[str, int], tuple] = {}
-        self.offsets_path = os.path.join(self.state_dir, "log-offsets.json")
-        self.log_offsets: dict[str, int] = self._load_offsets()
+        # The report thread and the log thread both send lines: every POST goes through self._post
+        self.shipper = LogShipper(self.runtime, name, self.state_dir,
+                                  (env or AgentSettings.load()).log_lines_per_second,
+                                  post=lambda *a, **kw: self._post(*a, **kw), reported=self._reported,
+                                  wake_report=self.wake_report)
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="agent-start")
         self.threads: list[threading.Thread] = []
         self.exit_requested = threading.Event()
@@ -360,146 +298,66 @@ class Agent:
         self.exporter = None  # astraeus.agent.nfs.Exports, made by the exports thread
         self.nfs_mounts = None  # astraeus.agent.nfs.NfsMounts, made at the first worker with an NFS drive
 
-    # ------------------------------------------------------------ http
+    # ------------------------------------------------------------ the parts' state, for tests and tools that reach in
     @property
-    def base(self) -> str:
-        """The agent API of the replica in use (http://cp-host:8420/api/v1/agent)."""
-        return self.servers[self.current]
+    def registered(self) -> threading.Event:
+        return self.control_plane.registered
 
-    def failover(self, e: Exception) -> bool:
-        """A request failed with `e`: when it says the replica it went to is not answering (a connection error, a
-        timeout, a 5xx) and that replica is still the one in use, move to the next replica; True when moved.
-        Nothing else changes: the machine stays registered (every replica shares the database) and its workers
-        run on; the next poll asks the new replica for the whole desired state."""
-        if len(self.servers) < 2 or not not_answering(e):
-            return False
-        failed = self._replica_of(e)
-        with self.server_lock:
-            if failed != self.servers[self.current]:
-                return False  # another thread moved already
-            self.current = (self.current + 1) % len(self.servers)
-            self.failovers += 1
-            now = self.servers[self.current]
-        with self.lock:
-            self.version = 0
-        log.warning("control plane %s not answering (%s); using %s", root_url(failed), why_not(e), root_url(now))
-        return True
+    @property
+    def credential(self) -> str | None:
+        return self.control_plane.credential
 
-    def _replica_of(self, e: Exception) -> str:
-        try:
-            url = str(e.request.url)  # type: ignore[attr-defined]
-        except (AttributeError, RuntimeError):
-            return self.base
-        return next((b for b in self.servers if url.startswith(b + "/") or url == b), self.base)
+    @property
+    def epoch(self) -> int:
+        return self.control_plane.epoch
 
-    def take_epoch(self, epoch: int | None) -> bool:
-        """Whether to use an answer made under scheduling leader `epoch`: not when a newer epoch was seen (a
-        replica that lost the lead, or an answer read before the new leader took it). Records the highest."""
-        if epoch is None:
-            return True
-        with self.server_lock:
-            seen = self.epoch
-            if epoch < seen:
-                now = time.monotonic()
-                self.older_since = self.older_since or now
-                if now - self.older_since < self.epoch_back_after:
-                    log.warning("ignoring assignments from %s made under leader epoch %d: epoch %d was seen already",
-                                root_url(self.base), epoch, seen)
-                    return False
-                # Not a stale replica: the database itself went back (restored, or a lagging standby promoted).
-                log.warning("the control plane's leader epoch has been %d, below the %d seen, for %.0f s: taking it "
-                            "(was its database restored, or a standby promoted?)", epoch, seen, now - self.older_since)
-            self.epoch = epoch
-            self.older_since = None
-        if seen and epoch > seen:
-            log.info("scheduling leader epoch %d (was %d)", epoch, seen)
-        return True
+    @property
+    def epoch_back_after(self) -> float:
+        return self.control_plane.epoch_back_after
 
-    def _client(self, timeout: float = 15.0) -> httpx.Client:
-        return httpx.Client(auth=self._auth, timeout=timeout)
+    @epoch_back_after.setter
+    def epoch_back_after(self, seconds: float) -> None:
+        self.control_plane.epoch_back_after = seconds
 
-    def _auth(self, request: httpx.Request) -> httpx.Request:
-        """Every call but a join carries the machine's credential (the one current when it is sent)."""
-        if "Authorization" not in request.headers:
-            request.headers["Authorization"] = f"Bearer {self.credential or self.token}"
-        return request
+    @property
+    def ship_lock(self) -> threading.Lock:
+        return self.shipper.lock
 
-    def _load_credential(self) -> str | None:
-        try:
-            with open(self.credential_path) as f:
-                return f.read().strip() or None
-        except OSError:
-            return None
+    @property
+    def quiet_attempts(self) -> set[tuple[str, int]]:
+        return self.shipper.quiet_attempts
 
-    def _save_credential(self, secret: str | None) -> None:
-        if secret is None:
-            try:
-                os.unlink(self.credential_path)
-            except FileNotFoundError:
-                pass
-        else:
-            tmp = self.credential_path + ".tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secret + "\n")
-            os.replace(tmp, self.credential_path)
-        self.credential = secret
+    @quiet_attempts.setter
+    def quiet_attempts(self, keys: set[tuple[str, int]]) -> None:
+        self.shipper.quiet_attempts = keys
 
+    @property
+    def logs_deferred_until(self) -> float:
+        return self.shipper.deferred_until
+
+    @logs_deferred_until.setter
+    def logs_deferred_until(self, at: float) -> None:
+        self.shipper.deferred_until = at
+
+    def _collect_logs(self, only: set[tuple[str, int]] | None) -> LogBatch:
+        return self.shipper.collect(only)
+
+    # ------------------------------------------------------------ http
     def _post(self, client: httpx.Client, path: str, body: P.Body, omit_none: tuple[str, ...] = ()) -> dict:
-        """POST `body`; the fields in `omit_none` are left out when None (a control plane older than them takes the
-        body without them)."""
-        payload = body.model_dump(mode="json")
-        for k in omit_none:
-            if payload.get(k) is None:
-                payload.pop(k, None)
-        r = client.post(self.base + path, json=payload)
-        if r.status_code in (401, 403, 404, 409):
-            if path != "/register":
-                self.registered.clear()
-                raise NeedsRegister(f"{path}: {r.status_code} {r.text[:200]}")
-        r.raise_for_status()
-        return r.json() if r.content else {}
+        """Every report and batch of lines goes out here (tests count them)."""
+        return self.control_plane.post(client, path, body, omit_none)
 
     def register(self, client: httpx.Client) -> None:
         body = P.Register(name=self.name, gpus=self.gpus.count, gpu_models=self.gpus.models,
                           cpu_cores=self.cpu_cores, memory_bytes=self.memory_bytes,
                           stop_grace_seconds=self.stop_grace, labels=self.labels, runtime=self.runtime_name,
-                          address=self.address or route_address(self.base),
+                          address=self.address or route_address(self.control_plane.base),
                           shared_filesystems=self.shared_filesystems, nfs=nfs_ability_or_none(),
                           disk=disk_of(self.state_dir))
-        self.credential = self._load_credential()  # deleting the file is how an operator makes it join again
-        payload = body.model_dump(mode="json")
-        r = client.post(self.base + "/register", json=payload)
-        if r.status_code == 422:  # a control plane older than these fields (0005, 0006): they are left out
-            newer = ("runtime", "address", "shared_filesystems", "nfs", "disk")
-            if any(k in r.text for k in newer):
-                for k in newer:
-                    payload.pop(k, None)
-                self.disk_in_report = False  # nor in its reports (agent/disk.py)
-                r = client.post(self.base + "/register", json=payload)
-        if self.credential and r.status_code in (401, 403):
-            if _code(r) == "CREDENTIAL_REVOKED":
-                log.error("this machine's credential was revoked (%s); delete %s to join again", _message(r),
-                          self.credential_path)
-                raise NeedsRegister(f"/register: {r.status_code} {_message(r)}")
-            log.warning("the control plane does not take this machine's credential (%s); joining again with the "
-                        "join token", _message(r))
-            self._save_credential(None)
-            r = client.post(self.base + "/register", json=payload)
-        if r.status_code in (401, 403, 409):
-            log.error("registering %s refused: %s %s", self.name, r.status_code, _message(r))
-            raise NeedsRegister(f"/register: {r.status_code} {_message(r)}")
-        r.raise_for_status()
-        ans = P.Registered.model_validate(r.json())
+        ans = self.control_plane.register(client, body)
         self.registered_address = body.address
-        if ans.credential:
-            self._save_credential(ans.credential)
-        self.heartbeat_seconds = ans.heartbeat_seconds
-        self.cluster = ans.cluster
-        with self.lock:
-            self.version = 0  # ask for the whole desired state at once
-        self.registered.set()
-        log.info("registered %s in cluster %s (%d GPUs, %s; address %s)", self.name, self.cluster, self.gpus.count,
+        self.control_plane.registered.set()
+        log.info("registered %s in cluster %s (%d GPUs, %s; address %s)", self.name, ans.cluster, self.gpus.count,
                  self.gpus.source, body.address or "unknown")
         self.wake_report.set()
 
@@ -512,25 +370,13 @@ class Agent:
         backoff = Backoff()
         # A long-poll is answered after at most poll_wait: 5 s more without an answer is a replica not answering
         # (paused, or cut off), and the agent moves on.
-        with self._client(timeout=self.poll_wait + 5) as client:
+        with self.control_plane.http(timeout=self.poll_wait + 5) as client:
             while not self.stopping.is_set():
                 try:
                     if not self.registered.is_set():
-                        credential = self.credential
                         self.register(client)
-                        if self.credential != credential:  # joined afresh (a new database?): its epochs start anew
-                            with self.server_lock:
-                                self.epoch = 0
-                    with self.lock:
-                        after = self.version
-                    r = client.get(self.base + "/assignments",
-                                   params={"machine": self.name, "after": after, "wait": self.poll_wait})
-                    if r.status_code in (401, 403, 404, 409):
-                        self.registered.clear()
-                        raise NeedsRegister(f"/assignments: {r.status_code}")
-                    r.raise_for_status()
-                    data = P.Assignments.model_validate(r.json())
-                    if not self.take_epoch(data.epoch):
+                    data = self.control_plane.assignments(client, self.name, self.poll_wait)
+                    if data is None:  # made under an older scheduling leader
                         if self._sleep(backoff.next()):
                             return
                         continue
@@ -549,7 +395,7 @@ class Agent:
                     if self._sleep(backoff.next()):
                         return
                 except (httpx.HTTPError, ValueError) as e:
-                    if not self.failover(e):
+                    if not self.control_plane.failover(e):
                         log.warning("control plane unreachable (%s); retrying", e)
                     if self._sleep(backoff.next()):
                         return
@@ -557,7 +403,7 @@ class Agent:
     def set_assignments(self, version: int, items: list[P.Assignment], exports: list[P.Export] | None = None) -> None:
         new = {a.key: a for a in items}
         with self.lock:
-            self.version = version
+            self.control_plane.took(version)
             self.assignments = new
             if exports is not None:
                 self.exports_wanted = list(exports)
@@ -605,9 +451,9 @@ class Agent:
         """The drives mounted from other machines that a worker here still needs (starting or not ended)."""
         with self.lock:
             assigned = dict(self.assignments or {})
-        starting = set(self.starting)
+            starting = frozenset(self.starting)
         live = {k for k, st in self.statuses().items() if not st.final}
-        return {t for k, a in assigned.items() if k in starting or k in live for t in self.nfs_mounts.targets(a)}
+        return drives_needed(assigned, starting, live, self.nfs_mounts.targets)
 
     def reconcile_loop(self) -> None:
         while not self.stopping.is_set():
@@ -644,66 +490,56 @@ class Agent:
                 out.setdefault(k, st)
         return out
 
+    def _reported(self, key: tuple[str, int]) -> bool:
+        with self.lock:
+            return key in self.reported_final
+
     def reconcile(self) -> None:
+        """One pass: what the reconciler decides from the assignments and the workers' states, applied."""
         if self.draining:
             return
         with self.lock:
             assigned = None if self.assignments is None else dict(self.assignments)
+            # taken before the states: a start that ends after this has its record (runtime or synthetic) in them
+            starting = frozenset(self.starting)
         statuses = self.statuses()
-        if assigned is not None and self._adopt_older(assigned, statuses):
+        if any([self._adopt(a) for a in adoptions(assigned, statuses)]):
             statuses = self.statuses()
-        if assigned is not None:
-            live_workers = {k[0] for k, st in statuses.items() if not st.final}
-            for key, a in assigned.items():
-                st = statuses.get(key)
-                if a.desired == "Running":
-                    if st is None and key not in self.starting:
-                        if key[0] in live_workers:
-                            continue  # another attempt of this worker is still stopping: one at a time
-                        self.starting.add(key)
-                        live_workers.add(key[0])
-                        self.pool.submit(self._start, a)
-                else:
-                    if st is None and key not in self.starting:
-                        with self.lock:
-                            self.synthetic[key] = WorkerStatus(key[0], key[1], EXITED,
-                                                               message="stopped before it started",
-                                                               finished_at=time.time())
-                    elif st is not None and not st.final and not st.stopping:
-                        log.info("stopping %s attempt %s (%s)", key[0], key[1], a.stop_reason or "desired Stopped")
-                        self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False,
-                                          reason=a.stop_reason or "stopped by the control plane")
-            for key, st in statuses.items():
-                if key not in assigned and not st.final and not st.stopping and key not in self.starting:
-                    log.info("stopping %s attempt %s: no longer assigned here", *key)
-                    self.runtime.stop(key[0], key[1], grace=self.stop_grace, wait=False,
-                                      reason=NOT_ASSIGNED)
-            self._collect_garbage(assigned, statuses)
-            if self.nfs_mounts is not None:
-                self.nfs_mounts.release(self._nfs_needed, self.pool.submit)
-        changed = False
-        for key, st in statuses.items():
-            sig = (st.state, st.pid, st.exit_code, st.signal, st.message)
-            if self.last_states.get(key) != sig:
-                self.last_states[key] = sig
-                changed = True
-        if changed:
-            self.wake_report.set()  # with the last lines of what ended (the log thread keeps its own pace)
+        with self.lock:
+            actual = Actual(statuses, starting, frozenset(self.reported_final), dict(self.last_states),
+                            drives_mounted=self.nfs_mounts is not None)
+        for act in actions(assigned, actual, time.time(), self.stop_grace):
+            self._apply(act)
 
-    def _adopt_older(self, assigned: dict, statuses: dict) -> bool:
-        """An attempt an older agent started under its older identity (`<ns>.<name>`) is the assigned attempt of
-        that ns, name and attempt: adopted under the assigned identity instead of being stopped and started again.
-        One asked to stop is not (it belongs to a deleted run the same name was submitted again as)."""
-        adopted = False
-        for key in assigned:
-            old = (P.older_identity(key[0]), key[1])
-            st = statuses.get(old)
-            if old == key or key in statuses or st is None or st.stopping:
-                continue
-            if self.runtime.adopt_as(old[0], old[1], key[0]):
-                log.info("adopted %s attempt %s as %s", old[0], old[1], key[0])
-                adopted = True
-        return adopted
+    def _adopt(self, act: Adopt) -> bool:
+        if not self.runtime.adopt_as(act.older, act.attempt, act.worker):
+            return False
+        log.info("adopted %s attempt %s as %s", act.older, act.attempt, act.worker)
+        return True
+
+    def _apply(self, act) -> None:
+        if isinstance(act, Start):
+            with self.lock:
+                self.starting.add(act.key)
+            self.pool.submit(self._start, act.assignment)
+        elif isinstance(act, Stop):
+            if act.why is None:
+                log.info("stopping %s attempt %s: no longer assigned here", *act.key)
+            else:
+                log.info("stopping %s attempt %s (%s)", act.worker, act.attempt, act.why)
+            self.runtime.stop(act.worker, act.attempt, grace=act.grace, wait=False, reason=act.reason)
+        elif isinstance(act, StoppedBeforeStart):
+            with self.lock:
+                self.synthetic[act.key] = WorkerStatus(act.worker, act.attempt, EXITED,
+                                                       message="stopped before it started", finished_at=act.at)
+        elif isinstance(act, Forget):
+            self._forget(act.key)
+        elif isinstance(act, ReleaseDrives):
+            self.nfs_mounts.release(self._nfs_needed, self.pool.submit)
+        elif isinstance(act, Report):
+            with self.lock:
+                self.last_states.update(act.states)
+            self.wake_report.set()  # with the last lines of what ended (the log thread keeps its own pace)
 
     def _start(self, a: P.Assignment) -> None:
         key = a.key
@@ -732,36 +568,32 @@ class Agent:
             with self.lock:
                 self.synthetic[key] = WorkerStatus(key[0], key[1], START_FAILED, message=f"agent error: {e}")
         finally:
-            self.starting.discard(key)
+            with self.lock:
+                self.starting.discard(key)
             self.wake_reconcile.set()
             self.wake_report.set()
 
-    def _collect_garbage(self, assigned: dict, statuses: dict) -> None:
-        """Forget ended attempts once they are unassigned, reported and their logs shipped."""
-        for key, st in statuses.items():
-            if key in assigned or not st.final or key not in self.reported_final:
-                continue
-            with self.lock:
-                synthetic = self.synthetic.pop(key, None)
-            if synthetic is not None and self.runtime.status(*key) is None:
-                continue
-            lk = self._log_key(key)
-            pending, _ = self.runtime.read_logs(key[0], key[1], self.log_offsets.get(lk, 0), limit=1)
-            if pending:
-                continue  # logs not shipped yet
-            self.runtime.forget(*key)
-            self.log_offsets.pop(lk, None)
-            self.log_limits.pop(lk, None)
+    def _forget(self, key: tuple[str, int]) -> None:
+        """Forget an ended attempt (unassigned and reported) once its logs are shipped."""
+        with self.lock:
+            synthetic = self.synthetic.pop(key, None)
+        if synthetic is not None and self.runtime.status(*key) is None:
+            return
+        if not self.shipper.all_shipped(key):
+            return  # logs not shipped yet
+        self.runtime.forget(*key)
+        self.shipper.forget(key)
+        with self.lock:
             self.reported_final.discard(key)
             self.last_states.pop(key, None)
 
     def report_loop(self) -> None:
         backoff = Backoff()
-        with self._client() as client:
+        with self.control_plane.http() as client:
             while not self.stopping.is_set():
                 if not self.registered.wait(0.5):
                     continue
-                self.wake_report.wait(self.heartbeat_seconds)
+                self.wake_report.wait(self.control_plane.heartbeat_seconds)
                 self.wake_report.clear()
                 if self.stopping.is_set():
                     return
@@ -772,7 +604,7 @@ class Agent:
                 except NeedsRegister:
                     self._sleep(backoff.next())
                 except (httpx.HTTPError, ValueError) as e:
-                    if not self.failover(e):
+                    if not self.control_plane.failover(e):
                         log.warning("report failed (%s); retrying", e)
                     self.wake_report.set()
                     self._sleep(backoff.next())
@@ -780,54 +612,36 @@ class Agent:
     def send_report(self, client: httpx.Client) -> None:
         """Every attempt's state. An attempt that ended since the last report has its last lines stored first (its
         end may release it from this machine): sent in the report itself when they fit one request (one round trip
-        per exit, not two), else shipped before it; a control plane that takes no lines in a report (older than
-        the field: 422) gets them shipped before it too."""
+        per exit, not two), else shipped before it (LogShipper.ship_with_report)."""
         statuses = self.statuses()
-        ended = {k for k, st in statuses.items() if st.final and k not in self.reported_final}
+        with self.lock:
+            ended = {k for k, st in statuses.items() if st.final and k not in self.reported_final}
         workers = mark_evicted(self.runtime, [st.report() for st in sorted(statuses.values(), key=lambda s: s.key)])
-        with self.ship_lock:
-            tail = None  # the ended attempts' last lines, and the offsets they move to once stored
-            for _ in range(10):
-                if not ended:
-                    break
-                tail = self._collect_logs(ended)
-                lines, more = tail.lines, tail.more
-                if not more and (not lines or self.lines_in_report and
-                                 sum(len(ln.text) + 100 for ln in lines) < LOG_POST_BYTES):
-                    break
-                self._post_logs(client, tail)  # too many for one request: ahead of the report, as they come
-                tail = None
-                if not more:
-                    break
-            body = P.Report(machine=self.name, workers=workers, lines=tail.lines if tail is not None and tail.lines else None,
-                            disk=disk_of(self.state_dir) if self.disk_in_report else None)
-            try:
-                self._post(client, "/report", body, omit_none=("lines", "disk"))
-            except httpx.HTTPStatusError as e:
-                if body.lines is None or e.response.status_code != 422 or "lines" not in e.response.text:
-                    raise
-                self.lines_in_report = False  # an older control plane: ship them first, from now on
-                log.info("the control plane takes no log lines in a report; shipping them before it")
-                self._post_logs(client, tail)
-                self._post(client, "/report", P.Report(machine=self.name, workers=workers))
-            else:
-                if tail is not None:
-                    self._logs_stored(tail)
-        self.reported_final.update(k for k, st in statuses.items() if st.final)
-        for key, st in statuses.items():  # sent: a reconcile that finds these states has nothing new to report
-            if not st.final or key in self.reported_final:  # (not one reconcile forgot meanwhile)
-                self.last_states[key] = (st.state, st.pid, st.exit_code, st.signal, st.message)
+
+        def report(lines: list | None) -> None:
+            disk = disk_of(self.state_dir) if self.control_plane.disk_in_report else None
+            self._post(client, "/report", P.Report(machine=self.name, workers=workers, lines=lines, disk=disk),
+                       omit_none=("lines", "disk"))
+
+        self.shipper.ship_with_report(client, ended, report,
+                                      lambda: self._post(client, "/report", P.Report(machine=self.name,
+                                                                                     workers=workers)))
+        with self.lock:
+            self.reported_final.update(k for k, st in statuses.items() if st.final)
+            for key, st in statuses.items():  # sent: a reconcile that finds these states has nothing new to report
+                if not st.final or key in self.reported_final:  # (not one reconcile forgot meanwhile)
+                    self.last_states[key] = state_of(st)
 
     def log_loop(self) -> None:
         backoff = Backoff()
-        with self._client() as client:
+        with self.control_plane.http() as client:
             while not self.stopping.is_set():
-                self.wake_logs.wait(LOG_EVERY)
+                self.wake_logs.wait(logs.LOG_EVERY)
                 self.wake_logs.clear()
                 if not self.registered.is_set():
                     continue
                 try:
-                    more = self.ship_logs(client)
+                    more = self.shipper.ship(client)
                     backoff.reset()
                     if more:
                         self.wake_logs.set()
@@ -835,169 +649,11 @@ class Agent:
                     self._sleep(backoff.next())
                 except LogsDeferred as e:  # the control plane is busy storing others' lines: as long as it says,
                     log.debug("%s", e)  # the quiet attempts' lines alone, at the usual pace
-                    self.logs_deferred_until = time.monotonic() + e.retry_after
+                    self.shipper.defer(e.retry_after)
                 except (httpx.HTTPError, ValueError) as e:
-                    if not self.failover(e):
+                    if not self.control_plane.failover(e):
                         log.warning("log shipping failed (%s); retrying", e)
                     self._sleep(backoff.next())
-
-    @staticmethod
-    def _log_key(key: tuple[str, int]) -> str:
-        return f"{key[0]}.{key[1]}"
-
-    def _load_offsets(self) -> dict[str, int]:
-        try:
-            with open(self.offsets_path) as f:
-                return {str(k): int(v) for k, v in json.load(f).items()}
-        except (OSError, ValueError, AttributeError):
-            return {}
-
-    def _save_offsets(self) -> None:
-        tmp = self.offsets_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.log_offsets, f)
-        os.replace(tmp, self.offsets_path)
-
-    def ship_logs(self, client: httpx.Client, only: set[tuple[str, int]] | None = None) -> bool:
-        """Send one batch of new lines from every attempt (or those in `only`); True when more are waiting."""
-        with self.ship_lock:
-            return self._ship_logs(client, only)
-
-    def _ship_logs(self, client: httpx.Client, only: set[tuple[str, int]] | None) -> bool:
-        if only is None and time.monotonic() < self.logs_deferred_until:
-            if not self.quiet_attempts:
-                return False
-            # a batch was refused: the quiet ones alone, those still quiet (one that floods now waits with the rest)
-            batch = self._collect_logs(set(self.quiet_attempts))
-            self.quiet_attempts = batch.quiet
-            self._post_logs(client, batch, quiet_only=True)
-            return False  # the rest waits for the refusal's Retry-After
-        batch = self._collect_logs(only)
-        if only is None:
-            self.quiet_attempts = batch.quiet
-        self._post_logs(client, batch)
-        return batch.more
-
-    def _collect_logs(self, only: set[tuple[str, int]] | None) -> LogBatch:
-        """One batch of new lines from every attempt (or those in `only`): the lines, the log offsets and rate
-        limits once they are stored, whether more are waiting, and the attempts that were quiet (all their new
-        lines fitted their share). Without `only`, an attempt that ended and is not reported yet is left to the
-        report, which carries its last lines (send_report). Each attempt first gets its share of the batch
-        (LOG_BATCH / attempts), then those with more take what is left, in turn: a quiet worker's lines never
-        wait behind a flooding neighbour's backlog."""
-        lines: list[P.WorkerLogLine] = []
-        new_offsets: dict[str, int] = {}
-        new_limits: dict[str, list] = {}
-        read = 0
-        attempts = []
-        for st in self.runtime.list():
-            if only is not None and st.key not in only:
-                continue
-            if only is None and st.final and st.key not in self.reported_final and self.lines_in_report:
-                self.wake_report.set()
-                continue
-            attempts.append(st)
-
-        def take(st, want: int) -> bool:
-            """Up to `want` lines of one attempt; True when it has more."""
-            nonlocal lines, read
-            lk = self._log_key(st.key)
-            start = new_offsets.get(lk, self.log_offsets.get(lk, 0))
-            batch, end = self.runtime.read_logs(st.worker, st.attempt, start, limit=want)
-            limit = new_limits.get(lk) or self.log_limits.get(lk, [0, 0, 0, 0, 0.0])
-            if batch or end != start or limit[2]:
-                read += len(batch)
-                new_limits[lk] = list(limit)
-                lines += self._rate_limited(st.worker, st.attempt, batch, new_limits[lk], at_end=len(batch) < want)
-                new_offsets[lk] = end
-            return len(batch) >= want
-
-        share = max(1, LOG_BATCH // max(1, len(attempts)))
-        behind = [st for st in attempts if take(st, share)]
-        more = False
-        for st in behind:
-            if read >= LOG_BATCH:
-                more = True
-                break
-            more = take(st, LOG_BATCH - read) or more
-        late = {st.key for st in behind}
-        return LogBatch(lines, new_offsets, new_limits, more, {st.key for st in attempts if st.key not in late})
-
-    def _post_logs(self, client: httpx.Client, batch: LogBatch, quiet_only: bool = False) -> None:
-        """POST /logs a batch of _collect_logs, then note its offsets. The quiet attempts' lines go first, in
-        posts of their own (small ones, which the control plane admits while it is busy storing a flood: a worker
-        that prints a little is not held up by a neighbour that floods), their offsets noted once stored. With
-        `quiet_only` (while deferred), only those: the others' offsets stay, their lines are read again later."""
-        quiet = {self._log_key(k) for k in batch.quiet}
-        first = [ln for ln in batch.lines if self._log_key((ln.worker, ln.attempt)) in quiet]
-        rest = batch.lines
-        if quiet_only or (first and len(first) < len(batch.lines)):
-            if first:
-                self._post_log_parts(client, first)
-            self._logs_stored(batch, quiet)
-            if quiet_only:
-                return
-            rest = [ln for ln in batch.lines if self._log_key((ln.worker, ln.attempt)) not in quiet]
-        self._post_log_parts(client, rest)
-        self._logs_stored(batch)
-
-    def _post_log_parts(self, client: httpx.Client, lines: list[P.WorkerLogLine]) -> None:
-        part: list[P.WorkerLogLine] = []
-        size = 0
-        for ln in lines:  # bounded posts: a flood of long lines is several, each about LOG_POST_BYTES
-            part.append(ln)
-            size += len(ln.text) + 100
-            if size >= LOG_POST_BYTES:
-                self._post_log_part(client, part)
-                part, size = [], 0
-        if part:
-            self._post_log_part(client, part)
-
-    def _post_log_part(self, client: httpx.Client, part: list[P.WorkerLogLine]) -> None:
-        """POST /logs one part of a batch; a 429 raises LogsDeferred. A part stored before a later one was refused
-        is sent again with the rest: the control plane stores a line once (worker, attempt, seq)."""
-        try:
-            self._post(client, "/logs", P.Logs(machine=self.name, lines=part))
-        except httpx.HTTPStatusError as e:
-            if e.response.status_code == 429:
-                raise LogsDeferred(e.response) from None
-            raise
-
-    def _logs_stored(self, batch: LogBatch, keys: set[str] | None = None) -> None:
-        """Note the offsets (and rate limits) a stored batch moves to: all of them, or those of the log keys in
-        `keys`."""
-        offsets = batch.offsets if keys is None else {k: v for k, v in batch.offsets.items() if k in keys}
-        if offsets:
-            self.log_offsets.update(offsets)
-            self.log_limits.update(batch.limits if keys is None else
-                                   {k: v for k, v in batch.limits.items() if k in keys})
-            self._save_offsets()
-
-    def _rate_limited(self, worker: str, attempt: int, batch, state: list, at_end: bool) -> list[P.WorkerLogLine]:
-        """The lines of one attempt's batch to ship: at most log_rate per second of the lines' own times. The
-        rest are dropped, and one line says how many, at the next second's first line or at the end of what
-        the worker has written so far (so a flood adds at most one such line a second)."""
-
-        def dropped() -> P.WorkerLogLine:
-            n, state[2] = state[2], 0
-            return P.WorkerLogLine(worker=worker, attempt=attempt, seq=state[3], time=state[4],
-                                   stream="stderr", text=f"… {n} lines dropped (over {self.log_rate} lines/s)")
-
-        out = []
-        for ln in batch:
-            second = int(ln.time)
-            if second != state[0]:
-                state[0], state[1] = second, 0
-            if state[1] < self.log_rate:
-                if state[2]:
-                    out.append(dropped())
-                state[1] += 1
-                out.append(ln.shipped())
-            else:
-                state[2], state[3], state[4] = state[2] + 1, ln.seq, ln.time  # the marker takes a dropped seq
-        if state[2] and at_end:
-            out.append(dropped())
-        return out
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -1052,8 +708,8 @@ class Agent:
                 log.warning("removing the workers' networks: %s", e)
         if self.registered.is_set():  # last words: states and logs, best effort
             try:
-                with self._client(timeout=3) as client:
-                    while self.ship_logs(client):
+                with self.control_plane.http(timeout=3) as client:
+                    while self.shipper.ship(client):
                         pass
                     self.send_report(client)
             except (httpx.HTTPError, NeedsRegister, ValueError):
@@ -1070,55 +726,6 @@ class Agent:
 
     def request_exit(self) -> None:
         self.exit_requested.set()
-
-
-def agent_bases(server: str | list[str]) -> list[str]:
-    """The agent API base of each control plane replica in `server`: one URL or several, comma-separated (or a
-    list); a URL that already ends in /api/v1/agent is kept as is. ValueError when none is given."""
-    urls = server.split(",") if isinstance(server, str) else list(server)
-    out: list[str] = []
-    for url in urls:
-        url = url.strip().rstrip("/")
-        if not url:
-            continue
-        base = url if url.endswith("/api/v1/agent") else url + "/api/v1/agent"
-        if base not in out:
-            out.append(base)
-    if not out:
-        raise ValueError("no control plane URL given")
-    return out
-
-
-def root_url(base: str) -> str:
-    """http://cp-host:8420 of an agent API base."""
-    return base[: -len("/api/v1/agent")] if base.endswith("/api/v1/agent") else base
-
-
-def not_answering(e: Exception) -> bool:
-    """Whether a failed request says its replica is not answering: a connection error or timeout, or a 5xx."""
-    if isinstance(e, httpx.HTTPStatusError):
-        return e.response.status_code >= 500
-    return isinstance(e, httpx.TransportError)
-
-
-def why_not(e: Exception) -> str:
-    if isinstance(e, httpx.HTTPStatusError):
-        return f"{e.response.status_code} {e.response.reason_phrase}".rstrip()
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-
-
-def _message(r: httpx.Response) -> str:
-    try:
-        return str(r.json().get("message") or r.text[:200])
-    except ValueError:
-        return r.text[:200]
-
-
-def _code(r: httpx.Response) -> str | None:
-    try:
-        return r.json().get("code")
-    except ValueError:
-        return None
 
 
 def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_cores: float | None = None,

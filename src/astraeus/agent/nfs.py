@@ -64,7 +64,6 @@ import time
 import psutil
 
 from astraeus import protocol as P
-from astraeus.drives import NFS_TCP_PORT
 
 log = logging.getLogger("astraeus.agent.nfs")
 
@@ -113,7 +112,9 @@ def kernel_nfs_client() -> bool:
     """The kernel can mount nfs4: it lists nfs4 (or nfs) in /proc/filesystems, or mount.nfs4 is installed and the
     nfsv4 module can be loaded (it is loaded by the first mount). `ASTRAEUS_NFS_CLIENT=true|false` overrides
     what is found (an operator who knows better; "auto", the default, finds out)."""
-    said = os.environ.get("ASTRAEUS_NFS_CLIENT", "auto").strip().lower()
+    from astraeus.settings import agent_settings
+
+    said = agent_settings().nfs_client
     if said in ("1", "true", "yes"):
         return True
     if said in ("0", "false", "no"):
@@ -204,11 +205,12 @@ def workspace_ids(drive: str, number: int | None) -> tuple[int, int]:
     """(uid, gid) of the workspace that owns `drive` ("<ns>.<name>"): the user its workers run as on every machine
     (ASTRAEUS_WORKER_USER, or the workspace's own uid: astraeus.agent.runtime.mounts)."""
     from astraeus.agent.runtime import mounts
-    from astraeus.settings import AgentSettings
+    from astraeus.settings import agent_settings
+    from astraeus.users import resolve_user
 
-    s = AgentSettings.load()
+    s = agent_settings()
     if s.worker_user:
-        return mounts.resolve_user(s.worker_user)
+        return resolve_user(s.worker_user)
     uid = mounts.workspace_uid(drive.partition(".")[0], number, s.worker_uid_base, s.worker_uid_range)
     return uid, uid
 
@@ -216,9 +218,9 @@ def workspace_ids(drive: str, number: int | None) -> tuple[int, int]:
 def workspace_owner(uid: int) -> dict | None:
     """The drive's owner as mounts.open_drive_dir checks it (a folder of another workspace's uid is refused); None
     with one user for every workspace (ASTRAEUS_WORKER_USER)."""
-    from astraeus.settings import AgentSettings
+    from astraeus.settings import agent_settings
 
-    s = AgentSettings.load()
+    s = agent_settings()
     if s.worker_user:
         return None
     return {"uid": uid, "uids": [s.worker_uid_base, s.worker_uid_base + s.worker_uid_range]}
@@ -281,7 +283,16 @@ class Exports:
     def __init__(self, state_dir: str, port: int | None = None, bind: str | None = None,
                  start_timeout: float = 15.0):
         self.dir = os.path.join(os.path.abspath(state_dir), "nfs-server")
-        said = port if port is not None else os.environ.get("ASTRAEUS_NFS_PORT") or NFS_TCP_PORT
+        if port is None:
+            from astraeus.settings import SettingsError, agent_settings
+
+            try:
+                port = agent_settings().nfs_port
+            except SettingsError as e:  # said below, as this server's own error
+                port = e.values.get("ASTRAEUS_NFS_PORT")
+                if port is None:
+                    raise
+        said = port
         try:
             self.port = int(said)
         except ValueError:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from astraeus import envvars
 from astraeus.cli import format as fmt
 from astraeus.cli.client import ApiError, Client, Config, q, save_config
 from astraeus.cli.slurm import (
@@ -45,7 +45,7 @@ class _App(typer.Typer):
         except KeyboardInterrupt:
             sys.exit(130)
         except Exception as e:  # noqa: BLE001 - the last line of defence against tracebacks
-            if os.environ.get("ASTRA_DEBUG"):
+            if envvars.get("ASTRA_DEBUG"):
                 raise
             typer.echo(fmt.terminal_safe(f"error: {type(e).__name__}: {e} (set ASTRA_DEBUG=1 for details)"), err=True)
             sys.exit(1)
@@ -173,7 +173,7 @@ def login(
     path = save_config(config.api, config.token)
     typer.echo(f"Logged in{fmt.terminal_safe(who)} at {config.api}; saved to {path}")
     for var in ("ASTRAEUS_API", "ASTRAEUS_TOKEN"):
-        if os.environ.get(var):
+        if envvars.get(var):
             typer.echo(f"note: {var} is set in the environment and wins over the saved value", err=True)
 
 
@@ -284,7 +284,7 @@ RUNS_SHOWN = 100  # what `astra astraeus runs` shows without --limit: the API's 
 
 def list_client() -> Client:
     """As client(), but where every API URL is plain http:// without setting up TLS it would never use: httpx's
-    default client loads the CA bundle at each start (about 0.35 s here, more than the request itself)."""
+    default client loads the CA bundle at each start, which costs more than the request itself."""
     from astraeus.cli.client import api_urls, load_config
 
     config = load_config()

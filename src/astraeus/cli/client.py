@@ -21,6 +21,8 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from astraeus import envvars
+
 NO_CONFIG = ("no Astraeus API configured: run `astra login --api URL --token TOKEN`, "
              "or set ASTRAEUS_API and ASTRAEUS_TOKEN")
 
@@ -37,7 +39,7 @@ class ApiError(Exception):
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
+    env = envvars.copy() if env is None else env
     if env.get("ASTRAEUS_CONFIG"):
         return Path(env["ASTRAEUS_CONFIG"]).expanduser()
     return Path.home() / ".config" / "astraeus" / "config.json"
@@ -51,7 +53,7 @@ class Config:
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
     """The API URL and token: the environment first, then the config file."""
-    env = os.environ if env is None else env
+    env = envvars.copy() if env is None else env
     saved: dict[str, Any] = {}
     path = config_path(env)
     if path.exists():
@@ -73,7 +75,7 @@ def org_config(env: Mapping[str, str] | None = None) -> Config:
     """The organisation's API ($ORG_API) for organisation-admin commands: the workspace API URL without its
     `/w/<workspace>`, with ASTRAEUS_ADMIN_TOKEN when set (else the token in use: it must be an organisation
     admin's)."""
-    env = os.environ if env is None else env
+    env = envvars.copy() if env is None else env
     config = load_config(env)
     urls = []
     for url in api_urls(config.api):

@@ -1,231 +1,57 @@
-"""The console's routes: a module-level router whose reads and writes go through `astraeus.server.services` and
-`astraeus.server.admin`, with the API's own body models, as the API's routers do. A form is turned into the
-API's JSON body (`forms`), validated by the API's model, and a refusal is worded as the API words it.
-
-The console imports the server; the server imports the console only where the app is assembled
-(`astraeus.server.routers.console`).
-"""
+"""The console's pages for runs, drives, templates, events, machines and settings: their reads and writes go
+through `astraeus.server.services` and `astraeus.server.admin`, with the API's own body models, as the API's
+routers do. A form is turned into the API's JSON body (`forms`), validated by the API's model, and a refusal is
+worded as the API words it. The shared machinery (router, templates, `Page`, `render`) is `astraeus.console.base`;
+`astraeus.console.site` gathers every page module for the app (`astraeus.app`)."""
 
 from __future__ import annotations
 
-import functools
 import hmac
 import json
 import secrets
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import anyio.from_thread
 import anyio.to_thread
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from fastapi.staticfiles import StaticFiles
-from fastapi.templating import Jinja2Templates
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
 from astraeus.console import forms
+from astraeus.console.base import (
+    COOKIE,
+    CSRF_FIELD,
+    Page,
+    admin_page,
+    age,
+    base_url,
+    check_origin,
+    console_session,
+    cp_of,
+    default_access,
+    page,
+    parse_json,
+    read_form,
+    render,
+    router,
+    secure_cookie,
+    token_of,
+    ws_page,
+)
 from astraeus.server import admin, services
 from astraeus.server import bodies as B
 from astraeus.server import templates as run_templates
-from astraeus.server.core import ControlPlane
-from astraeus.server.db import Access, Cluster, ConsoleSession, Org, Token, Workspace
+from astraeus.server.db import Access, Cluster, ConsoleSession, Org, Workspace
 from astraeus.server.pools import list_pools, workspace_pools
-from astraeus.server.routers.deps import control_plane, machine_names, now
+from astraeus.server.routers.deps import machine_names, now
 from astraeus.server.routers.errors import validation_errors, validation_message
-from astraeus.server.services import ApiError, Caller, tx
+from astraeus.server.services import ApiError, tx
 from astraeus.server.whatif import what_if
-from astraeus.units import human_bytes, human_duration
-
-HERE = Path(__file__).parent
-COOKIE = "astraeus_session"  # a console session's own secret (never the API token)
-CSRF_FIELD = "csrf"  # the hidden input every console form carries
-STATES = ("Pending", "Starting", "Running", "Stopping", "Completed", "Failed", "Cancelled")
-TRANSPORTS = (("Auto", "RDMA when both have it, else TCP"), ("TCP", "TCP"), ("RDMA", "RDMA"))
-STATIC = "/console/static"
-
-router = APIRouter(include_in_schema=False)
-templates = Jinja2Templates(directory=str(HERE / "templates"))
-templates.env.filters["bytes"] = human_bytes
-templates.env.filters["duration"] = human_duration
-templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False)
-templates.env.globals["STATIC"] = STATIC
-templates.env.globals["STATES"] = STATES
-templates.env.globals["TRANSPORTS"] = TRANSPORTS
-
-
-def static_files() -> StaticFiles:
-    return StaticFiles(directory=str(HERE / "static"))
-
-
-def _age(t: float | None, at: float) -> str:
-    return human_duration(max(1, at - t)) if t else ""
-
-
-class Page:
-    """What every signed-in page knows: who calls, in which organisation and workspace."""
-
-    def __init__(self, s: Session, caller: Caller, ws: Workspace | None):
-        self.caller = caller
-        self.org = caller.org
-        self.ws = ws
-        self.org_admin = caller.org_admin
-        self.role = caller.role
-        if caller.org_admin:
-            self.workspaces = [w.name for w in s.scalars(select(Workspace).where(Workspace.org_id == caller.org.id)
-                                                         .order_by(Workspace.id))]
-        else:
-            self.workspaces = [ws.name] if ws else []
-
-    @property
-    def base(self) -> str:
-        return f"/o/{self.org.name}/w/{self.ws.name}" if self.ws else f"/o/{self.org.name}"
-
-    def cannot(self, role: str) -> str | None:
-        """The API's refusal for this caller, or None when it may."""
-        try:
-            services.require(self.caller, role)
-        except ApiError as e:
-            return e.message
-        return None
-
-
-# ------------------------------------------------------------------------------------------- plumbing
-def cp_of(request: Request) -> ControlPlane:
-    return control_plane(request)
-
-
-def base_url(request: Request) -> str:
-    return cp_of(request).settings.console_base()
-
-
-def authorization(request: Request) -> str | None:
-    return request.headers.get("authorization")
-
-
-# ------------------------------------------------------------------------------------ console sessions
-def own_origins(request: Request) -> set[str]:
-    """The origins this console is reached at: the request's own (scheme as X-Forwarded-Proto says, else as
-    the connection is) and ASTRAEUS_PUBLIC_URL's."""
-    scheme = (request.headers.get("x-forwarded-proto") or request.url.scheme).split(",")[0].strip().lower()
-    out = {f"{scheme}://{request.headers.get('host') or request.url.netloc}".lower()}
-    public = cp_of(request).settings.public_url
-    if public:
-        u = urlsplit(public)
-        out.add(f"{u.scheme}://{u.netloc}".lower())
-    return out
-
-
-def check_origin(request: Request) -> None:
-    """A POST must come from the console's own pages: refused when its Origin (or, without one, its Referer)
-    names another origin. Scripts that send neither (curl, httpx) pass; they authenticate with a header."""
-    origin = request.headers.get("origin")
-    if origin is None and request.headers.get("referer"):
-        u = urlsplit(request.headers["referer"])
-        origin = f"{u.scheme}://{u.netloc}"
-    if origin is not None and origin.lower() not in own_origins(request):
-        raise ApiError(403, "FORBIDDEN", f"this form was sent from another site ({origin}), not from this console: "
-                                         "open the console and send it from there")
-
-
-def secure_cookie(request: Request) -> bool:
-    """`Secure` when the console is served over HTTPS: ASTRAEUS_PUBLIC_URL is https://, or the request came over
-    HTTPS (its own scheme, or X-Forwarded-Proto: https from a proxy that ends TLS)."""
-    public = cp_of(request).settings.public_url or ""
-    proto = (request.headers.get("x-forwarded-proto") or request.url.scheme).split(",")[0].strip().lower()
-    return public.startswith("https://") or proto == "https"
-
-
-def console_session(s: Session, request: Request) -> ConsoleSession | None:
-    """The signed-in session the cookie names, when it is live (not signed out, not expired)."""
-    secret = request.cookies.get(COOKIE)
-    if not secret:
-        return None
-    cs = s.scalar(select(ConsoleSession).where(ConsoleSession.digest == services.digest(secret)))
-    if cs is None or cs.revoked or cs.expires_at <= now():
-        return None
-    return cs
-
-
-def token_of(s: Session, request: Request) -> Token:
-    """The API token a page acts as: an `Authorization: Bearer` header's, or the console session's. A POST
-    signed in by cookie must come from this console (Origin) and carry the session's CSRF token."""
-    if request.method == "POST":
-        check_origin(request)
-    if authorization(request):
-        tok = services.authenticate(s, authorization(request))
-    else:
-        cs = console_session(s, request)
-        if cs is None:
-            raise ApiError(401, "UNAUTHENTICATED", "sign in to the console")
-        tok = s.get(Token, cs.token_id)
-        if tok is None or tok.revoked or (tok.expires_at is not None and tok.expires_at <= now()):
-            raise ApiError(401, "UNAUTHENTICATED", "the token this console signed in with is no longer valid")
-        if request.method == "POST":
-            sent = read_form(request).get(CSRF_FIELD, "")
-            if not hmac.compare_digest(sent.encode(), cs.csrf.encode()):
-                raise ApiError(403, "FORBIDDEN", "the form's CSRF token is missing or wrong (an old page, or a "
-                                                 "form from another site): reload the page and send it again")
-        request.state.csrf = cs.csrf
-    if tok.kind == "machine":
-        raise ApiError(403, "FORBIDDEN", "a machine token cannot call user endpoints")
-    return tok
-
-
-def ws_page(s: Session, request: Request, org: str, ws: str) -> Page:
-    c = services.workspace_caller(s, token_of(s, request), org, ws)
-    return Page(s, c, c.workspace)
-
-
-def admin_page(s: Session, request: Request, org: str) -> Page:
-    c = services.org_admin_caller(s, token_of(s, request), org)
-    ws = s.scalar(select(Workspace).where(Workspace.org_id == c.org.id).order_by(Workspace.id))
-    return Page(s, c, ws)
-
-
-def render(request: Request, name: str, page: Page | None, status: int = 200, **ctx: Any) -> HTMLResponse:
-    csrf = getattr(request.state, "csrf", "")
-    return templates.TemplateResponse(request, name, {"p": page, "csrf": csrf, **ctx}, status_code=status)
-
-
-def error_page(request: Request, e: ApiError) -> Response:
-    if e.status == 401 and "authorization" not in request.headers:
-        return RedirectResponse(f"/sign-in?next={quote(request.url.path)}", status_code=303)
-    return render(request, "error.html", None, status=e.status, error=e)
-
-
-def page(fn):
-    """A page handler: an ApiError becomes the error page (or the sign-in page for a missing token)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ApiError as e:
-            return error_page(kwargs["request"], e)
-
-    return wrapper
-
-
-def read_form(request: Request) -> dict[str, str]:
-    return {k: str(v) for k, v in anyio.from_thread.run(request.form).items()}
-
-
-def parse_json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:  # as FastAPI reports a body that is not JSON
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
-                                       "input": {}, "ctx": {"error": e.msg}}]) from None
-
-
-def default_access(s: Session, request: Request, c: Caller) -> dict | None:
-    view = services.workspace_view(s, c, base_url(request))
-    return view["clusters"][0] if view["clusters"] else None
 
 
 # ------------------------------------------------------------------------------------- sign in
@@ -333,7 +159,7 @@ def runs_rows(request: Request, s: Session, p: Page, state: str | None, label: s
     for run in runs:
         v = services.run_view(run, p.org, p.ws, clusters[run.cluster_id], base_url(request), None, names, p.role)
         tt = v["spec"]["task_template"]
-        rows.append({"v": v, "age": _age(run.created_at, at),
+        rows.append({"v": v, "age": age(run.created_at, at),
                      "gpus": tt.get("requested_resources", {}).get("gpu_requests", {}).get("count", 0),
                      "url": f"{p.base}/jobs/{v['metadata']['cluster']}/{run.name}"})
     return rows, encode_cursor((runs[-1].created_at, runs[-1].id)) if more else None
@@ -458,7 +284,7 @@ def run_ctx(request: Request, s: Session, p: Page, cluster: str, name: str) -> d
         raise ApiError(404, "NOT_FOUND", f"run {name} not found in workspace {p.ws.name} on cluster {cluster}")
     v = services.run_view(run, p.org, p.ws, cl, base_url(request), services.run_history(s, run), machine_names(s),
                           p.role)
-    return {"v": v, "run_url": f"{p.base}/jobs/{cl.name}/{run.name}", "age": _age(run.created_at, now())}
+    return {"v": v, "run_url": f"{p.base}/jobs/{cl.name}/{run.name}", "age": age(run.created_at, now())}
 
 
 @router.get("/o/{org}/w/{ws}/jobs/{cluster}/{name}")
@@ -725,6 +551,3 @@ def change_access(request: Request, org: str, cluster: str, ws: str):
     cp_of(request).notifier.wake_scheduler()
     return RedirectResponse(f"/o/{org}/settings?saved={quote(ws)}", status_code=303)
 
-
-# Their routes join this router (they import it, so they are imported last).
-from astraeus.console import replica_group_pages, reservation_pages, schedule_pages  # noqa: E402, F401, I001

@@ -1,13 +1,13 @@
 """The console's replica group pages: the workspace's groups (list: replicas wanted, alive, running) and one group
 (its runs linked to their pages, its spec, its latest events), read through astraeus.server.replica_groups as the
-API reads them. Its routes join the console's router (astraeus.console.pages imports this module at its end)."""
+API reads them. Its routes join the console's router (astraeus.console.site gathers it)."""
 
 from __future__ import annotations
 
 from fastapi import Request
 from sqlalchemy import select
 
-from astraeus.console.pages import cp_of, page, render, router, ws_page
+from astraeus.console.base import cp_of, page, render, router, ws_page
 from astraeus.server import replica_groups as groups
 from astraeus.server import services
 from astraeus.server.db import Cluster, Event, Run

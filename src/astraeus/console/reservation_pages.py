@@ -2,7 +2,7 @@
 organisation, a New reservation form (the body of POST $ORG_API/reservations, validated and applied by
 astraeus.server.reservations, so the form refuses what the API refuses, with the API's message) and Delete (ends it
 now). Reservations (a workspace's page): that workspace's reservations only, read-only, as GET $API/reservations.
-Its routes join the console's router (astraeus.console.pages imports this module at its end)."""
+Its routes join the console's router (astraeus.console.site gathers it)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from astraeus.console import forms
-from astraeus.console.pages import Page, admin_page, cp_of, page, read_form, render, router, ws_page
+from astraeus.console.base import Page, admin_page, cp_of, page, read_form, render, router, ws_page
 from astraeus.server import reservations
 from astraeus.server.db import Cluster
 from astraeus.server.routers.deps import now

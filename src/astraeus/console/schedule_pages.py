@@ -1,13 +1,13 @@
 """The console's schedule pages: the workspace's schedules (list) and one schedule (its spec, last and next ticks,
 its runs and latest ticks), read through astraeus.server.schedules as the API reads them. Its routes join the
-console's router (astraeus.console.pages imports this module at its end)."""
+console's router (astraeus.console.site gathers it)."""
 
 from __future__ import annotations
 
 from fastapi import Request
 from sqlalchemy import select
 
-from astraeus.console.pages import cp_of, page, render, router, ws_page
+from astraeus.console.base import cp_of, page, render, router, ws_page
 from astraeus.server import schedules
 from astraeus.server.db import Cluster, Run
 

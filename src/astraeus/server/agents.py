@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, joinedload
 from astraeus import drives as drive_rules
 from astraeus import protocol as P
 from astraeus.imageref import registry_of
-from astraeus.server import diskfull, lifecycle, registries, services
+from astraeus.server import diskfull, heartbeats, lifecycle, registries, services
 from astraeus.server.db import Access, Cluster, Drive, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
 from astraeus.spec import array_env, env_values, granted_root
@@ -149,7 +149,7 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
     drives = {(d.workspace_id, d.name): d for d in session.scalars(select(Drive).where(Drive.workspace_id.in_(ws_ids)))}
     # Each running worker's workspace's credential for its image's registry, if it has one: never another's.
     pulls = {(w.run.workspace_id, registry_of(w.run.spec["task_template"]["image"])) for w in workers
-             if (w.desired or "Running") == "Running"}
+             if (w.desired or lifecycle.Desired.RUNNING) == lifecycle.Desired.RUNNING}
     creds = registries.for_images(session, {p for p in pulls if p[1]})
     keepers = {k.name: k for k in session.scalars(select(Machine).where(
         Machine.cluster_id == m.cluster_id, Machine.name.in_({(d.spec["sources"][0].get("node") or "")
@@ -185,9 +185,9 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
                 continue
             mounts.append(_mount(d, ref, access, m, keepers, ws.ns))
         configs = [P.ConfigFile(mount_path=mp, value=c["value"]) for c in tt.get("configs") or [] for mp in c["mounts"]]
-        desired = w.desired or "Running"
+        desired = w.desired or lifecycle.Desired.RUNNING.value
         auth = None
-        if desired == "Running":
+        if desired == lifecycle.Desired.RUNNING:
             cred = creds.get((run.workspace_id, registry_of(tt["image"])))
             if cred is not None:
                 auth = P.RegistryAuth(registry=cred.host, username=cred.username, password=cred.password)
@@ -325,7 +325,40 @@ def _placed_here(session: Session, m: Machine, identities: set[str]) -> dict[str
     return {k: w for w, ns in rows if (k := P.worker_identity(ns, w.name, w.run.uid)) in identities}
 
 
-def report(session: Session, m: Machine, body: P.Report, at: float, also: set[int] | None = None) -> bool:
+def caller_machine(session: Session, authorization: str | None, machine: str) -> Machine:
+    """The machine a report's or a log batch's credential acts for (which must be the one it names)."""
+    return machine_for(session, authenticate(session, authorization), machine)
+
+
+def report(cp, authorization: str | None, body: P.Report) -> None:
+    """POST /api/v1/agent/report, whichever way it came (routers/agent.py: the route and PlainReports): the
+    machine's credential checked, its heartbeat, its workers' states (apply_report), the lines it sends and its
+    disk pressure stored in one transaction, then the machines, the scheduler and the log followers that must hear
+    it are told. A bare heartbeat is written without the state lock (server/heartbeats.py). Raises ApiError for a
+    credential refused; a database error leaves nothing of it written."""
+    import time
+
+    with cp.sessions() as s:
+        if not body.lines and heartbeats.heartbeat_only(s, caller_machine(s, authorization, body.machine), body,
+                                                        time.time()):
+            return
+        with services.tx(s):  # waits for the state lock holding no pooled connection
+            m = caller_machine(s, authorization, body.machine)
+            # the last lines of the attempts it says ended, first: their end may release them from this machine
+            stored = store_logs(s, m, body.lines, cp.settings.log_max_bytes_per_worker,
+                                cp.settings.log_max_lines_per_worker) if body.lines else 0
+            told: set[int] = set()  # the machines whose agents must hear now (apply_report)
+            changed = apply_report(s, m, body, time.time(), told)
+            changed = diskfull.record_disk(m, body.disk) or changed  # disk pressure began or ended: plan again
+    if told:
+        cp.notifier.bump_machines(told)
+    if changed:
+        cp.notifier.wake_scheduler()
+    if changed or stored:
+        cp.notifier.bump_logs()
+
+
+def apply_report(session: Session, m: Machine, body: P.Report, at: float, also: set[int] | None = None) -> bool:
     """Heartbeat and worker states. Returns True when room was freed or a machine returned: what the
     scheduler and log followers must see. `also` gets the machines whose assignments or exports changed, whose
     agents must hear it now: the machines keeping drives an ended worker used (their exports), and this machine
@@ -355,7 +388,7 @@ def report(session: Session, m: Machine, body: P.Report, at: float, also: set[in
                 lifecycle.starting(session, w.run, w, r.message, at)
         elif state == "Exited":
             ended.append(w.run)
-            if w.state == "Starting" and r.pid:  # it ran, and ended before a report said so
+            if w.state == lifecycle.WorkerState.STARTING and r.pid:  # it ran, and ended before a report said so
                 lifecycle.running(session, w.run, w, r.pid, r.environment, r.started_at or at)
             lifecycle.ended(session, w.run, w, r.exit_code, r.signal, None, at, oom_limit_bytes=r.oom_limit_bytes,
                             evicted=r.message if (r.message or "").startswith("Evicted: ") else None)

@@ -14,7 +14,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 
 from astraeus.server.asgi import replay
-from astraeus.server.core import ControlPlane, Settings
+from astraeus.server.core import ControlPlane
 from astraeus.server.loop import SchedulingLoop
 from astraeus.server.routers import (
     admin,
@@ -35,16 +35,17 @@ from astraeus.server.routers import (
     workspace,
 )
 from astraeus.server.services import tx
+from astraeus.settings import ServerSettings
 
-__all__ = ["create_app", "tx"]
+__all__ = ["create_api", "tx"]
 
 # Long-polls each hold a worker thread; allow many (one per agent). Log follows hold none while they wait.
 THREADS = 400
 
 # In the order /openapi.json lists them.
 # The agent protocol first: most of a fleet's requests (every agent's report each heartbeat, its long-poll), and a
-# request is matched against the routers in this order (at 300 agents, matching past the others was 11 % of the
-# event loop; benchmarks/bench_agents.py). Its paths are its own, so the order changes no answer.
+# request is matched against the routers in this order (with many agents, matching past the others was a visible
+# share of the event loop; benchmarks/bench_agents.py). Its paths are its own, so the order changes no answer.
 ROUTERS = (agent, health, workspace, runs, templates, schedules, replica_groups, workers, drives, registries, events,
            machines, admin, pools, reservations)
 
@@ -177,8 +178,8 @@ def _unreachable(exc: BaseException) -> bool:
         not code and type(exc.orig).__name__ == "OperationalError")
 
 
-def create_app(settings: Settings | None = None, cp: ControlPlane | None = None, run_loop: bool = True) -> FastAPI:
-    settings = settings or Settings()
+def create_api(settings: ServerSettings | None = None, cp: ControlPlane | None = None, run_loop: bool = True) -> FastAPI:
+    settings = settings or ServerSettings.load()
     cp = cp or ControlPlane.open(settings)
     loop = SchedulingLoop(cp)
 
@@ -194,7 +195,7 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
             loop.stop()  # gives the lease up: another replica leads at once
             cp.stop_bus()
         store = getattr(app.state, "log_store", None)
-        if store is not None:  # PostgreSQL: the log store's process (routers/agent.py)
+        if store is not None:  # PostgreSQL: the log store's process (server/log_admission.py)
             store.close()
 
     # telemetry off: Astraeus exports Prometheus metrics (/metrics), not OpenTelemetry; FastAPI's native telemetry
@@ -236,14 +237,6 @@ def create_app(settings: Settings | None = None, cp: ControlPlane | None = None,
     app.add_middleware(BodyLimit, limit=cp.settings.max_body_bytes)
     for module in ROUTERS:
         app.include_router(module.router)
-
-    try:  # the console, when its package is installed (the server imports it here only, at assembly)
-        from astraeus.server.routers import console
-    except ModuleNotFoundError as e:
-        if e.name != "astraeus.console":
-            raise
-    else:
-        console.include(app)
 
     app.openapi_schema = None
     runs.document_run_body(app)

@@ -1,5 +1,5 @@
-"""The control plane's shared parts: settings, the database handle, and the wake-ups between threads (and, on
-PostgreSQL, between replicas)."""
+"""The control plane's shared parts: the database handle, and the wake-ups between threads (and, on PostgreSQL,
+between replicas). Its settings are one astraeus.settings.ServerSettings, given to ControlPlane.open."""
 
 from __future__ import annotations
 
@@ -9,162 +9,15 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import bindparam, func, select, true
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
 from astraeus.server import db
 from astraeus.settings import ServerSettings
 
 log = logging.getLogger("astraeus.core")
-
-
-def _env() -> ServerSettings:
-    return ServerSettings.load()  # raises SettingsError naming a bad ASTRAEUS_* variable
-
-
-@dataclass
-class Settings:
-    """What one control-plane process runs with. Fields not given are read from the environment
-    (astraeus.settings.ServerSettings; docs/configuration.md); tests pass them as keywords."""
-
-    home: Path = field(default_factory=lambda: _env().home)
-    database_url: str | None = field(default_factory=lambda: _env().database_url)
-    host: str = "127.0.0.1"
-    port: int = 8420
-    public_url: str | None = field(default_factory=lambda: _env().public_url)
-    # The pages: "The scheduler looks at every waiting run at least every 15 seconds, and whenever something
-    # changes." A change wakes the loop at once; this is the longest it sleeps.
-    schedule_interval: float = field(default_factory=lambda: _env().schedule_interval)
-    # Debounce: a burst of submits within this many seconds is scheduled in one cycle.
-    schedule_debounce: float = 0.005  # 5 ms
-    heartbeat_seconds: float = field(default_factory=lambda: _env().heartbeat)
-    # Request and log bounds (docs/api.md, "Limits").
-    max_body_bytes: int = field(default_factory=lambda: _env().max_body_bytes)
-    log_max_bytes: int = field(default_factory=lambda: _env().log_max_bytes_per_worker)
-    log_max_lines: int = field(default_factory=lambda: _env().log_max_lines_per_worker)
-    log_stores_at_once: int = field(default_factory=lambda: _env().log_stores_at_once)
-    log_store_share: float = field(default_factory=lambda: _env().log_store_share)
-    console_session_hours: float = field(default_factory=lambda: _env().console_session_hours)
-    # Several replicas (issue 16): the scheduling lease's length (renewed every third of it) and this replica's
-    # name in the lease and /healthz (None: host:port).
-    lease_seconds: float = field(default_factory=lambda: _env().leader_lease_seconds)
-    replica_id: str | None = field(default_factory=lambda: _env().replica_id)
-    # A machine with less than this share of its state dir's filesystem free takes no new workers (0: never).
-    disk_pressure_free_percent: float = field(default_factory=lambda: _env().disk_pressure_free_percent)
-    default_ephemeral_storage_bytes: int | None = field(default_factory=lambda: _env().default_ephemeral_storage_bytes)
-
-    @classmethod
-    def from_env(cls, env: ServerSettings | None = None, **given) -> Settings:
-        """The environment's settings (read once), with `given` fields (home, host, port, ...) winning."""
-        env = env or _env()
-        kw = {"home": env.home, "database_url": env.database_url, "public_url": env.public_url,
-              "schedule_interval": env.schedule_interval, "heartbeat_seconds": env.heartbeat,
-              "console_session_hours": env.console_session_hours, "lease_seconds": env.leader_lease_seconds,
-              "replica_id": env.replica_id, "disk_pressure_free_percent": env.disk_pressure_free_percent,
-              "default_ephemeral_storage_bytes": env.default_ephemeral_storage_bytes}
-        kw.update(max_body_bytes=env.max_body_bytes, log_max_bytes=env.log_max_bytes_per_worker,
-                  log_max_lines=env.log_max_lines_per_worker, log_stores_at_once=env.log_stores_at_once,
-                  log_store_share=env.log_store_share)
-        kw.update({k: v for k, v in given.items() if v is not None})
-        return cls(**kw)
-
-    def url(self) -> str:
-        if self.database_url:
-            return self.database_url
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.home.chmod(0o700)  # the database, the env file with tokens, the agents' state
-        return f"sqlite:///{self.home / 'astraeus.db'}"
-
-    def console_base(self) -> str:
-        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
-
-
-# Every transaction that changes state takes this lock: API writes, agent reports and the scheduling loop's
-# apply. One control-plane process then never applies a decision made on state that another write has since
-# changed (a delete racing a scheduling cycle, say). Reads never take it. Across replicas on PostgreSQL the same
-# transactions also take the advisory lock below (lock_state; why one lock: astraeus.server.leader).
-class StateLock:
-    """The state lock: reentrant, and it counts the threads waiting for it, so that a long write that changes no
-    state (a flood's log lines on SQLite, whose one writer the state changes also need) can step aside for them
-    between its chunks (services.let_state_changes_in)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._count = threading.Condition(threading.Lock())  # notified when no thread waits any more
-        self.waiting = 0  # threads blocked in acquire
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        if self._lock.acquire(blocking=False):
-            return True
-        if not blocking:
-            return False
-        with self._count:
-            self.waiting += 1
-        try:
-            return self._lock.acquire(True, timeout)
-        finally:
-            with self._count:
-                self.waiting -= 1
-                if not self.waiting:
-                    self._count.notify_all()
-
-    def step_aside(self, at_most: float) -> None:
-        """Release the lock (held once by this thread), wait until no thread waits for it (at most `at_most`
-        seconds: more may keep coming), and take it again."""
-        self.release()
-        try:
-            with self._count:
-                self._count.wait_for(lambda: not self.waiting, at_most)
-        finally:
-            self.acquire()
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-STATE_LOCK = StateLock()
-
-# pg_advisory_xact_lock's key for state changes (any bigint; "astraSTA").
-STATE_LOCK_KEY = 0x6173747261535441
-# A state change idle in its transaction this long (its process paused, SIGSTOP, or hung) is ended by PostgreSQL,
-# which releases the lock for the other replicas; the changes themselves never wait that long between statements.
-STATE_IDLE_TIMEOUT_MS = 10_000
-
-
-# The state lock as columns of a SELECT (lock_state's statement), which a session's first read may also carry (the
-# read and the lock in one round trip: the group-commit writer's caller); their values bound by STATE_LOCK_PARAMS
-STATE_LOCK_COLUMNS = (func.set_config("idle_in_transaction_session_timeout", bindparam("state_lock_t"), true()),
-                      func.pg_advisory_xact_lock(bindparam("state_lock_k")))
-STATE_LOCK_PARAMS = {"state_lock_t": str(int(STATE_IDLE_TIMEOUT_MS)), "state_lock_k": STATE_LOCK_KEY}
-_LOCK_STATE = select(*STATE_LOCK_COLUMNS)
-
-
-def lock_state(session: Session, keep=()) -> None:
-    """Make the session's transaction a state change that no other replica's runs beside: on PostgreSQL, take
-    the transaction-level advisory lock (held until commit or rollback; one statement with the idle timeout), then
-    forget what the session had loaded before it, so that everything the change reads is as committed by the
-    writers before it; `keep`: rows not forgotten (read moments before, and only their ids and names are used: the
-    caller's organisation and workspace). A holder that goes idle in the transaction for STATE_IDLE_TIMEOUT_MS is
-    cut off by PostgreSQL (nothing of it is written). SQLite: one process, whose STATE_LOCK the caller holds;
-    nothing to do."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(_LOCK_STATE, STATE_LOCK_PARAMS)
-        if keep:
-            kept = {id(o) for o in keep}
-            for o in list(session.identity_map.values()):
-                if id(o) not in kept:
-                    session.expire(o)
-        else:
-            session.expire_all()
 
 
 def _stamp(old: int) -> int:
@@ -469,7 +322,7 @@ _SUBMITS_LOCK = threading.Lock()
 
 @dataclass
 class ControlPlane:
-    settings: Settings
+    settings: ServerSettings
     engine: object
     sessions: sessionmaker
     notifier: Notifier
@@ -491,7 +344,7 @@ class ControlPlane:
         return self._submits
 
     @classmethod
-    def open(cls, settings: Settings, exclusive: bool = False, share: int = 1) -> ControlPlane:
+    def open(cls, settings: ServerSettings, exclusive: bool = False, share: int = 1) -> ControlPlane:
         """Open the database and migrate it. `exclusive` (a serving process, `astraeus server`): on SQLite, hold
         the database's lock file (db.AlreadyServing when another process serves it). db.SchemaTooNew when the
         database was migrated by a newer astraeus."""
@@ -520,7 +373,7 @@ class ControlPlane:
         cp = cls(settings=settings, engine=engine, sessions=db.session_factory(engine), notifier=notifier,
                  sqlite_lock=held, writes=writes)
         replica = settings.replica_id or default_replica_id(settings.host, settings.port)
-        cp.leader = Leader(cp.sessions, replica, settings.lease_seconds,
+        cp.leader = Leader(cp.sessions, replica, settings.leader_lease_seconds,
                            on_lead=lambda: notifier.wake_scheduler(remote=True), take_over=held is not None,
                            on_error=writes.failed)
         return cp

@@ -17,11 +17,11 @@ expired: its apply is rolled back and nothing of its stale plan is written. A fe
 `idle_in_transaction_session_timeout` to the lease, so a leader paused *inside* its apply (holding the state
 lock) is cut off by PostgreSQL rather than holding every replica's writes.
 
-How state changes serialise across replicas (issue 16, and `core.lock_state`): every state-changing
+How state changes serialise across replicas (issue 16, and `state_lock.lock_state`): every state-changing
 transaction (services.tx for the API, the agent protocol and the console; the loop's fenced transactions; the
-bootstrap) takes one transaction-level advisory lock, `pg_advisory_xact_lock(core.STATE_LOCK_KEY)`, before it
+bootstrap) takes one transaction-level advisory lock, `pg_advisory_xact_lock(state_lock.STATE_LOCK_KEY)`, before it
 reads what it changes. We chose this over row locks on each touched row because the control plane's rules
-were written for, and tested under, exactly one writer at a time (core.STATE_LOCK in one process): the apply
+were written for, and tested under, exactly one writer at a time (state_lock.STATE_LOCK in one process): the apply
 relies on "only the loop places workers and nothing changed room meanwhile", a delete relies on no placement
 racing it, quotas are checked against every run of a workspace. One lock keeps each of those true across
 replicas without auditing every path for the rows it reads, and it cannot deadlock: it is the first lock any
@@ -45,8 +45,8 @@ from prometheus_client import Counter, Gauge
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from astraeus.server.core import lock_state
 from astraeus.server.db import Lease
+from astraeus.server.state_lock import lock_state
 
 log = logging.getLogger("astraeus.leader")
 

@@ -5,9 +5,11 @@ nowhere else (tests/lifecycle/test_transitions.py greps the code for writes else
 services, the scheduling loop, agent reports) decide *that* something happened; this module decides what
 it means for the states, and writes the run's History and the workspace's Events.
 
-The transitions are a table, `RULES`: each rule has a name, the states it may start from and the state it
-leads to. A function moves a row only through `_move(row, rule)`, which refuses a move the table does not
-allow by raising `IllegalTransition` (a bug in the caller, never a user's doing). Events that can arrive
+The transitions are a table, `RULES`: each rule has a name (a `Transition`), the states it may start from, the
+state it leads to, the row's reason after it and what it writes down (its `Record`: History line, Event). A
+function moves a row only through `_move(row, transition)`, which refuses a move the table does not allow by
+raising `IllegalTransition` (a bug in the caller, never a user's doing). What a worker's end means follows the
+stop asked of it (`ON_END`, by `StopKind`). Callers never word History or Events themselves. Events that can arrive
 late or twice (an agent's report of a worker that has already ended, a stop asked of a worker that is
 already stopping) are checked against the table first with `allows` and ignored when it says no.
 
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -70,6 +71,21 @@ class StopKind(StrEnum):
     RESERVATION = "reservation"  # its machine's reservation opened for other workspaces: queued again, no restart
 
 
+# The words of the stops the control plane asks on its own (a preemption's and a reservation's are the scheduler's).
+STOP_ASKED = {
+    StopKind.DELETE: "Stopping: the run was deleted",
+    StopKind.TIMELIMIT: "Stopping: time limit of {limit} reached",
+    StopKind.GANG: "Stopping: a worker of the gang failed",
+}
+
+
+class Desired(StrEnum):
+    """What the control plane wants of a placed worker: its machine's assignment says so."""
+
+    RUNNING = "Running"
+    STOPPED = "Stopped"
+
+
 W, R = WorkerState, RunState
 # Plain strings (the stored values), for membership tests and SQL `IN (...)`.
 ACTIVE: tuple[str, ...] = (W.STARTING.value, W.RUNNING.value, W.STOPPING.value)  # states that hold room
@@ -86,15 +102,17 @@ BACKOFF_ENV = "ASTRAEUS_RESTART_BACKOFF_BASE"
 
 
 def backoff_base() -> float:
-    """The first restart's delay in seconds: ASTRAEUS_RESTART_BACKOFF_BASE, default 10 (tests make it short)."""
-    raw = os.environ.get(BACKOFF_ENV, "10")
+    """The first restart's delay in seconds: ASTRAEUS_RESTART_BACKOFF_BASE, default 10 (tests make it short), as
+    the server's settings read it once (astraeus.settings.server_settings)."""
+    from astraeus.settings import SettingsError, server_settings
+
     try:
-        base = float(raw)
-    except ValueError:
-        raise ValueError(f"{BACKOFF_ENV}={raw!r}: give a number of seconds, e.g. 10") from None
-    if not 0 <= base <= RESTART_BACKOFF_CAP:
-        raise ValueError(f"{BACKOFF_ENV}={raw!r}: give seconds between 0 and {RESTART_BACKOFF_CAP:g}")
-    return base
+        return server_settings().restart_backoff_base
+    except SettingsError as e:
+        if BACKOFF_ENV not in e.values:
+            raise
+        raise ValueError(f"{BACKOFF_ENV}={e.values[BACKOFF_ENV]!r}: give seconds between 0 and "
+                         f"{RESTART_BACKOFF_CAP:g}, e.g. 10") from None
 
 
 def backoff_delay(streak: int, base: float) -> float:
@@ -106,70 +124,161 @@ class IllegalTransition(RuntimeError):
     """A move the transition table does not allow: a bug in the caller."""
 
 
+class Transition(StrEnum):
+    """The transitions of `RULES`, by name (the names the table and its tests use; no row stores them)."""
+
+    # workers
+    CREATE_WORKER = "create_worker"
+    PLACE = "place"
+    START = "start"
+    STOP = "stop"
+    CANCEL_WAITING = "cancel_waiting"
+    DEPENDENCY_NEVER_MET = "dependency_never_met"
+    SUCCEED = "succeed"
+    PREEMPTED = "preempted"
+    DELETED = "deleted"
+    TIME_LIMIT = "time_limit"
+    TIME_LIMIT_GANG = "time_limit_gang"
+    GANG_STOPPED = "gang_stopped"
+    RESTART = "restart"
+    RESTART_GANG = "restart_gang"
+    FAIL = "fail"
+    REQUEUE = "requeue"
+    # runs
+    CREATE_RUN = "create_run"
+    RUN_WAITS = "run_waits"
+    RUN_STARTS = "run_starts"
+    RUN_RUNS = "run_runs"
+    RUN_STOPS = "run_stops"
+    RUN_COMPLETES = "run_completes"
+    RUN_FAILS = "run_fails"
+    RUN_CANCELLED = "run_cancelled"
+    # machines
+    MACHINE_JOINS = "machine_joins"
+    MACHINE_HEARTBEATS = "machine_heartbeats"
+    MACHINE_RETURNS = "machine_returns"
+    MACHINE_LOST = "machine_lost"
+
+
+T = Transition
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the product writes down when something happens to a run or a machine: a line of the run's History
+    and/or an Event of its workspace. Each text is a template filled with the fields of the moment
+    (`str.format`); None: nothing of that kind is written."""
+
+    history: str | None = None  # the History line
+    event: str | None = None  # the Event's kind
+    message: str | None = None  # the Event's message; None: the History line
+    state: str | None = None  # the History line's state; None: the run's state as it is
+
+    def line(self, **fields) -> str | None:
+        return None if self.history is None else self.history.format(**fields)
+
+    def said(self, **fields) -> str:
+        return (self.message or self.history or "").format(**fields)
+
+
+# The records written outside any one transition (a transition's own is its rule's `says`).
+SUBMITTED = Record("Submitted", "RunSubmitted", "{name} submitted at priority {priority}", state=R.PENDING.value)
+DELETED_BY_REQUEST = Record("Deleted by request", state=R.STOPPING.value)
+QUOTA_REACHED = Record("{message}", "QuotaReached")
+PREEMPTED = Record(event="Preempted", message="{reason}")  # a run's workers stopped for other work (or a reservation)
+QUEUED_AGAIN = Record("{said}; queued again", state=R.PENDING.value)  # once a preempted run's workers all ended
+RUN_CHANGED = Record("{reason}")  # refresh_run: a change of the run's state, or a new reason while it stops
+MACHINE_HEARTBEATS_AGAIN = Record(event="MachineReturned", message="machine {machine} heartbeats again")
+
+
 @dataclass(frozen=True)
 class Rule:
-    name: str
+    name: Transition
     kind: str  # "worker" | "run" | "machine"
     before: frozenset
     after: str
     doc: str
+    reason: str | None = None  # the row's reason after the move, a template (None: the caller's words)
+    says: Record | None = None  # what the move writes down, beyond the row's state
+
+    def reason_for(self, **fields) -> str | None:
+        return None if self.reason is None else self.reason.format(**fields)
 
 
-def _rule(name: str, kind: str, before, after: str, doc: str) -> Rule:
-    return Rule(name, kind, frozenset(before), after, doc)
+def _rule(name: Transition, kind: str, before, after: str, doc: str, reason: str | None = None,
+          says: Record | None = None) -> Rule:
+    return Rule(name, kind, frozenset(before), after, doc, reason, says)
 
 
 _ACTIVE = (W.STARTING, W.RUNNING, W.STOPPING)
-RULES: dict[str, Rule] = {r.name: r for r in (
+RESTARTING = Record("Failed ({how}); restart {restarts} of {budget} in {secs}s", "WorkerRestarted",
+                    state=R.PENDING.value)
+RULES: dict[Transition, Rule] = {r.name: r for r in (
     # ------------------------------------------------------------------------------------------- workers
-    _rule("create_worker", "worker", {NEW}, W.PENDING, "submitted: waits to be placed"),
-    _rule("place", "worker", {W.PENDING}, W.STARTING, "the scheduler placed it on a machine"),
-    _rule("start", "worker", {W.STARTING}, W.RUNNING, "its machine reports the process running"),
-    _rule("stop", "worker", {W.STARTING, W.RUNNING}, W.STOPPING,
+    _rule(T.CREATE_WORKER, "worker", {NEW}, W.PENDING, "submitted: waits to be placed", "Waiting to be placed"),
+    _rule(T.PLACE, "worker", {W.PENDING}, W.STARTING, "the scheduler placed it on a machine", "Starting on {machine}"),
+    _rule(T.START, "worker", {W.STARTING}, W.RUNNING, "its machine reports the process running", "Running"),
+    _rule(T.STOP, "worker", {W.STARTING, W.RUNNING}, W.STOPPING,
           "preempted, past its time limit, deleted, or its gang stops: SIGTERM, the stop grace, SIGKILL"),
-    _rule("cancel_waiting", "worker", {W.PENDING}, W.CANCELLED, "its run was deleted before it was placed"),
-    _rule("dependency_never_met", "worker", {W.PENDING}, W.FAILED,
+    _rule(T.CANCEL_WAITING, "worker", {W.PENDING}, W.CANCELLED, "its run was deleted before it was placed",
+          "Deleted"),
+    _rule(T.DEPENDENCY_NEVER_MET, "worker", {W.PENDING}, W.FAILED,
           "its run's dependency can no longer be met (afterok on a run that failed, …): it fails unplaced"),
-    _rule("succeed", "worker", {W.STARTING, W.RUNNING}, W.SUCCEEDED, "it exited with code 0, unasked"),
-    _rule("preempted", "worker", _ACTIVE, W.CANCELLED,
+    _rule(T.SUCCEED, "worker", {W.STARTING, W.RUNNING}, W.SUCCEEDED, "it exited with code 0, unasked",
+          "Exited with code 0"),
+    _rule(T.PREEMPTED, "worker", _ACTIVE, W.CANCELLED,
           "it ended after a preemption: queued again once no worker of its gang still stops"),
-    _rule("deleted", "worker", _ACTIVE, W.CANCELLED, "it ended after its run was deleted"),
-    _rule("time_limit", "worker", _ACTIVE, W.FAILED, "it ended at its time limit: failed, not restarted"),
-    _rule("time_limit_gang", "worker", _ACTIVE, W.CANCELLED, "it ended with its gang at a mate's time limit"),
-    _rule("gang_stopped", "worker", _ACTIVE, W.CANCELLED, "it ended because a mate of its gang failed"),
-    _rule("restart", "worker", _ACTIVE, W.PENDING,
-          "it failed (or was lost) with restarts left: waits out its backoff, then is placed again"),
-    _rule("restart_gang", "worker", _ACTIVE, W.CANCELLED,
-          "it failed with restarts left in a gang: the gang is queued again once all its workers ended"),
-    _rule("fail", "worker", _ACTIVE, W.FAILED, "it failed with no restart left, or its policy is Never"),
-    _rule("requeue", "worker", {W.PENDING, W.CANCELLED, W.SUCCEEDED}, W.PENDING,
+    _rule(T.DELETED, "worker", _ACTIVE, W.CANCELLED, "it ended after its run was deleted", "Deleted"),
+    _rule(T.TIME_LIMIT, "worker", _ACTIVE, W.FAILED, "it ended at its time limit: failed, not restarted",
+          "Stopped at its time limit ({limit}); not restarted"),
+    _rule(T.TIME_LIMIT_GANG, "worker", _ACTIVE, W.CANCELLED, "it ended with its gang at a mate's time limit",
+          "Stopped with its gang at the time limit"),
+    _rule(T.GANG_STOPPED, "worker", _ACTIVE, W.CANCELLED, "it ended because a mate of its gang failed"),
+    _rule(T.RESTART, "worker", _ACTIVE, W.PENDING,
+          "it failed (or was lost) with restarts left: waits out its backoff, then is placed again",
+          "Restarting in {secs}s ({how}; restart {restarts} of {budget})", RESTARTING),
+    _rule(T.RESTART_GANG, "worker", _ACTIVE, W.CANCELLED,
+          "it failed with restarts left in a gang: the gang is queued again once all its workers ended",
+          "Restarting in {secs}s ({how}; restart {restarts} of {budget})", RESTARTING),
+    _rule(T.FAIL, "worker", _ACTIVE, W.FAILED, "it failed with no restart left, or its policy is Never",
+          "Failed ({how}){spent}"),
+    _rule(T.REQUEUE, "worker", {W.PENDING, W.CANCELLED, W.SUCCEEDED}, W.PENDING,
           "queued again: after a preemption, or with its gang's restart"),
     # ---------------------------------------------------------------------------------------------- runs
-    _rule("create_run", "run", {NEW}, R.PENDING, "submitted"),
-    _rule("run_waits", "run", RUN_LIVE, R.PENDING, "no worker holds room: queued, backing off or preempted"),
-    _rule("run_starts", "run", RUN_LIVE, R.STARTING, "workers placed, none running yet"),
-    _rule("run_runs", "run", RUN_LIVE, R.RUNNING, "a worker runs"),
-    _rule("run_stops", "run", RUN_LIVE, R.STOPPING, "workers stop: deleted, preempted, time limit, gang failure"),
-    _rule("run_completes", "run", RUN_LIVE, R.COMPLETED, "every worker succeeded"),
-    _rule("run_fails", "run", RUN_LIVE, R.FAILED, "a worker failed for good"),
-    _rule("run_cancelled", "run", (*RUN_LIVE, *RUN_ENDED), R.CANCELLED, "deleted, and no worker runs any more"),
+    _rule(T.CREATE_RUN, "run", {NEW}, R.PENDING, "submitted", "Waiting for the scheduler"),
+    _rule(T.RUN_WAITS, "run", RUN_LIVE, R.PENDING, "no worker holds room: queued, backing off or preempted",
+          says=RUN_CHANGED),
+    _rule(T.RUN_STARTS, "run", RUN_LIVE, R.STARTING, "workers placed, none running yet", says=RUN_CHANGED),
+    _rule(T.RUN_RUNS, "run", RUN_LIVE, R.RUNNING, "a worker runs", says=RUN_CHANGED),
+    _rule(T.RUN_STOPS, "run", RUN_LIVE, R.STOPPING, "workers stop: deleted, preempted, time limit, gang failure",
+          says=RUN_CHANGED),
+    _rule(T.RUN_COMPLETES, "run", RUN_LIVE, R.COMPLETED, "every worker succeeded",
+          says=Record("{reason}", "RunCompleted")),
+    _rule(T.RUN_FAILS, "run", RUN_LIVE, R.FAILED, "a worker failed for good", says=Record("{reason}", "RunFailed")),
+    _rule(T.RUN_CANCELLED, "run", (*RUN_LIVE, *RUN_ENDED), R.CANCELLED, "deleted, and no worker runs any more",
+          says=RUN_CHANGED),
     # ------------------------------------------------------------------------------------------ machines
-    _rule("machine_joins", "machine", {NEW}, MachineState.READY, "an agent registered a new machine"),
-    _rule("machine_heartbeats", "machine", {MachineState.READY}, MachineState.READY, "its agent reports"),
-    _rule("machine_returns", "machine", {MachineState.LOST}, MachineState.READY,
-          "a lost machine's agent registers or reports again"),
-    _rule("machine_lost", "machine", {MachineState.READY}, MachineState.LOST,
-          "no heartbeat for the cluster's lost_after_seconds: its workers are handled by their restart policy"),
+    _rule(T.MACHINE_JOINS, "machine", {NEW}, MachineState.READY, "an agent registered a new machine",
+          says=Record(event="MachineJoined", message="machine {machine} joined cluster {cluster}")),
+    _rule(T.MACHINE_HEARTBEATS, "machine", {MachineState.READY}, MachineState.READY, "its agent reports"),
+    _rule(T.MACHINE_RETURNS, "machine", {MachineState.LOST}, MachineState.READY,
+          "a lost machine's agent registers or reports again",
+          says=Record(event="MachineReturned", message="machine {machine} is back in cluster {cluster}")),
+    _rule(T.MACHINE_LOST, "machine", {MachineState.READY}, MachineState.LOST,
+          "no heartbeat for the cluster's lost_after_seconds: its workers are handled by their restart policy",
+          says=Record(event="MachineLost", message="machine {machine} lost: no heartbeat for {silent} s; "
+                                                   "its workers are handled by their restart policy")),
 )}
 # refresh_run derives a run's next state; this is the rule that leads there.
-RUN_RULE_FOR = {r.after: r for r in RULES.values() if r.kind == "run" and r.name != "create_run"}
+RUN_RULE_FOR = {r.after: r for r in RULES.values() if r.kind == "run" and r.name != T.CREATE_RUN}
 
 
-def allows(name: str, state: str | None) -> bool:
+def allows(name: Transition | str, state: str | None) -> bool:
     return state in RULES[name].before
 
 
-def _move(row: Worker | Run | Machine, name: str, reason: str | None = None) -> None:
+def _move(row: Worker | Run | Machine, name: Transition | str, reason: str | None = None, **fields) -> None:
+    """Move `row` by the rule `name`; its reason becomes `reason`, else the rule's own (filled with `fields`)."""
     rule = RULES[name]
     kind = {Worker: "worker", Run: "run", Machine: "machine"}[type(row)]
     if kind != rule.kind:
@@ -178,6 +287,8 @@ def _move(row: Worker | Run | Machine, name: str, reason: str | None = None) -> 
         allowed = ", ".join(sorted(str(s) for s in rule.before))
         raise IllegalTransition(f"{name}: {kind} {row.name} is {row.state}; the rule starts from {allowed}")
     row.state = rule.after.value
+    if reason is None:
+        reason = rule.reason_for(**fields)
     if reason is not None:
         row.reason = reason
 
@@ -191,11 +302,36 @@ def history(session: Session, run: Run, state: str, reason: str, at: float) -> N
 
 def submitted_message(name: str, priority: int) -> str:
     """The RunSubmitted event's words (services.submit_run, and the group-commit writer's batches)."""
-    return f"{name} submitted at priority {priority}"
+    return SUBMITTED.said(name=name, priority=priority)
+
+
+def submitted_rows(run: Run, at: float) -> tuple[dict, dict]:
+    """A newly queued run's first History line and its RunSubmitted event, as the rows to insert (server/submits.py
+    writes them with the run; the History line's run is named by the writer, once the run's id is known)."""
+    return ({"time": at, "state": SUBMITTED.state, "reason": SUBMITTED.line()},
+            {"workspace_id": run.workspace_id, "time": at, "kind": SUBMITTED.event, "object": run.name,
+             "message": submitted_message(run.name, run.priority)})
+
+
+def submitted(session: Session, run: Run, at: float) -> None:
+    """A run just submitted: its first History line and its workspace's RunSubmitted event."""
+    record(session, SUBMITTED, at, run=run, name=run.name, priority=run.priority)
 
 
 def event(session: Session, workspace_id: int | None, kind: str, obj: str, message: str, at: float) -> None:
     session.add(Event(workspace_id=workspace_id, time=at, kind=kind, object=obj, message=message))
+
+
+def record(session: Session, rec: Record, at: float, *, run: Run | None = None, workspace_id: int | None = None,
+           obj: str | None = None, **fields) -> None:
+    """Write down `rec` filled with `fields`: the History line of `run` (in the record's state, else the run's as it
+    is) and the Event of the run's workspace (or of `workspace_id`, about `obj`, the run's name unless given)."""
+    line = rec.line(**fields)
+    if line is not None and run is not None:
+        history(session, run, rec.state or run.state, line, at)
+    if rec.event is not None:
+        wsid = run.workspace_id if run is not None else workspace_id
+        event(session, wsid, rec.event, obj if obj is not None else run.name, rec.said(**fields), at)
 
 
 def _spec(run: Run) -> dict:
@@ -238,13 +374,13 @@ def restart_due(workers: list[Worker]) -> float | None:
 def new_run(**fields) -> Run:
     """A new run row, Pending (add it to the session; its workers come from new_worker)."""
     run = Run(state=None, **fields)
-    _move(run, "create_run", "Waiting for the scheduler")
+    _move(run, T.CREATE_RUN)
     return run
 
 
 def new_worker(**fields) -> Worker:
     w = Worker(state=None, **fields)
-    _move(w, "create_worker", "Waiting to be placed")
+    _move(w, T.CREATE_WORKER)
     w.restarts = w.preemptions = w.crash_streak = 0
     return w
 
@@ -274,7 +410,7 @@ def _derive(run: Run, at: float) -> tuple[str, str]:
     if any(w.state in (W.STARTING, W.RUNNING) for w in ws):
         if running:
             return R.RUNNING, f"{running} of {n} workers running"
-        said = next((w.reason for w in ws if w.state == W.STARTING and w.reason and w.reason != "Running"
+        said = next((w.reason for w in ws if w.state == W.STARTING and w.reason and w.reason != RULES[T.START].reason
                      and not w.reason.startswith("Starting on ")), None)
         if said:  # what a machine says it is doing ("Pulling image …")
             return R.STARTING, f"Starting {len(active)} of {n} workers: {said}"
@@ -285,7 +421,7 @@ def _derive(run: Run, at: float) -> tuple[str, str]:
     if due is not None and due > at:
         backing_off = next(w for w in ws if w.state == W.PENDING and w.restart_at == due)
         return R.PENDING, shown_reason(backing_off.reason, due, at)  # the time left now, in History too
-    return R.PENDING, run.queue_reason or "Waiting for the scheduler"
+    return R.PENDING, run.queue_reason or RULES[T.CREATE_RUN].reason
 
 
 def refresh_run(session: Session, run: Run, at: float) -> None:
@@ -299,14 +435,14 @@ def refresh_run(session: Session, run: Run, at: float) -> None:
         # History keeps what happened to the run: every change of state, and each new reason while it stops
         # or waits after a preemption. The queue's own reasons ("Queued behind …") change with every cycle
         # and stay out of it: status.reason and the per-machine lines show them.
-        if state != run.state or state == R.STOPPING or (state == R.PENDING and run.preempted_by):
-            history(session, run, state, reason, at)
-        if state != run.state and state in (R.COMPLETED, R.FAILED):
-            event(session, run.workspace_id, f"Run{state}", run.name, reason, at)
         if state == run.state:
             run.reason = reason
+            if state == R.STOPPING or (state == R.PENDING and run.preempted_by):
+                record(session, RUN_CHANGED, at, run=run, reason=reason)
         else:
-            _move(run, RUN_RULE_FOR[state].name, reason)
+            rule = RUN_RULE_FOR[state]
+            _move(run, rule.name, reason)
+            record(session, rule.says, at, run=run, reason=reason)
     if run.deleting and state == R.CANCELLED:
         run.live_key = run.uid  # frees the name for a new run
 
@@ -332,10 +468,10 @@ def _write_shared(session: Session, update_rows, id_col, key: str, values: dict[
     add): with `id_col` IN the rows, once for each value that four rows or more share (SHARED_IDS rows at a time);
     by primary key, the other rows in one batch (executemany).
     Waiting runs share their queue reason ("Queued behind <the head>, which …", changed for all of them when the
-    head does) and workers of one shape their why-not lines (10,000 of each: 480-520 -> 270-310 ms on SQLite;
-    1.1-1.6 -> 1.1-1.3 s on PostgreSQL, where each row's new version is the cost: `bench_snapshot.py
-    --queue-reasons`). On PostgreSQL, revision 0012's fillfactor 70 keeps room on the page for the new versions
-    (HOT updates, no index entries): 641-661 -> 381-395 ms a write, on tables new to both."""
+    head does) and workers of one shape their why-not lines, so one statement per shared value writes most rows
+    (on PostgreSQL each row's new version stays the cost; `bench_snapshot.py --queue-reasons` measures it). On
+    PostgreSQL, revision 0012's fillfactor 70 keeps room on the page for the new versions (HOT updates, no index
+    entries)."""
     by_value: dict[str, tuple[object, list[int]]] = {}
     for rid, v in sorted(values.items()):
         by_value.setdefault(json.dumps(v, sort_keys=True), (v, []))[1].append(rid)
@@ -380,8 +516,7 @@ def note_quota(session: Session, run: Run, message: str, at: float) -> None:
     if run.quota_noted:
         return
     run.quota_noted = True
-    history(session, run, run.state, message, at)
-    event(session, run.workspace_id, "QuotaReached", run.name, message, at)
+    record(session, QUOTA_REACHED, at, run=run, message=message)
 
 
 # --------------------------------------------------------------------------------------- worker moves
@@ -389,13 +524,13 @@ def note_quota(session: Session, run: Run, message: str, at: float) -> None:
 
 def place(session: Session, run: Run, worker: Worker, machine_id: int, gpu_indices: list[int], cpu: float,
           mem: int, at: float, machine_name: str) -> None:
-    _move(worker, "place", f"Starting on {machine_name}")
+    _move(worker, T.PLACE, machine=machine_name)
     worker.machine_id = machine_id
     worker.gpu_indices = list(gpu_indices)
     worker.cpu_cores = cpu
     worker.memory_bytes = mem
     worker.attempt += 1
-    worker.desired = "Running"
+    worker.desired = Desired.RUNNING.value
     worker.stop_kind = worker.stop_reason = worker.preempted_for = None
     worker.exit_code = None
     worker.pid = None
@@ -413,8 +548,8 @@ def place(session: Session, run: Run, worker: Worker, machine_id: int, gpu_indic
 
 def running(session: Session, run: Run, worker: Worker, pid: int | None, environment: str | None, at: float) -> None:
     """The machine reports the worker's process running (or, for one already running, its pid again)."""
-    if allows("start", worker.state):
-        _move(worker, "start", "Running")
+    if allows(T.START, worker.state):
+        _move(worker, T.START)
         worker.started_at = at
         limit = _spec(run).get("time_limit_seconds")
         worker.deadline = at + limit if limit else None  # the limit counts from the start
@@ -454,30 +589,33 @@ def request_stop(session: Session, run: Run, worker: Worker, kind: StopKind | st
     kind = StopKind(kind)
     if worker.state == W.PENDING:
         if kind == StopKind.DELETE:
-            _move(worker, "cancel_waiting", "Deleted")
+            _move(worker, T.CANCEL_WAITING)
             worker.restart_at = None
         return
-    if not allows("stop", worker.state) or worker.desired == "Stopped":
+    if not _stoppable(worker):
         return
-    _move(worker, "stop", reason)
-    worker.desired = "Stopped"
+    _move(worker, T.STOP, reason)
+    worker.desired = Desired.STOPPED.value
     worker.stop_kind = kind.value
     worker.stop_reason = reason
     worker.preempted_for = preempted_for
     worker.stop_requested_at = at
 
 
+def _stoppable(worker: Worker) -> bool:
+    """Placed, and not yet asked to stop."""
+    return allows(T.STOP, worker.state) and worker.desired != Desired.STOPPED
+
+
+def stop_at_time_limit(session: Session, run: Run, worker: Worker, at: float) -> None:
+    """The worker is past its time limit: stop it; it fails, not restarted (and its gang stops with it)."""
+    limit = fmt_duration(_spec(run).get("time_limit_seconds") or 0)
+    request_stop(session, run, worker, StopKind.TIMELIMIT, STOP_ASKED[StopKind.TIMELIMIT].format(limit=limit), at)
+
+
 def preempt(session: Session, run: Run, workers: list[Worker], head: str, reason: str, at: float) -> None:
     """Stop these workers of `run` to make room for `head`: one preemption for the run, one for each worker."""
-    stopped = False
-    for w in workers:
-        if allows("stop", w.state) and w.desired != "Stopped":
-            request_stop(session, run, w, StopKind.PREEMPT, reason, at, preempted_for=head)
-            w.preemptions += 1
-            stopped = True
-    if stopped:
-        run.preemptions += 1
-        event(session, run.workspace_id, "Preempted", run.name, reason, at)
+    _stop_for_other_work(session, run, workers, StopKind.PREEMPT, head, reason, at)
 
 
 def stop_for_reservation(session: Session, run: Run, workers: list[Worker], reservation: str, reason: str,
@@ -485,15 +623,20 @@ def stop_for_reservation(session: Session, run: Run, workers: list[Worker], rese
     """Stop these workers of `run`: a reservation for other workspaces opened on their machines. Like a
     preemption (counted as one, no restart spent; queued again once they ended), but the run is not said to wait
     for higher-priority work: its reason and history say `reason` ("Stopped for reservation <name>")."""
+    _stop_for_other_work(session, run, workers, StopKind.RESERVATION, reservation[:63], reason, at)
+
+
+def _stop_for_other_work(session: Session, run: Run, workers: list[Worker], kind: StopKind, preempted_for: str,
+                         reason: str, at: float) -> None:
     stopped = False
     for w in workers:
-        if allows("stop", w.state) and w.desired != "Stopped":
-            request_stop(session, run, w, StopKind.RESERVATION, reason, at, preempted_for=reservation[:63])
+        if _stoppable(w):
+            request_stop(session, run, w, kind, reason, at, preempted_for=preempted_for)
             w.preemptions += 1
             stopped = True
     if stopped:
         run.preemptions += 1
-        event(session, run.workspace_id, "Preempted", run.name, reason, at)
+        record(session, PREEMPTED, at, run=run, reason=reason)
 
 
 def _release(worker: Worker) -> None:
@@ -505,7 +648,7 @@ def _release(worker: Worker) -> None:
 
 
 def _requeue(worker: Worker, reason: str) -> None:
-    _move(worker, "requeue", reason)
+    _move(worker, T.REQUEUE, reason)
     _release(worker)
 
 
@@ -513,16 +656,29 @@ def _gang(run: Run) -> bool:
     return run.spec.get("start", "Gang") != "Independent" and len(run.workers) > 1
 
 
+@dataclass(frozen=True)
+class End:
+    """A worker's process is gone: what the report says (the facts `ended` was given, `how` in words)."""
+
+    session: Session
+    run: Run
+    worker: Worker
+    exit_code: int | None
+    how: str  # "exit code 1", "signal 9", "lost with machine gpu-01", "Out of memory (limit 256 MiB)", …
+    evicted: bool
+    gang: bool
+    at: float
+
+
 def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, signal: int | None,
           message: str | None, at: float, oom_limit_bytes: int | None = None, evicted: str | None = None) -> None:
     """The worker's process is gone (agent report), it failed to start, or its machine is lost (message given,
-    no code). What that means follows the stop asked of it, if any, else its exit and its restart policy. A
-    report for a worker not holding room (already ended, or a stale attempt) is ignored. `oom_limit_bytes`: the
+    no code). What that means follows the stop asked of it, if any (ON_END), else its exit and its restart policy.
+    A report for a worker not holding room (already ended, or a stale attempt) is ignored. `oom_limit_bytes`: the
     kernel killed it at that memory limit (the failure then reads `Out of memory (limit 256 MiB)`)."""
     if worker.state not in ACTIVE:
         return
     kind = StopKind(worker.stop_kind) if worker.stop_kind else None
-    tt = _spec(run)
     worker.exit_code = exit_code if exit_code is not None else (128 + signal if signal else None)
     worker.finished_at = at
     worker.desired = None
@@ -532,50 +688,81 @@ def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, sig
         how = f"Out of memory (limit {human_bytes(oom_limit_bytes)})"
     if evicted:  # its agent stopped it over its ephemeral storage limit (agent/disk.py)
         how = evicted
-    gang = _gang(run)
-    if kind == StopKind.PREEMPT:
-        # Another workspace's run is never named: the stop reason already says so when it is one.
-        hidden = "a job in another namespace"
-        by = hidden if hidden in (worker.stop_reason or "") else (worker.preempted_for or "higher-priority work")
-        _move(worker, "preempted", f"Preempted by {by}")
-        # A gang is queued again only once none of its workers is still stopping.
-        mates = [w for w in run.workers if w.stop_kind == StopKind.PREEMPT] if gang else [worker]
-        if all(w.state not in ACTIVE for w in mates):
-            for w in mates:
-                _requeue(w, f"Preempted by {by}; queued again")
-                w.restart_at = None  # a preemption never waits on backoff
-            run.preempted_by = by
-            history(session, run, R.PENDING, f"Preempted by {by}; queued again", at)
-    elif kind == StopKind.RESERVATION:
-        said = worker.stop_reason or "Stopped for a reservation"
-        _move(worker, "preempted", said)
-        mates = [w for w in run.workers if w.stop_kind == StopKind.RESERVATION] if gang else [worker]
-        if all(w.state not in ACTIVE for w in mates):
-            for w in mates:
-                _requeue(w, f"{said}; queued again")
-                w.restart_at = None
-            run.preempted_by = None  # it waits as any run does, not for higher-priority work
-            history(session, run, R.PENDING, f"{said}; queued again", at)
-    elif kind == StopKind.DELETE:
-        _move(worker, "deleted", "Deleted")
-    elif kind == StopKind.TIMELIMIT:
-        limit = fmt_duration(tt.get("time_limit_seconds") or 0)
-        _move(worker, "time_limit", f"Stopped at its time limit ({limit}); not restarted")
-        if gang:
-            for w in run.workers:
-                if w is not worker:
-                    request_stop(session, run, w, StopKind.TIMELIMIT_GANG, worker.reason, at)
-    elif kind == StopKind.TIMELIMIT_GANG:
-        _move(worker, "time_limit_gang", "Stopped with its gang at the time limit")
-    elif kind == StopKind.GANG:
-        failed = any(w.state == W.FAILED for w in run.workers)  # for good: the gang is not restarted
-        _move(worker, "gang_stopped", "Stopped: a worker of its gang failed" if failed else "Stopped to restart its gang")
-        _requeue_gang(run)
-    elif exit_code == 0 and kind is None and not evicted:
-        _move(worker, "succeed", "Exited with code 0")
-    else:
-        _failed(session, run, worker, how, at, gang)
+    ON_END[kind](End(session, run, worker, exit_code, how, bool(evicted), _gang(run), at))
     refresh_run(session, run, at)
+
+
+def _end_unasked(e: End) -> None:
+    """No stop was asked: code 0 succeeds, anything else is a failure for its restart policy."""
+    if e.exit_code == 0 and not e.evicted:
+        _move(e.worker, T.SUCCEED)
+    else:
+        _failed(e.session, e.run, e.worker, e.how, e.at, e.gang)
+
+
+def _end_preempted(e: End) -> None:
+    # Another workspace's run is never named: the stop reason already says so when it is one.
+    w = e.worker
+    hidden = "a job in another namespace"
+    by = hidden if hidden in (w.stop_reason or "") else (w.preempted_for or "higher-priority work")
+    _queue_again(e, StopKind.PREEMPT, f"Preempted by {by}", by)
+
+
+def _end_for_reservation(e: End) -> None:
+    # the run waits as any run does afterwards, not for higher-priority work
+    _queue_again(e, StopKind.RESERVATION, e.worker.stop_reason or "Stopped for a reservation", None)
+
+
+def _queue_again(e: End, kind: StopKind, said: str, preempted_by: str | None) -> None:
+    """Stopped for other work: queued again (no backoff) once no worker of its gang stopped so still stops."""
+    run = e.run
+    _move(e.worker, T.PREEMPTED, said)
+    mates = [w for w in run.workers if w.stop_kind == kind] if e.gang else [e.worker]
+    if all(w.state not in ACTIVE for w in mates):
+        line = QUEUED_AGAIN.line(said=said)
+        for w in mates:
+            _requeue(w, line)
+            w.restart_at = None  # a preemption never waits on backoff
+        run.preempted_by = preempted_by
+        record(e.session, QUEUED_AGAIN, e.at, run=run, said=said)
+
+
+def _end_deleted(e: End) -> None:
+    _move(e.worker, T.DELETED)
+
+
+def _end_at_time_limit(e: End) -> None:
+    _move(e.worker, T.TIME_LIMIT, limit=fmt_duration(_spec(e.run).get("time_limit_seconds") or 0))
+    if e.gang:
+        _stop_mates(e.session, e.run, e.worker, StopKind.TIMELIMIT_GANG, e.worker.reason, e.at)
+
+
+def _end_with_gang_at_time_limit(e: End) -> None:
+    _move(e.worker, T.TIME_LIMIT_GANG)
+
+
+def _end_with_gang(e: End) -> None:
+    failed = any(w.state == W.FAILED for w in e.run.workers)  # for good: the gang is not restarted
+    _move(e.worker, T.GANG_STOPPED, "Stopped: a worker of its gang failed" if failed else "Stopped to restart its gang")
+    _requeue_gang(e.run)
+
+
+# What a worker's end means, by the stop the control plane asked of it (None: none was asked).
+ON_END = {
+    None: _end_unasked,
+    StopKind.PREEMPT: _end_preempted,
+    StopKind.RESERVATION: _end_for_reservation,
+    StopKind.DELETE: _end_deleted,
+    StopKind.TIMELIMIT: _end_at_time_limit,
+    StopKind.TIMELIMIT_GANG: _end_with_gang_at_time_limit,
+    StopKind.GANG: _end_with_gang,
+}
+
+
+def _stop_mates(session: Session, run: Run, worker: Worker, kind: StopKind, reason: str, at: float) -> None:
+    for w in run.workers:
+        if w is not worker:
+            request_stop(session, run, w, kind, reason, at)
 
 
 def _requeue_gang(run: Run) -> None:
@@ -598,28 +785,21 @@ def _failed(session: Session, run: Run, worker: Worker, how: str, at: float, gan
         worker.crash_streak += 1
         worker.restart_at = at + delay
         worker.restarts += 1
-        secs = math.ceil(delay)
-        reason = f"Restarting in {secs}s ({how}; restart {worker.restarts} of {budget})"
-        line = f"Failed ({how}); restart {worker.restarts} of {budget} in {secs}s"
-        history(session, run, R.PENDING, line, at)
-        event(session, run.workspace_id, "WorkerRestarted", worker.name, line, at)
+        said = {"how": how, "restarts": worker.restarts, "budget": budget, "secs": math.ceil(delay)}
+        rule = RULES[T.RESTART_GANG if gang else T.RESTART]
+        record(session, rule.says, at, run=run, obj=worker.name, **said)
         run.queue_reason = ""  # the scheduler's word from before the failure no longer holds
+        _move(worker, rule.name, **said)
         if gang:
-            _move(worker, "restart_gang", reason)
-            for w in run.workers:
-                if w is not worker:
-                    request_stop(session, run, w, StopKind.GANG, "Stopping: a worker of the gang failed", at)
+            _stop_mates(session, run, worker, StopKind.GANG, STOP_ASKED[StopKind.GANG], at)
             _requeue_gang(run)
         else:
-            _move(worker, "restart", reason)
             _release(worker)
     else:
         spent = "; restart budget spent" if tt.get("restart_policy") != "Never" else ""
-        _move(worker, "fail", f"Failed ({how}){spent}")
+        _move(worker, T.FAIL, how=how, spent=spent)
         if gang:
-            for w in run.workers:
-                if w is not worker:
-                    request_stop(session, run, w, StopKind.GANG, "Stopping: a worker of the gang failed", at)
+            _stop_mates(session, run, worker, StopKind.GANG, STOP_ASKED[StopKind.GANG], at)
 
 
 def start_failed(session: Session, run: Run, worker: Worker, message: str, at: float) -> None:
@@ -640,7 +820,7 @@ def dependency_never_met(session: Session, run: Run, reason: str, at: float) -> 
     its waiting workers fail with that reason, and so does the run (History, a RunFailed event)."""
     for w in run.workers:
         if w.state == W.PENDING:
-            _move(w, "dependency_never_met", reason)
+            _move(w, T.DEPENDENCY_NEVER_MET, reason)
             w.restart_at = None
             w.why_not = []
     refresh_run(session, run, at)
@@ -649,8 +829,8 @@ def dependency_never_met(session: Session, run: Run, reason: str, at: float) -> 
 def delete(session: Session, run: Run, at: float) -> None:
     run.deleting = True
     for w in run.workers:
-        request_stop(session, run, w, StopKind.DELETE, "Stopping: the run was deleted", at)
-    history(session, run, R.STOPPING, "Deleted by request", at)
+        request_stop(session, run, w, StopKind.DELETE, STOP_ASKED[StopKind.DELETE], at)
+    record(session, DELETED_BY_REQUEST, at, run=run)
     refresh_run(session, run, at)
 
 
@@ -664,15 +844,15 @@ def machine_registered(session: Session, machine: Machine | None, cluster: Clust
     if machine is None:
         machine = Machine(cluster_id=cluster.id, name=name, state=None)
         session.add(machine)
-        _move(machine, "machine_joins")
-        event(session, None, "MachineJoined", name, f"machine {name} joined cluster {cluster.name}", at)
+        _move(machine, T.MACHINE_JOINS)
+        record(session, RULES[T.MACHINE_JOINS].says, at, obj=name, machine=name, cluster=cluster.name)
         changed = True
-    elif allows("machine_returns", machine.state):
-        _move(machine, "machine_returns")
-        event(session, None, "MachineReturned", name, f"machine {name} is back in cluster {cluster.name}", at)
+    elif allows(T.MACHINE_RETURNS, machine.state):
+        _move(machine, T.MACHINE_RETURNS)
+        record(session, RULES[T.MACHINE_RETURNS].says, at, obj=name, machine=name, cluster=cluster.name)
         changed = True
     else:
-        _move(machine, "machine_heartbeats")
+        _move(machine, T.MACHINE_HEARTBEATS)
         changed = False
     machine.last_heartbeat = at
     return machine, changed
@@ -680,12 +860,12 @@ def machine_registered(session: Session, machine: Machine | None, cluster: Clust
 
 def machine_heartbeat(session: Session, machine: Machine, at: float) -> bool:
     """The machine's agent reports. Returns True when a lost machine came back."""
-    returned = allows("machine_returns", machine.state)
+    returned = allows(T.MACHINE_RETURNS, machine.state)
     if returned:
-        _move(machine, "machine_returns")
-        event(session, None, "MachineReturned", machine.name, f"machine {machine.name} heartbeats again", at)
+        _move(machine, T.MACHINE_RETURNS)
+        record(session, MACHINE_HEARTBEATS_AGAIN, at, obj=machine.name, machine=machine.name)
     else:
-        _move(machine, "machine_heartbeats")
+        _move(machine, T.MACHINE_HEARTBEATS)
     machine.last_heartbeat = at
     return returned
 
@@ -709,11 +889,10 @@ def machine_heartbeat_seen(session: Session, machine_id: int, at: float) -> bool
 def machine_lost(session: Session, machine: Machine, workers: list[Worker], at: float) -> None:
     """No heartbeat for too long: the machine is Lost, and each of its workers (those holding room on it) is
     handled as lost (see `lost`)."""
-    _move(machine, "machine_lost")
+    _move(machine, T.MACHINE_LOST)
     wsids = {w.run.workspace_id for w in workers} or {None}
     for wsid in sorted(wsids, key=lambda x: (x is None, x)):
-        event(session, wsid, "MachineLost", machine.name,
-              f"machine {machine.name} lost: no heartbeat for {int(at - machine.last_heartbeat)} s; "
-              f"its workers are handled by their restart policy", at)
+        record(session, RULES[T.MACHINE_LOST].says, at, workspace_id=wsid, obj=machine.name, machine=machine.name,
+               silent=int(at - machine.last_heartbeat))
     for w in workers:
         lost(session, w.run, w, machine.name, at)

@@ -15,8 +15,8 @@ import logging
 import threading
 import time
 import weakref
-from dataclasses import replace
-from types import SimpleNamespace
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from prometheus_client import Counter, Histogram
 from sqlalchemy import Text, bindparam, cast, func, or_, select
@@ -30,9 +30,10 @@ from astraeus.server import pools as pool_rules
 from astraeus.server import replica_groups as replica_group_duty
 from astraeus.server import reservations as reservation_duty
 from astraeus.server import schedules as schedule_ticks
-from astraeus.server.core import STATE_LOCK, ControlPlane
+from astraeus.server.core import ControlPlane
 from astraeus.server.db import Access, Cluster, Drive, Machine, Reservation, Run, Worker, Workspace
 from astraeus.server.leader import NotLeader, Term, fence
+from astraeus.server.state_lock import STATE_LOCK
 
 log = logging.getLogger("astraeus.loop")
 
@@ -42,8 +43,117 @@ STARTS = Counter("astraeus_workers_placed_total", "Workers placed on machines")
 PREEMPTIONS = Counter("astraeus_preemptions_total", "Units stopped to make room for higher-priority work")
 
 
-def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) -> tuple[sched.Snapshot, dict]:
-    """The snapshot for one cluster, plus lookups the apply step needs (runs and machines by name).
+class RunKey(str):
+    """A run as the scheduler names it in a snapshot and its plan: the run's name, or `name@ns` when live runs of
+    two workspaces share the name (the scheduler keys its plan by name). `name` is the run's own name, `run_id`
+    its row."""
+
+    name: str
+    run_id: int
+    ns: str | None  # the workspace's, only where the name is shared
+
+    def __new__(cls, run_id: int, name: str, ns: str | None = None) -> RunKey:
+        k = super().__new__(cls, name if ns is None else f"{name}@{ns}")
+        k.name, k.run_id, k.ns = name, run_id, ns
+        return k
+
+    def __reduce__(self):
+        return RunKey, (self.run_id, self.name, self.ns)
+
+
+@dataclass(frozen=True)
+class Lookups:
+    """What the apply step needs to find a snapshot's rows again (under the state lock, in its own session) and to
+    write only what changed: ids by the scheduler's keys, and the reasons and per-machine lines the snapshot saw
+    (`queue_reasons` and `why_not` are brought up to date by each apply: a kept snapshot's next apply writes only
+    what changes again). `selections` and `max_run_id`: for Kept.extend."""
+
+    runs: dict[str, int]  # RunKey -> run id
+    machines: dict[str, int]  # machine name -> id
+    selections: dict[sched.NodeSelection, sched.NodeSelection]
+    max_run_id: int
+    queue_reasons: dict[str, str]  # RunKey -> the run's queue reason
+    why_not: dict[str, list]  # "<run key>-<index>" of each waiting worker -> its per-machine lines
+    workers: dict[str, int]  # "<run key>-<index>" of each waiting worker -> its id
+    shared: tuple[RunKey, ...] = ()  # the keys that are not their run's name (`name@ns`)
+
+    def plus(self, runs: list[RunRow], keys: dict[int, RunKey]) -> Lookups:
+        """These lookups with `runs` (keyed by `keys`, run id -> key) added: the one way both reads fill them."""
+        waiting = [(keys[r.id], w) for r in runs for w in r.workers if w.state == lifecycle.WorkerState.PENDING]
+        return replace(
+            self, runs={**self.runs, **{keys[r.id]: r.id for r in runs}},
+            max_run_id=max(self.max_run_id, max((r.id for r in runs), default=0)),
+            queue_reasons={**self.queue_reasons, **{keys[r.id]: r.queue_reason for r in runs}},
+            why_not={**self.why_not, **{f"{k}-{w.index}": w.why_not for k, w in waiting}},
+            workers={**self.workers, **{f"{k}-{w.index}": w.id for k, w in waiting}},
+            shared=self.shared + tuple(k for r in runs if (k := keys[r.id]) != r.name))
+
+    def shown(self, text: str) -> str:
+        """`text` of the plan as its run's workspace sees it: `name@ns` keys back to the names (a run's name is only
+        ever shown inside its own workspace). The scheduler words its reasons with the keys it was given (and builds
+        its why-not keys from them), so a name two workspaces share can only be told apart there by its key."""
+        for k in self.shared:
+            text = text.replace(k, k.name)
+        return text
+
+    # TODO(43): server/whatif.py still reads the lookups as the dict they were; drop these once it reads the fields.
+    def __getitem__(self, field: str):
+        return getattr(self, field)
+
+    def get(self, field: str, default=None):
+        if field == "renames":
+            return {k: k.name for k in self.shared}
+        return getattr(self, field, default)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What decides which waiting workers of a run a snapshot offers the scheduler, and where they may not go:
+    the time, the cluster's machines (and their facts for drives), the workspace's drives and the dependencies
+    judged for this read."""
+
+    at: float
+    machines: tuple = ()
+    drives: dict = field(default_factory=dict)  # (workspace id, name) -> Drive
+    facts: dict = field(default_factory=dict)  # machine name -> drive_rules.MachineFacts
+    deps: dict = field(default_factory=dict)  # run id -> sched.Dependency
+
+
+def waiting_of(run: RunRow, key: RunKey, ns: str, offer: Offer, active: bool,
+               selections: dict) -> sched.WaitingRun | None:
+    """The run's waiting workers as the snapshot offers them (None: none to offer): not while a gang still holds
+    room (it is queued again only once none of its workers still stops), nor a worker backing off after a failure
+    (a gang waits for the latest restart_at of its workers). Shared by the full read and Kept.extend."""
+    if run.deleting:
+        return None
+    independent = run.spec.get("start") == "Independent"
+    pending = [w for w in run.workers if w.state == lifecycle.WorkerState.PENDING]
+    if not pending or (not independent and active):
+        return None
+    if independent:
+        pending = [w for w in pending if not (w.restart_at and w.restart_at > offer.at)]
+    elif (lifecycle.restart_due(pending) or 0) > offer.at:
+        pending = []
+    if not pending:
+        return None  # backing off after a failure: offered again when its restart_at comes
+    excluded = []
+    for ref in run.spec["task_template"].get("datavolume_refs") or []:
+        d = offer.drives.get((run.workspace_id, ref["name"]))
+        if d is None:
+            excluded += [(m.name, f"drive {ref['name']} no longer exists") for m in offer.machines]
+            continue
+        src = d.spec["sources"][0]
+        keeper = offer.facts.get(src.get("node"))
+        for m in offer.machines:
+            why = drive_rules.unreachable(ref["name"], src, d.spec.get("transport", "Auto"), offer.facts[m.name],
+                                          keeper)
+            if why:
+                excluded.append((m.name, why))
+    return waiting_run(run, key, ns, pending, excluded, offer.deps.get(run.id), selections)
+
+
+def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) -> tuple[sched.Snapshot, Lookups]:
+    """The snapshot for one cluster, plus the lookups the apply step needs (runs and machines by name).
 
     A worker that waits out its crash-loop backoff (restart_at after `at`) is not offered to the scheduler; a
     gang waits for the latest restart_at of its workers."""
@@ -55,15 +165,15 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
     wss = {w.id: w for w in session.scalars(_WORKSPACES)}
     accesses = list(session.scalars(_ACCESSES, of))
     drives = {(d.workspace_id, d.name): d for d in session.scalars(_DRIVES, of)}
+    ready = lifecycle.MachineState.READY
 
     pressure = {m.id: diskfull.disk_pressure(m.disk_path, m.disk_free_bytes, m.disk_total_bytes,
                                              diskfull.PRESSURE_BELOW) for m in machines}
     snap_machines = tuple(
         sched.Machine(name=m.name, gpus=m.gpus, cpu_cores=m.cpu_cores, memory_bytes=m.memory_bytes,
                       labels=tuple(sorted((m.labels or {}).items())), stop_grace_seconds=m.stop_grace_seconds,
-                      schedulable=m.state == lifecycle.MachineState.READY and pressure[m.id] is None,
-                      unschedulable_reason=("lost" if m.state != lifecycle.MachineState.READY
-                                            else pressure[m.id] or "lost"),
+                      schedulable=m.state == ready and pressure[m.id] is None,
+                      unschedulable_reason=("lost" if m.state != ready else pressure[m.id] or "lost"),
                       gpu_model=(m.gpu_models or [""])[0] or "")
         for m in sorted(machines, key=lambda m: m.name))
     snap_pools = tuple(sched.Pool(name=p.name, machines=tuple(pool_rules.pool_members(p, machines)))
@@ -74,63 +184,29 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                           start=r.start_at, end=r.end_at)
         for r in session.scalars(_RESERVATIONS, of)
         if r.end_at is None or r.end_at > at)
-    facts = {m.name: drive_rules.MachineFacts.of(m.name, m.state == lifecycle.MachineState.READY, m.address,
-                                                  m.shared_filesystems, m.nfs) for m in machines}
+    facts = {m.name: drive_rules.MachineFacts.of(m.name, m.state == ready, m.address, m.shared_filesystems, m.nfs)
+             for m in machines}
     # Runs are named in the plan by name; two workspaces may use one name, so those get "name@ns" keys.
     seen: dict[str, int] = {}
     for r in runs:
         seen[r.name] = seen.get(r.name, 0) + 1
-
-    def key(r: Run) -> str:
-        return r.name if seen[r.name] == 1 else f"{r.name}@{wss[r.workspace_id].ns}"
-
+    keys = {r.id: RunKey(r.id, r.name, None if seen[r.name] == 1 else wss[r.workspace_id].ns) for r in runs}
     deps = dependencies(session, [r for r in runs if r.spec.get("dependency") and not r.deleting
                                   and r.state == lifecycle.RunState.PENDING])
+    offer = Offer(at, tuple(machines), drives, facts, deps)
     running: list[sched.RunningUnit] = []
     waiting: list[sched.WaitingRun] = []
     selections: dict[sched.NodeSelection, sched.NodeSelection] = {}
     for run in runs:
         ns = wss[run.workspace_id].ns
-        tt = run.spec["task_template"]
-        limit = tt.get("time_limit_seconds")
+        key = keys[run.id]
         active = [w for w in run.workers if w.state in lifecycle.ACTIVE and w.machine_id in mby_id]
         independent = run.spec.get("start") == "Independent"
-        groups = [[w] for w in active] if independent else ([active] if active else [])
-        for g in groups:
-            placed = tuple(sched.PlacedWorker(name=w.name, index=w.index, machine=mby_id[w.machine_id].name,
-                                              gpu_indices=tuple(w.gpu_indices or ()), cpu_cores=w.cpu_cores,
-                                              memory_bytes=w.memory_bytes) for w in g)
-            stopping = any(w.state == "Stopping" for w in g)
-            running.append(sched.RunningUnit(
-                run=key(run), workspace=ns, priority=run.priority,
-                started_at=min(w.placed_at or run.created_at for w in g), time_limit_seconds=limit,
-                workers=placed, stopping=stopping,
-                preempted_for=next((w.preempted_for for w in g if w.preempted_for), None) if stopping else None,
-                array=run.array_job))
-        if run.deleting:
-            continue
-        pending = [w for w in run.workers if w.state == lifecycle.WorkerState.PENDING]
-        if not pending or (not independent and active):
-            continue  # a gang is queued again only once none of its workers is still stopping
-        if independent:
-            pending = [w for w in pending if not (w.restart_at and w.restart_at > at)]
-        elif (lifecycle.restart_due(pending) or 0) > at:
-            pending = []
-        if not pending:
-            continue  # backing off after a failure: offered again when its restart_at comes
-        excluded = []
-        for ref in tt.get("datavolume_refs") or []:
-            d = drives.get((run.workspace_id, ref["name"]))
-            if d is None:
-                excluded += [(m.name, f"drive {ref['name']} no longer exists") for m in machines]
-                continue
-            src = d.spec["sources"][0]
-            keeper = facts.get(src.get("node"))
-            for m in machines:
-                why = drive_rules.unreachable(ref["name"], src, d.spec.get("transport", "Auto"), facts[m.name], keeper)
-                if why:
-                    excluded.append((m.name, why))
-        waiting.append(waiting_run(run, key(run), ns, pending, excluded, deps.get(run.id), selections))
+        for g in [[w] for w in active] if independent else ([active] if active else []):
+            running.append(running_unit(run, key, ns, g, mby_id))
+        offered = waiting_of(run, key, ns, offer, bool(active), selections)
+        if offered is not None:
+            waiting.append(offered)
     workspaces = []
     for a in accesses:
         ws = wss[a.workspace_id]
@@ -143,19 +219,23 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
     snap = sched.Snapshot(cluster=cluster.name, machines=snap_machines, running=tuple(running),
                           waiting=tuple(waiting), workspaces=tuple(workspaces), preemption=cluster.preemption,
                           pools=snap_pools, reservations=snap_reservations)
-    # What the apply step needs to find the rows again (under the state lock, in its own session) and to write
-    # only what changed: ids, and the reasons and per-machine lines the snapshot saw. "selections" and
-    # "max_run_id": for Kept.extend.
-    lookups = {"runs": {key(r): r.id for r in runs}, "machines": {m.name: m.id for m in machines},
-               "selections": selections, "max_run_id": max((r.id for r in runs), default=0),
-               "renames": {key(r): r.name for r in runs if key(r) != r.name},
-               "queue_reasons": {key(r): r.queue_reason for r in runs},
-               # waiting workers by the scheduler's name for them ("<run key>-<index>"): their lines and ids
-               "why_not": {f"{key(r)}-{w.index}": w.why_not for r in runs for w in r.workers
-                           if w.state == lifecycle.WorkerState.PENDING},
-               "workers": {f"{key(r)}-{w.index}": w.id for r in runs for w in r.workers
-                           if w.state == lifecycle.WorkerState.PENDING}}
-    return snap, lookups
+    lookups = Lookups(runs={}, machines={m.name: m.id for m in machines}, selections=selections, max_run_id=0,
+                      queue_reasons={}, why_not={}, workers={})
+    return snap, lookups.plus(runs, keys)
+
+
+def running_unit(run: RunRow, key: RunKey, ns: str, group: list[WorkerRow], mby_id: dict) -> sched.RunningUnit:
+    """Workers of `run` holding room that preemption stops as one (a gang's, or one independent worker)."""
+    placed = tuple(sched.PlacedWorker(name=w.name, index=w.index, machine=mby_id[w.machine_id].name,
+                                      gpu_indices=tuple(w.gpu_indices or ()), cpu_cores=w.cpu_cores,
+                                      memory_bytes=w.memory_bytes) for w in group)
+    stopping = any(w.state == lifecycle.WorkerState.STOPPING for w in group)
+    return sched.RunningUnit(
+        run=key, workspace=ns, priority=run.priority,
+        started_at=min(w.placed_at or run.created_at for w in group),
+        time_limit_seconds=run.spec["task_template"].get("time_limit_seconds"), workers=placed, stopping=stopping,
+        preempted_for=next((w.preempted_for for w in group if w.preempted_for), None) if stopping else None,
+        array=run.array_job)
 
 
 def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependency: sched.Dependency | None,
@@ -190,15 +270,15 @@ class Kept:
     a long queue that read was most of a cycle's cost, and a burst of submits woke a cycle per group commit. Plans
     are the same as on a snapshot read afresh: nothing it holds has changed (anything else that changes state wakes
     the loop another way, and the next cycle reads everything), the new runs are read in full and added in id
-    order as build_snapshot adds them, and a run the kept snapshot cannot take as is (a dependency, drives, a name
-    already in the snapshot, not plainly waiting) means a full read. It is read afresh at least every MAX_AGE
-    seconds and when a reservation's window opened or closed since it was read."""
+    order through the full read's own conversions (waiting_of, Lookups.plus), and a run the kept snapshot cannot
+    take as is (a dependency, drives, a name already in the snapshot, not plainly waiting) means a full read. It is
+    read afresh at least every MAX_AGE seconds and when a reservation's window opened or closed since it was read."""
 
     MAX_AGE = 5.0
 
-    def __init__(self, snap: sched.Snapshot, lookups: dict, built_at: float):
+    def __init__(self, snap: sched.Snapshot, lookups: Lookups, built_at: float):
         self.snap, self.lookups, self.built_at = snap, lookups, built_at
-        self.names = {lookups["renames"].get(k, k) for k in lookups["runs"]}
+        self.names = {getattr(k, "name", k) for k in lookups.runs}
         self.wss: dict[int, str] | None = None
 
     def fresh(self, at: float) -> bool:
@@ -207,45 +287,78 @@ class Kept:
         return not any(self.built_at < t <= at for r in self.snap.reservations for t in (r.start, r.end)
                        if t is not None)
 
-    def extend(self, session: Session, cluster_id: int) -> tuple[sched.Snapshot, dict] | None:
+    def extend(self, session: Session, cluster_id: int) -> tuple[sched.Snapshot, Lookups] | None:
         """The kept snapshot plus the runs submitted since (those of ids above the last it holds), or None when one
         of them needs a full read. The same (snapshot, lookups) when there is none."""
         lookups = self.lookups
-        new = live_runs(session, cluster_id, after_id=lookups["max_run_id"])
+        new = live_runs(session, cluster_id, after_id=lookups.max_run_id)
         if not new:
             return self.snap, lookups
         if self.wss is None:
             self.wss = {w.id: w.ns for w in self.snap_workspaces(session)}
+        offer = Offer(self.built_at)  # no dependency, no drive, no backoff among them (checked below)
         waiting = []
         names = set()
         for run in new:
             ns = self.wss.get(run.workspace_id)
-            tt = run.spec["task_template"]
             if (ns is None or run.deleting or run.state != lifecycle.RunState.PENDING or run.spec.get("dependency")
-                    or tt.get("datavolume_refs") or run.name in self.names or run.name in names or not run.workers
+                    or run.spec["task_template"].get("datavolume_refs") or run.name in self.names
+                    or run.name in names or not run.workers
                     or any(w.state != lifecycle.WorkerState.PENDING or w.restart_at for w in run.workers)):
                 return None
             names.add(run.name)
-            waiting.append(waiting_run(run, run.name, ns, run.workers, [], None, lookups["selections"]))
-        lookups = dict(lookups)
-        lookups["runs"] = {**lookups["runs"], **{r.name: r.id for r in new}}
-        lookups["queue_reasons"] = {**lookups["queue_reasons"], **{r.name: r.queue_reason for r in new}}
-        lookups["why_not"] = {**lookups["why_not"], **{f"{r.name}-{w.index}": w.why_not for r in new
-                                                       for w in r.workers}}
-        lookups["workers"] = {**lookups["workers"], **{f"{r.name}-{w.index}": w.id for r in new for w in r.workers}}
-        lookups["max_run_id"] = new[-1].id
+            waiting.append(waiting_of(run, RunKey(run.id, run.name), ns, offer, False, lookups.selections))
+        lookups = lookups.plus(new, {r.id: RunKey(r.id, r.name) for r in new})
         return replace(self.snap, waiting=self.snap.waiting + tuple(waiting)), lookups
 
     @staticmethod
     def snap_workspaces(session: Session):
         return session.execute(select(Workspace.id, Workspace.ns)).all()
 
-    def kept(self, snap: sched.Snapshot, lookups: dict) -> Kept:
+    def kept(self, snap: sched.Snapshot, lookups: Lookups) -> Kept:
         """This kept snapshot moved on to `snap` (the same read, new runs added), its lookups as applied."""
         k = Kept.__new__(Kept)
         k.snap, k.lookups, k.built_at, k.wss = snap, lookups, self.built_at, self.wss
-        k.names = self.names | {n for n in lookups["runs"] if n not in self.lookups["runs"]}
+        k.names = self.names | {getattr(n, "name", n) for n in lookups.runs if n not in self.lookups.runs}
         return k
+
+
+class WorkerRow(NamedTuple):
+    """A live run's worker as the snapshot reads it (_WORKER's columns, JSON decoded)."""
+
+    id: int
+    run_id: int
+    name: str
+    index: int
+    state: str
+    machine_id: int | None
+    gpu_indices: list | None
+    gpus: int
+    cpu_cores: float
+    memory_bytes: int
+    placed_at: float | None
+    preempted_for: str | None
+    restart_at: float | None
+    why_not: list | None
+
+
+class RunRow(NamedTuple):
+    """A live run as the snapshot reads it (_RUN's columns, its spec and its workers by index)."""
+
+    id: int
+    workspace_id: int
+    name: str
+    uid: str
+    priority: int
+    state: str
+    created_at: float
+    deleting: bool
+    queue_reason: str | None
+    quota_noted: bool
+    array_job: str | None
+    array_max_running: int | None
+    spec: dict
+    workers: tuple[WorkerRow, ...]
 
 
 _RUN = (Run.id, Run.workspace_id, Run.name, Run.uid, Run.priority, Run.state, Run.created_at, Run.deleting,
@@ -258,7 +371,7 @@ _WORKER = (Worker.id, Worker.run_id, Worker.name, Worker.index, Worker.state, Wo
 
 
 # The full read's statements, built once (the cluster and the last run id bound at each read): building them (their
-# columns' and clauses' coercions, their cache keys) cost ~0.27 ms of CPU per read, on a short queue's 3-5 ms cycle.
+# columns' and clauses' coercions, their cache keys) at each read was a large share of a short queue's cycle.
 _LIVE = (Run.cluster_id == bindparam("cluster_id"), Run.state.not_in(lifecycle.RUN_ENDED))
 _NEW = (*_LIVE, Run.id > bindparam("after_id"))  # only those submitted since (Kept.extend), read with their specs
 _LIVE_RUNS = select(*_RUN).where(*_LIVE).order_by(Run.id)
@@ -286,32 +399,26 @@ _SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {cl
 _SPECS_CHUNK = 500  # uids per IN (...) of the specs not kept
 
 
-def live_runs(session: Session, cluster_id: int, after_id: int = 0) -> list[SimpleNamespace]:
+def live_runs(session: Session, cluster_id: int, after_id: int = 0) -> list[RunRow]:
     """The cluster's runs that have not ended, each with its `workers` by index, as plain rows (the columns the
     snapshot reads; `spec` decoded once per run, see _SPECS), in id order; with `after_id`, only those above it.
     Each run read is a Core row, not an ORM object: loading every live run and worker as ORM objects was most of a
     cycle's CPU with a long queue (every submit shares the cores with it). Runs first, then their workers: a run is
     written with its workers in one transaction, so each run read has its workers in the second read."""
     conn = session.connection()  # Core rows: no ORM loading
-    cols = (*_RUN, Run.spec) if after_id else _RUN
     of = {"cluster_id": cluster_id, "after_id": after_id} if after_id else {"cluster_id": cluster_id}
     runs = conn.execute(_NEW_RUNS if after_id else _LIVE_RUNS, of).all()
     workers: dict[int, list] = {}
-    names = [c.key for c in _WORKER]
     for row in conn.execute(_NEW_WORKERS if after_id else _LIVE_WORKERS, of):
-        w = SimpleNamespace(**dict(zip(names, row, strict=True)))
-        w.gpu_indices, w.why_not = _json(w.gpu_indices), _json(w.why_not)
+        w = WorkerRow(*row[:6], _json(row[6]), *row[7:13], _json(row[13]))
         workers.setdefault(w.run_id, []).append(w)
-    names = [c.key for c in cols]
-    out = [SimpleNamespace(**dict(zip(names, r, strict=True)), workers=workers.get(r[0], [])) for r in runs]
-    if not after_id:
-        specs = _specs(conn, cluster_id, out)
-        for r in out:
-            r.spec = specs[r.uid]
-    return out
+    if after_id:  # read with their specs
+        return [RunRow(*r, tuple(workers.get(r[0], ()))) for r in runs]
+    specs = _specs(conn, cluster_id, runs)
+    return [RunRow(*r, specs[r.uid], tuple(workers.get(r[0], ()))) for r in runs]
 
 
-def _specs(conn, cluster_id: int, runs: list[SimpleNamespace]) -> dict[str, dict]:
+def _specs(conn, cluster_id: int, runs: list) -> dict[str, dict]:
     """The specs of `runs` by uid: those kept from the cluster's last full read, the others read now (and kept
     for the next, in place of the last's)."""
     by_cluster = _SPECS.get(conn.engine)
@@ -397,7 +504,7 @@ def set_rendezvous(session: Session, run: Run) -> None:
         w.rendezvous = env
 
 
-def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> tuple[set[int], bool]:
+def apply_plan(session: Session, plan: sched.Plan, lookups: Lookups, at: float) -> tuple[set[int], bool]:
     """Write the plan: placements, stops, reasons. Runs under the state lock, in a session of its own, on rows
     read again: the plan was made on a snapshot read without the lock, so each step checks that what it acts on
     is still as the snapshot saw it (a run deleted meanwhile is not started, a victim that ended is not stopped).
@@ -405,9 +512,9 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
     workers changed, and whether a step was skipped (so the loop plans again at once)."""
     touched: set[int] = set()
     skipped = False
-    ids = lookups["runs"]
-    machine_ids = lookups["machines"]
-    renames = lookups["renames"]
+    ids = lookups.runs
+    machine_ids = lookups.machines
+    text = lookups.shown
     loaded: dict[int, Run | None] = {}
 
     def run_named(key: str) -> Run | None:
@@ -418,16 +525,11 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
             loaded[rid] = session.get(Run, rid)
         return loaded[rid]
 
-    def text(s: str) -> str:  # "name@ns" keys back to names (only ever shown inside their own workspace)
-        for k, v in renames.items():
-            s = s.replace(k, v)
-        return s
-
     # Every run the plan acts on (starts, stops, quota notes, fails), read at once with its workers (one query per
     # 500, not two per run: the apply holds the state lock). The queue's reasons and why-not lines that changed
     # since the snapshot are written apart, in bulk (lifecycle.set_queue_reasons): reading a long queue's runs for them took most
     # of the apply's time while every submit waited for the lock.
-    seen_reasons, seen_why_not = lookups["queue_reasons"], lookups["why_not"]
+    seen_reasons, seen_why_not = lookups.queue_reasons, lookups.why_not
     wanted = {s.run for s in plan.starts} | {s.run for s in plan.stops} | {s.run for s in plan.reservation_stops}
     wanted |= {q.run for q in plan.quota_reached} | set(plan.fails)
     reasons = {n: text(r) for n, r in plan.reasons.items()}
@@ -435,11 +537,11 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
     why_not = {w: [[m, text(r)] for m, r in lines] for w, lines in plan.why_not.items()}
     why_not = {w: lines for w, lines in why_not.items() if seen_why_not.get(w) != lines}
     lifecycle.set_queue_reasons(session, {ids[n]: r for n, r in reasons.items() if n not in wanted and n in ids},
-                  {lookups["workers"][w]: lines for w, lines in why_not.items()
-                   if w.rpartition("-")[0] not in wanted and w in lookups["workers"]}, at)
+                  {lookups.workers[w]: lines for w, lines in why_not.items()
+                   if w.rpartition("-")[0] not in wanted and w in lookups.workers}, at)
     # the lookups now say what the rows say (a kept snapshot's next apply writes only what changes again)
     seen_reasons.update((n, r) for n, r in reasons.items() if n in ids)
-    seen_why_not.update((w, lines) for w, lines in why_not.items() if w in lookups["workers"])
+    seen_why_not.update((w, lines) for w, lines in why_not.items() if w in lookups.workers)
     want_ids = sorted({ids[k] for k in wanted if k in ids})
     for k in range(0, len(want_ids), 500):
         chunk = want_ids[k:k + 500]
@@ -472,7 +574,7 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
         if run is None:
             continue
         ws = [w for w in run.workers if w.name in stop.workers and w.state in lifecycle.ACTIVE
-              and w.desired != "Stopped"]
+              and w.desired != lifecycle.Desired.STOPPED]
         if not ws:
             skipped = True
             continue
@@ -486,7 +588,7 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: dict, at: float) -> 
             continue
         gang = run.spec.get("start") != "Independent"
         ws = [w for w in run.workers if (gang or w.name in stop.workers) and w.state in lifecycle.ACTIVE
-              and w.desired != "Stopped"]  # a gang stops whole: it is queued again only once none still runs
+              and w.desired != lifecycle.Desired.STOPPED]  # a gang stops whole: it is queued again only once none still runs
         if not ws:
             continue
         touched.update(w.machine_id for w in ws if w.machine_id)
@@ -520,9 +622,7 @@ def enforce_time_limits(session: Session, at: float) -> set[int]:
     touched = set()
     rows = session.scalars(_late(at).options(selectinload(Worker.run)))
     for w in rows:
-        limit = w.run.spec["task_template"].get("time_limit_seconds") or 0
-        reason = f"Stopping: time limit of {lifecycle.fmt_duration(limit)} reached"
-        lifecycle.request_stop(session, w.run, w, "timelimit", reason, at)
+        lifecycle.stop_at_time_limit(session, w.run, w, at)
         lifecycle.refresh_run(session, w.run, at)
         touched.add(w.machine_id)
     return touched
@@ -536,7 +636,7 @@ def _silent(at: float):
 
 def _late(at: float):
     """The workers past their deadline at `at` (a statement)."""
-    return select(Worker).where(Worker.state.in_(("Starting", "Running")), Worker.deadline <= at)
+    return select(Worker).where(Worker.state.in_((lifecycle.WorkerState.STARTING.value, lifecycle.WorkerState.RUNNING.value)), Worker.deadline <= at)
 
 
 def timers_due(session: Session, at: float) -> tuple[bool, bool, bool, bool]:
@@ -596,7 +696,7 @@ def duty(cp: ControlPlane, term: Term, at: float, act, what: str) -> set[int]:
     goes up (the pass ends); any other error is logged and nothing of it is applied."""
     try:
         with STATE_LOCK, cp.sessions() as session, session.begin():
-            fence(session, term, cp.settings.lease_seconds)
+            fence(session, term, cp.settings.leader_lease_seconds)
             return act(session, at)
     except NotLeader:
         raise
@@ -654,7 +754,7 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None, k
     term = term or (cp.leader.current() if cp.leader is not None else None)
     if term is None:
         return set()
-    lease = cp.settings.lease_seconds
+    lease = cp.settings.leader_lease_seconds
     t0 = time.perf_counter()
     touched: set[int] = set()
     try:
@@ -708,8 +808,8 @@ def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None, k
     return touched
 
 
-# Woken back to back, the loop waits this share of its last cycle's time since that cycle ended (1.0, half the
-# control plane's time at most, made 200 trivial runs on 8 GPUs ~11 % slower: each exit's GPU waited for the pacing).
+# Woken back to back, the loop waits this share of its last cycle's time since that cycle ended. Not 1.0 (half the
+# control plane's time at most): that slowed short runs down, each exit's GPU waiting for the pacing.
 CYCLE_PACING = 0.5
 TIMERS_EVERY = 0.25  # the loop's tick: how often it looks at lost machines and time limits when it is not woken
 # Cycles woken only by submits come at most this often: a burst's group commits (one wake each) are planned together.
@@ -838,7 +938,7 @@ class SchedulingLoop:
         at = time.time()
         try:
             with STATE_LOCK, self.cp.sessions() as session, session.begin():
-                fence(session, term, self.cp.settings.lease_seconds)
+                fence(session, term, self.cp.settings.leader_lease_seconds)
                 touched = detect_lost_machines(session, at) | enforce_time_limits(session, at)
         except NotLeader as e:
             log.warning("applied nothing: %s", e)

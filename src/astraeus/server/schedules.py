@@ -28,10 +28,10 @@ from sqlalchemy.orm import Session
 from astraeus import schedules as P
 from astraeus import spec as S
 from astraeus.server import lifecycle, services
-from astraeus.server.core import STATE_LOCK
 from astraeus.server.db import Drive, Run, Schedule, ScheduleTick, Workspace
 from astraeus.server.leader import fence
 from astraeus.server.services import ApiError, Caller, InvalidBody, iso, require
+from astraeus.server.state_lock import STATE_LOCK
 
 log = logging.getLogger("astraeus.schedules")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -18,8 +17,6 @@ from astraeus import drives as drive_rules
 from astraeus import spec as S
 from astraeus import templates
 from astraeus.server import lifecycle
-from astraeus.server.bodies import INT64
-from astraeus.server.core import STATE_LOCK, STATE_LOCK_COLUMNS, STATE_LOCK_PARAMS, lock_state
 from astraeus.server.db import (
     Access,
     Cluster,
@@ -37,6 +34,7 @@ from astraeus.server.db import (
     Worker,
     Workspace,
 )
+from astraeus.server.state_lock import STATE_LOCK, STATE_LOCK_COLUMNS, STATE_LOCK_PARAMS, lock_state
 
 ROLES = ("viewer", "editor", "admin")
 
@@ -49,8 +47,8 @@ class ApiError(Exception):
 
 @contextmanager
 def tx(s: Session, keep=()):
-    """Commit what the block did, or nothing at all; one state change at a time, in this process (core.STATE_LOCK)
-    and across replicas on PostgreSQL (core.lock_state: an advisory lock, then the block reads fresh rows; `keep`:
+    """Commit what the block did, or nothing at all; one state change at a time, in this process (state_lock.STATE_LOCK)
+    and across replicas on PostgreSQL (state_lock.lock_state: an advisory lock, then the block reads fresh rows; `keep`:
     rows not read again, such as the caller's organisation and workspace, whose ids and names the block uses)."""
     if not STATE_LOCK.acquire(blocking=False):
         hand_back_connection(s)  # another state change runs: wait for it holding no pooled connection
@@ -201,7 +199,7 @@ def user_caller(session: Session, authorization: str | None, org_name: str, ws_n
     workspace are read in one statement (each API call's first round trip, and on PostgreSQL its only one for
     this), with the same refusals in the same order as authenticate() then workspace_caller().
 
-    `lock` (PostgreSQL): the same statement also takes the state lock (core.lock_state's) when it finds the token,
+    `lock` (PostgreSQL): the same statement also takes the state lock (state_lock.lock_state's) when it finds the token,
     whether or not the caller is then refused; not found, no lock is taken."""
     secret = _bearer(authorization)
     params = {"org": org_name, "ws": ws_name, "digest": digest(secret)}
@@ -525,7 +523,6 @@ def submit_run_body(session: Session, caller: Caller, body: dict, at: float, ori
             parsed = S.RunCreate.model_validate(merged)
         except ValidationError as e:
             raise InvalidBody(e.errors()) from None
-    check_dependency(session, caller, parsed.spec.dependency)
     if parsed.spec.array is not None and (origin is None or origin.array_job is None):
         a = parsed.spec.array  # a job array's run (spec.array): the scheduler keeps max_running of it running
         origin = RunOrigin(**{**(origin.__dict__ if origin else {}), "array_job": a.job, "array_index": a.index,
@@ -539,91 +536,19 @@ def submit_run_body(session: Session, caller: Caller, body: dict, at: float, ori
     return submit_run(session, caller, parsed, at, **extra)
 
 
-def check_dependency(session: Session, caller: Caller, dep: S.DependencySpec | None) -> None:
-    """Every run a dependency names exists in the workspace (a run of that name, or a job array of that name):
-    else 400 DEPENDENCY_NOT_FOUND naming it."""
-    for name in dep.runs if dep is not None else ():
-        if session.scalar(select(Run.id).where(Run.workspace_id == caller.workspace.id,
-                                               or_(Run.name == name, Run.array_job == name)).limit(1)) is None:
-            raise ApiError(400, "DEPENDENCY_NOT_FOUND",
-                           f"spec.dependency.runs: no run or job array named {name} in workspace "
-                           f"{caller.workspace.name}: submit it first, or check its name (astra slurm squeue)")
-
-
 def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float, **columns) -> Run:
     """Store a checked run body as a Pending run with its workers, its "Submitted" history line and its
-    RunSubmitted event (`columns`: more of the run's columns, its template or origin). Every check reads before
-    anything is written, and everything is written in one flush: the run, then its workers, history and event
-    (one INSERT per table); the run is not read back (no column has a server default), and run.workers is the
-    list built here. `run.cluster_row` is its cluster, for the answer (the session holds rows weakly)."""
-    require(caller, "editor")
-    ws = caller.workspace
-    cluster, access = _cluster_for(session, caller, body.spec.cluster)
-    if not S.priority_allowed(body.spec.priority, access.max_priority):
-        raise ApiError(403, "PRIORITY_NOT_ALLOWED",
-                       f"priority {body.spec.priority} is above namespace {ws.ns}'s maximum of "
-                       f"{access.max_priority}")
-    tt = body.spec.task_template
-    if tt.network == "host" and not access.host_network:
-        raise ApiError(403, "HOST_NETWORK_NOT_ALLOWED",
-                       f"spec.task_template.network: host is not allowed for workspace {ws.name} on cluster "
-                       f"{cluster.name}: remove it (each worker gets a network of its own), or ask an admin to "
-                       f"allow it (clusters.{cluster.name}.host_network: true)")
-    for ref in tt.datavolume_refs:
-        d = session.scalar(select(Drive.id).where(Drive.workspace_id == ws.id, Drive.name == ref.name))
-        if d is None:
-            raise ApiError(400, "DRIVE_NOT_FOUND",
-                           f"spec.task_template.datavolume_refs: drive {ref.name} does not exist in workspace "
-                           f"{ws.name}: create it first (POST $API/drives)")
-    check_node_selection(session, caller, cluster, access, tt.requested_resources, at)
-    name = body.metadata.name
-    if (deleting := name_holder_deleting(session, ws.id, name)) is not None:
-        raise name_taken(name, ws.name, bool(deleting))
-    gpus, cpu, mem = S.worker_resources(tt)
-    if mem > INT64:  # what the database holds (and far beyond any machine)
-        raise ApiError(422, "INVALID", "spec.task_template.requested_resources.memory_bytes: too large: "
-                                       "ask for at most 2^63-1 bytes per worker")
-    spec = body.spec.model_dump(mode="json")
-    if spec.get("template") is None:
-        spec.pop("template", None)  # a run from no template says nothing of one
-    spec["cluster"] = cluster.name
-    run = lifecycle.new_run(uid=uuid.uuid4().hex, workspace_id=ws.id, cluster_id=cluster.id,
-                            name=name, labels=body.metadata.labels, spec=spec, priority=body.spec.priority,
-                            created_at=at, **columns)
-    run.workers = [lifecycle.new_worker(name=f"{name}-{i}", index=i, gpus=gpus, cpu_cores=cpu, memory_bytes=mem,
-                                        gpu_indices=[], why_not=[]) for i in range(S.worker_count(tt))]
-    session.add(run)
-    session.flush()  # the run's id, for its history line
-    lifecycle.history(session, run, "Pending", "Submitted", at)
-    lifecycle.event(session, ws.id, "RunSubmitted", name, lifecycle.submitted_message(name, body.spec.priority),
-                    at)
-    session.flush()
-    run.cluster_row = cluster
-    return run
+    RunSubmitted event (`columns`: more of the run's columns, its template or origin): a batch of one through
+    server/submits.py, which decides every refusal (raised here) and writes the run. The run stays out of the
+    session, its id set; `run.cluster_row` is its cluster, for the answer."""
+    from astraeus.server import submits
 
-
-def check_node_selection(session: Session, caller: Caller, cluster: Cluster, access: Access, resources,
-                         at: float) -> None:
-    """The pools a run asks for are pools of the cluster that its workspace may use (422 for no such pool, 403
-    POOL_NOT_ALLOWED for one outside the workspace's), and the reservation it names is one for its workspace on
-    the cluster, not ended (422)."""
-    from astraeus.server import pools, reservations
-
-    sel = resources.node_selection if resources is not None else None
-    if sel is None:
-        return
-    field = "spec.task_template.requested_resources.node_selection.pools"
-    if sel.pools:
-        known = {p.name for p in pools.cluster_pools(session, cluster.id)}
-        for name in sel.pools:
-            if name not in known:
-                raise ApiError(422, "INVALID", f"{field}: no pool named {name} in cluster {cluster.name}")
-            if access.pools is not None and name not in access.pools:
-                raise ApiError(403, "POOL_NOT_ALLOWED",
-                               f"{field}: pool {name} is not one of workspace {caller.workspace.name}'s pools on "
-                               f"cluster {cluster.name} ({', '.join(access.pools) or 'none'})")
-    if sel.reservation:
-        reservations.check_run(session, caller, cluster, sel.reservation, at)
+    it = submits.Submit(body, at, caller=caller, columns=columns)
+    submits.submit(session, [it])
+    if it.error is not None:
+        raise it.error
+    it.run.cluster_row = it.cluster
+    return it.run
 
 
 def get_run(session: Session, caller: Caller, name: str) -> Run:

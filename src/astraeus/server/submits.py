@@ -1,19 +1,19 @@
-"""Group commit for POST $API/runs: concurrent submits are written together, in one transaction, by one writer
-thread, and each is answered once that transaction has committed.
+"""Every submit of a run, and the group commit of POST $API/runs.
 
-Each submit costs, on its own, a transaction: the state lock (and on PostgreSQL the advisory lock, a round trip),
-its checks, four INSERTs and a commit (a WAL flush on PostgreSQL). Submitted at once by several clients, they
-queue on the state lock one behind the other. Here the writer takes every submit waiting (up to MAX_BATCH), takes
-the locks once, reads each workspace's cluster and access once, then checks each submit in the order it arrived
-as submit_run would (the same refusals, each to its own request: a name taken by an earlier submit of the same
-batch is a 409 as it would have been one after the other), writes the accepted runs (one multi-row INSERT that
-skips a name a live run already has: that submit's 409), their workers, history lines and events (one INSERT per
-table), and commits once.
+One way in: whatever submits a run (POST $API/runs, a schedule's tick, a replica group's replacement, the console,
+what-if; a run from a template, with drives, pools, a reservation, a dependency or a job array) is a `Submit`, and
+`submit(session, batch)` submits a batch of them in the session's transaction (a single submit is a batch of one:
+services.submit_run). For each, `read` reads what its checks need and `refusal` decides whether and why it is refused:
+every refusal of a submit, in one place and one order. `new_run` builds an accepted run with its workers, and `write`
+stores the accepted runs, their workers, History lines and RunSubmitted events (lifecycle.submitted_rows), one INSERT
+per table.
 
-Only plain submits come here: a run that names a template, drives, pools, a reservation, a dependency or a job
-array goes the usual way (services.submit_run_body in its own transaction), as does everything else that submits
-(schedules, replica groups, the console, what-if). Should the batch's writes fail (a database error), nothing of
-it is kept and each of its submits is answered FALLBACK: its request then submits the usual way, on its own.
+Group commit: concurrent plain submits to POST $API/runs (`batchable`) wait for one writer thread (Batcher), which
+takes every submit waiting (up to MAX_BATCH), authenticates them, takes the state lock once and submits them as one
+batch, in one transaction: a name taken by an earlier submit of the same batch is a 409, as it would have been one
+after the other; a name a live run already has is found by the runs' INSERT, which skips that run. Should the batch's
+writes fail (a database error), nothing of it is kept and each of its submits is answered FALLBACK: its request then
+submits on its own.
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import JSON, insert
+from sqlalchemy import JSON, insert, or_, select
 from sqlalchemy.orm.attributes import set_committed_value
 
 from astraeus import spec as S
 from astraeus.server import lifecycle
 from astraeus.server.bodies import INT64
-from astraeus.server.core import STATE_LOCK, lock_state
-from astraeus.server.db import Cluster, Run
+from astraeus.server.db import Access, Cluster, Drive, Run
+from astraeus.server.state_lock import STATE_LOCK, lock_state
 
 if TYPE_CHECKING:
-    from astraeus.server.services import Caller
+    from astraeus.server.services import ApiError, Caller
 
 MAX_BATCH = 256
 IDLE_SECONDS = 5.0  # the writer thread ends after this long without a submit
@@ -45,41 +45,212 @@ FALLBACK = object()  # the batch could not be written: submit this one on its ow
 
 
 def batchable(parsed: S.RunCreate | None) -> bool:
-    """A plain submit: nothing it names needs more than the checks made here for a whole batch."""
-    if parsed is None:  # names a template
+    """A submit the group commit takes: a plain run, whose checks read nothing but its workspace's cluster, and whose
+    refusals come in submit_run's order when its name is found taken by the batch's INSERT."""
+    if parsed is None:  # names a template: checked once its fields are merged in
         return False
     sp = parsed.spec
     if sp.template or sp.array is not None or (sp.dependency is not None and sp.dependency.runs):
         return False
     tt = sp.task_template
-    if tt.datavolume_refs or tt.network == "host":  # the drives' and the host network's checks read more
+    if tt.datavolume_refs or tt.network == "host":
         return False
     rr = tt.requested_resources
     sel = rr.node_selection if rr is not None else None
     if sel is not None and (sel.pools or sel.reservation):
         return False
-    # too much memory for the database: submit_run refuses it after the name check, which a batch makes only
-    # when it writes (the refusals would come in another order)
+    # too much memory is refused after the name check, which a batch makes only when it writes
     return rr is None or S.worker_resources(tt)[2] <= INT64
 
 
 @dataclass
 class Submit:
-    ws_id: int | None  # None: the request is not authenticated yet (the writer does it: `authorization`, `org`, `ws`)
-    ws_name: str | None
-    ws_ns: str | None
+    """One submit: its body, when it came, and who made it. `caller`: known (a request's, the control plane's for a
+    schedule or a replica group); None until the group-commit writer authenticates the request's `authorization`
+    for the organisation `org` and workspace `ws` its path names."""
+
     parsed: S.RunCreate
     at: float
-    authorization: str | None = None  # the request's Authorization header, and the organisation and workspace named
-    org: str | None = None            # in its path
+    caller: Caller | None = None
+    authorization: str | None = None
+    org: str | None = None
     ws: str | None = None
-    caller: Caller | None = None  # once authenticated by the writer
+    columns: dict = field(default_factory=dict)  # more of the run's columns: its template, schedule, group, array
     done: threading.Event = field(default_factory=threading.Event)
-    run: Run | None = None  # accepted: the run written (detached, loaded), and its cluster
+    run: Run | None = None  # accepted: the run written (out of any session, loaded), and its cluster
     cluster: Cluster | None = None
-    error: BaseException | None = None  # refused: the ApiError, as submit_run would raise it
+    error: BaseException | None = None  # refused: the ApiError, or what authenticating the request raised
     fallback: bool = False
     answered: Callable[[], None] | None = None  # called by the writer once done is set (submit_async)
+
+
+@dataclass
+class Found:
+    """What one submit's checks read (read), for refusal to judge."""
+
+    target: tuple[Cluster, Access] | ApiError | None = None  # services.cluster_for's answer
+    missing_dependency: str | None = None  # the first run or job array its dependency names that does not exist
+    missing_drive: str | None = None  # the first drive it mounts that the workspace does not have
+    pools: frozenset[str] = frozenset()  # the cluster's pools (read when it asks for pools)
+    reservation: ApiError | None = None  # the refusal of the reservation it names (reservations.check_run)
+    holder: bool | None = None  # the live run holding its name: None none (or not read), else whether it is deleting
+
+
+def read(s, it: Submit, targets: dict, names: bool) -> Found:
+    """What `it`'s checks need: its cluster and the workspace's access to it (read once per workspace and cluster
+    name in `targets`), and only what its body asks about: the runs its dependency names, the drives it mounts, the
+    cluster's pools, the reservation it names. `names`: whether the live run holding its name is looked up (else the
+    runs' INSERT finds it: write)."""
+    from astraeus.server import pools, reservations, services
+
+    ws = it.caller.workspace
+    spec = it.parsed.spec
+    found = Found()
+    for name in spec.dependency.runs if spec.dependency is not None else ():
+        if s.scalar(select(Run.id).where(Run.workspace_id == ws.id, or_(Run.name == name, Run.array_job == name))
+                    .limit(1)) is None:
+            found.missing_dependency = name
+            return found  # refused first: nothing else matters
+    key = (ws.id, spec.cluster)
+    if key not in targets:
+        try:
+            targets[key] = services.cluster_for(s, ws.id, ws.name, spec.cluster)
+        except services.ApiError as e:
+            targets[key] = e
+    found.target = targets[key]
+    if isinstance(found.target, services.ApiError):
+        return found
+    cluster = found.target[0]
+    tt = spec.task_template
+    for ref in tt.datavolume_refs:
+        if s.scalar(select(Drive.id).where(Drive.workspace_id == ws.id, Drive.name == ref.name)) is None:
+            found.missing_drive = ref.name
+            break
+    sel = tt.requested_resources.node_selection if tt.requested_resources is not None else None
+    if sel is not None and sel.pools:
+        found.pools = frozenset(p.name for p in pools.cluster_pools(s, cluster.id))
+    if sel is not None and sel.reservation:
+        try:
+            reservations.check_run(s, it.caller, cluster, sel.reservation, it.at)
+        except services.ApiError as e:
+            found.reservation = e
+    if names:
+        found.holder = services.name_holder_deleting(s, ws.id, it.parsed.metadata.name)
+    return found
+
+
+def refusal(it: Submit, found: Found, taken: set[str]) -> ApiError | None:
+    """Why `it` is refused, from what was read for it (`found`) and the names earlier submits of its batch took in
+    its workspace (`taken`); None when it is accepted. Every refusal of a submit is decided here, in this order."""
+    from astraeus.server import services
+    from astraeus.server.services import ApiError
+
+    c, body = it.caller, it.parsed
+    ws = c.workspace
+    if found.missing_dependency is not None:
+        return ApiError(400, "DEPENDENCY_NOT_FOUND",
+                        f"spec.dependency.runs: no run or job array named {found.missing_dependency} in workspace "
+                        f"{ws.name}: submit it first, or check its name (astra slurm squeue)")
+    try:
+        services.require(c, "editor")
+    except ApiError as e:
+        return e
+    if isinstance(found.target, ApiError):
+        return found.target
+    cluster, access = found.target
+    if not S.priority_allowed(body.spec.priority, access.max_priority):
+        return priority_refused(body.spec.priority, ws.ns, access.max_priority)
+    tt = body.spec.task_template
+    if tt.network == "host" and not access.host_network:
+        return ApiError(403, "HOST_NETWORK_NOT_ALLOWED",
+                        f"spec.task_template.network: host is not allowed for workspace {ws.name} on cluster "
+                        f"{cluster.name}: remove it (each worker gets a network of its own), or ask an admin to "
+                        f"allow it (clusters.{cluster.name}.host_network: true)")
+    if found.missing_drive is not None:
+        return drive_missing("spec.task_template.datavolume_refs", found.missing_drive, ws.name)
+    sel = tt.requested_resources.node_selection if tt.requested_resources is not None else None
+    field_ = "spec.task_template.requested_resources.node_selection.pools"
+    for name in sel.pools if sel is not None else ():
+        if name not in found.pools:
+            return ApiError(422, "INVALID", f"{field_}: no pool named {name} in cluster {cluster.name}")
+        if access.pools is not None and name not in access.pools:
+            return ApiError(403, "POOL_NOT_ALLOWED",
+                            f"{field_}: pool {name} is not one of workspace {ws.name}'s pools on cluster "
+                            f"{cluster.name} ({', '.join(access.pools) or 'none'})")
+    if found.reservation is not None:
+        return found.reservation
+    name = body.metadata.name
+    if found.holder is not None or name in taken:
+        return services.name_taken(name, ws.name, bool(found.holder))
+    if S.worker_resources(tt)[2] > INT64:  # what the database holds (and far beyond any machine)
+        return memory_too_large("spec.task_template")
+    return None
+
+
+# The words of refusals that what stores a run's spec for later (a template, a schedule, a replica group) shares
+# with the submit, each where the spec sits in its own body.
+
+
+def priority_refused(priority: int, ns: str, maximum: int) -> ApiError:
+    from astraeus.server.services import ApiError
+
+    return ApiError(403, "PRIORITY_NOT_ALLOWED", f"priority {priority} is above namespace {ns}'s maximum of {maximum}")
+
+
+def drive_missing(field_: str, name: str, ws_name: str) -> ApiError:
+    from astraeus.server.services import ApiError
+
+    return ApiError(400, "DRIVE_NOT_FOUND", f"{field_}: drive {name} does not exist in workspace {ws_name}: create it "
+                                            "first (POST $API/drives)")
+
+
+def memory_too_large(task_template: str) -> ApiError:
+    from astraeus.server.services import ApiError
+
+    return ApiError(422, "INVALID", f"{task_template}.requested_resources.memory_bytes: too large: ask for at most "
+                                    "2^63-1 bytes per worker")
+
+
+def new_run(it: Submit, cluster: Cluster) -> Run:
+    """The accepted submit's run, Pending, with its workers (not in any session: write stores them)."""
+    body = it.parsed
+    tt = body.spec.task_template
+    name = body.metadata.name
+    gpus, cpu, mem = S.worker_resources(tt)
+    spec = body.spec.model_dump(mode="json")
+    if spec.get("template") is None:
+        spec.pop("template", None)  # a run from no template says nothing of one
+    spec["cluster"] = cluster.name
+    run = lifecycle.new_run(uid=uuid.uuid4().hex, workspace_id=it.caller.workspace.id, cluster_id=cluster.id,
+                            name=name, labels=body.metadata.labels, spec=spec, priority=body.spec.priority,
+                            created_at=it.at, **it.columns)
+    run.workers = [lifecycle.new_worker(name=f"{name}-{i}", index=i, gpus=gpus, cpu_cores=cpu, memory_bytes=mem,
+                                        gpu_indices=[], why_not=[]) for i in range(S.worker_count(tt))]
+    return run
+
+
+def submit(s, batch: list[Submit], names: bool = True) -> list[Submit]:
+    """Submit `batch` in the session's transaction, whose caller holds the state lock: each submit (its caller
+    known) is read and judged in the order it came, against what is stored and what the earlier ones took, and the
+    accepted are written. Each ends with its `run` and `cluster`, or its `error`; returns those written. `names`:
+    look up the live runs holding the names (False: the runs' INSERT finds them, which the group commit relies on)."""
+    targets: dict = {}
+    taken: dict[int, set[str]] = {}
+    accepted = []
+    for it in batch:
+        found = read(s, it, targets, names)
+        mine = taken.setdefault(it.caller.workspace.id, set())
+        it.error = refusal(it, found, mine)
+        if it.error is not None:
+            continue
+        mine.add(it.parsed.metadata.name)
+        it.cluster = found.target[0]
+        it.run = new_run(it, it.cluster)
+        accepted.append(it)
+    if not accepted:
+        return []
+    s.flush()  # what the caller's transaction did before (a run deleted to free its name) comes first
+    return write(s, accepted)
 
 
 class Batcher:
@@ -177,74 +348,52 @@ class Batcher:
                 pass
 
     def _authenticate(self, s, batch: list[Submit], lock: bool) -> tuple[list[Submit], bool]:
-        """The callers of the submits not authenticated yet, as the request's WsCaller and require("editor") would
-        find them (the same refusals, each to its own submit), read in the batch's own session (the token and the
-        workspace once per distinct token and path in the batch), instead of one trip through the thread pool and
-        two statements per request. `lock` (PostgreSQL): the first caller's read also takes the state lock.
-        Returns the submits still to write, and whether the state lock is surely held (its caller was found)."""
-        from astraeus.server.services import ApiError
+        """The callers of the submits not authenticated yet, as the request's WsCaller would find them (the same
+        refusals, each to its own submit), read in the batch's own session (the token and the workspace once per
+        distinct token and path in the batch), instead of one trip through the thread pool and two statements per
+        request. `lock` (PostgreSQL): the first caller's read also takes the state lock. Returns the submits still
+        to judge, and whether the state lock is surely held (its caller was found)."""
+        from astraeus.server import services
 
         locked = False
-        todo = [it for it in batch if it.ws_id is None]
-        if todo:
-            callers: dict[tuple, Caller | ApiError] = {}
-            for it in todo:
-                key = (it.authorization, it.org, it.ws)
-                if key not in callers:
-                    first = lock and not callers
-                    try:
-                        callers[key] = editor(s, *key, lock=first)
-                        locked = locked or first
-                    except ApiError as e:
-                        callers[key] = e
-                c = callers[key]
-                if isinstance(c, ApiError):
-                    it.error = c
-                    continue
+        callers: dict[tuple, Caller | services.ApiError] = {}
+        for it in batch:
+            if it.caller is not None:
+                continue
+            key = (it.authorization, it.org, it.ws)
+            if key not in callers:
+                first = lock and not callers
+                try:
+                    callers[key] = services.user_caller(s, *key, lock=first)
+                    locked = locked or first
+                except services.ApiError as e:
+                    callers[key] = e
+            c = callers[key]
+            if isinstance(c, services.ApiError):
+                it.error = c
+            else:
                 it.caller = c
-                it.ws_id, it.ws_name, it.ws_ns = c.workspace.id, c.workspace.name, c.workspace.ns
         return [it for it in batch if it.error is None], locked
 
     def _write(self, batch: list[Submit]) -> None:
-        from astraeus.server.services import ApiError
-
         with self._session() as s, STATE_LOCK:
             try:
                 batch, locked = self._authenticate(s, batch, lock=s.get_bind().dialect.name == "postgresql")
-                if not batch:
-                    s.rollback()
-                    return
-                if not locked:
+                if not locked and batch:
                     # the callers' rows stay as read (the request answers with their names)
-                    lock_state(s, keep=[x for it in batch if it.caller is not None
-                                        for x in (it.caller.token, it.caller.org, it.caller.workspace)])
-                targets: dict[tuple[int, str | None], tuple | ApiError] = {}
-                for it in batch:
-                    key = (it.ws_id, it.parsed.spec.cluster)
-                    if key not in targets:
-                        targets[key] = _cluster_for(s, it.ws_id, it.ws_name, it.parsed.spec.cluster)
-                # the names this batch takes, per workspace (a name taken before it is found by the runs' INSERT)
-                taken: dict[int, set[str]] = {}
-                accepted: list[Submit] = []
-                for it in batch:
-                    try:
-                        it.run, it.cluster = _check_and_build(it, targets[(it.ws_id, it.parsed.spec.cluster)],
-                                                              taken.setdefault(it.ws_id, set()))
-                    except ApiError as e:
-                        it.error = e
-                        continue
-                    accepted.append(it)
-                if accepted:
-                    accepted = _insert(s, accepted)
-                if not accepted:
+                    lock_state(s, keep=[x for it in batch for x in (it.caller.token, it.caller.org,
+                                                                    it.caller.workspace) if x is not None])
+                written = submit(s, batch, names=False) if batch else []
+                if not written:
                     s.rollback()
                     return
                 s.commit()
                 self.batches += 1
-                self.submits += len(accepted)
+                self.submits += len(written)
             except BaseException:
                 s.rollback()
                 raise
+
 
 
 def _values(row, table) -> dict:
@@ -275,27 +424,23 @@ def _groups(rows: list[dict]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _insert(s, accepted: list[Submit]) -> list[Submit]:
-    """The accepted runs, their workers, history lines and events, as Core INSERTs (one multi-row statement per
+def write(s, accepted: list[Submit]) -> list[Submit]:
+    """The accepted runs, their workers, History lines and events, as Core INSERTs (one multi-row statement per
     table, no ORM unit of work): the runs' ids come back (RETURNING) and are set on the objects, which stay out of
     the session (transient: each request answers from its own; its workers' ids are not read).
 
     A run whose name a live run of its workspace already has is not inserted (ON CONFLICT DO NOTHING on the
     unique workspace, name and live key: the check and the write in one statement, under the state lock): its
-    submit is refused as submit_run refuses it, and nothing of it is written. Returns the submits written."""
+    submit gets the refusal of a name taken, and nothing of it is written. Returns the submits written."""
     from astraeus.server.db import Worker
     from astraeus.server.services import dialect_insert, name_holder_deleting, name_taken
 
     runs_t, workers_t = Run.__table__, Worker.__table__
     rows = [_values(it.run, runs_t) for it in accepted]
-    # what belongs to each run: its workers, its history line, its event (the run's id is not known yet: on
+    # what belongs to each run: its workers, its History line, its event (the run's id is not known yet: on
     # PostgreSQL they are written in the runs' own round trip, each finding its run by uid; elsewhere once the ids
     # are back, for the runs written)
-    owned = {id(it): ([_values(w, workers_t) for w in it.run.workers],
-                      {"time": it.at, "state": "Pending", "reason": "Submitted"},
-                      {"workspace_id": it.ws_id, "time": it.at, "kind": "RunSubmitted",
-                       "object": it.parsed.metadata.name,
-                       "message": lifecycle.submitted_message(it.parsed.metadata.name, it.parsed.spec.priority)})
+    owned = {id(it): ([_values(w, workers_t) for w in it.run.workers], *lifecycle.submitted_rows(it.run, it.at))
              for it in accepted}
     pg = _Driver.of(s)
     if pg is not None:
@@ -310,11 +455,12 @@ def _insert(s, accepted: list[Submit]) -> list[Submit]:
                 stmt.returning(runs_t.c.id, runs_t.c.workspace_id, runs_t.c.name), [rows[i] for i in group]))
     written = []
     for it in accepted:
-        rid = got.get((it.ws_id, it.run.name))
+        ws = it.caller.workspace
+        rid = got.get((ws.id, it.run.name))
         if rid is None:
             it.run, it.cluster = None, None
             name = it.parsed.metadata.name
-            it.error = name_taken(name, it.ws_name, bool(name_holder_deleting(s, it.ws_id, name)))
+            it.error = name_taken(name, ws.name, bool(name_holder_deleting(s, ws.id, name)))
             continue
         it.run.id = rid
         for w in it.run.workers:
@@ -428,53 +574,3 @@ class _Driver:
                     if not cur.nextset():
                         break
         return got
-
-
-def editor(s, authorization: str | None, org: str, ws: str, lock: bool = False) -> Caller:
-    """The caller of a submit to workspace `org`/`ws` (routers/deps.ws_caller), who must be an editor; `lock`:
-    services.user_caller's."""
-    from astraeus.server import services
-
-    caller = services.user_caller(s, authorization, org, ws, lock=lock)
-    services.require(caller, "editor")
-    return caller
-
-
-def _cluster_for(s, ws_id: int, ws_name: str, name: str | None):
-    """services.cluster_for: (cluster, access), or the ApiError it raises (answered to that submit alone)."""
-    from astraeus.server.services import ApiError, cluster_for
-
-    try:
-        return cluster_for(s, ws_id, ws_name, name)
-    except ApiError as e:
-        return e
-
-
-def _check_and_build(it: Submit, target, taken: set[str]) -> tuple[Run, Cluster]:
-    """submit_run's checks, in its order (the role was checked by the request), and the new run with its
-    workers; `taken` gains its name. (A name taken before the batch is found by its INSERT: _insert.)"""
-    from astraeus.server.services import ApiError, name_taken
-
-    if isinstance(target, ApiError):
-        raise target
-    cluster, access = target
-    body = it.parsed
-    if not S.priority_allowed(body.spec.priority, access.max_priority):
-        raise ApiError(403, "PRIORITY_NOT_ALLOWED",
-                       f"priority {body.spec.priority} is above namespace {it.ws_ns}'s maximum of "
-                       f"{access.max_priority}")
-    tt = body.spec.task_template
-    name = body.metadata.name
-    if name in taken:
-        raise name_taken(name, it.ws_name)
-    gpus, cpu, mem = S.worker_resources(tt)
-    taken.add(name)
-    spec = body.spec.model_dump(mode="json")
-    if spec.get("template") is None:
-        spec.pop("template", None)
-    spec["cluster"] = cluster.name
-    run = lifecycle.new_run(uid=uuid.uuid4().hex, workspace_id=it.ws_id, cluster_id=cluster.id, name=name,
-                            labels=body.metadata.labels, spec=spec, priority=body.spec.priority, created_at=it.at)
-    run.workers = [lifecycle.new_worker(name=f"{name}-{i}", index=i, gpus=gpus, cpu_cores=cpu, memory_bytes=mem,
-                                        gpu_indices=[], why_not=[]) for i in range(S.worker_count(tt))]
-    return run, cluster

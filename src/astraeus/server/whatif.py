@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from astraeus import scheduler as sched
 from astraeus.scheduler.reasons import utc_minute
 from astraeus.server import loop, services
-from astraeus.server.core import STATE_LOCK, lock_state
 from astraeus.server.db import Cluster
 from astraeus.server.services import Caller
+from astraeus.server.state_lock import STATE_LOCK, lock_state
 
 
 def what_if(session: Session, caller: Caller, body: Any, at: float) -> dict:

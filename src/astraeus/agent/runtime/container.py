@@ -56,6 +56,7 @@ def runc_version() -> str | None:
 class ContainerRuntime(ProcessRuntime):
     requires_command = False  # the image's entrypoint/cmd may be what runs
     SHIM_PRELOAD = ("astraeus.agent.runtime.container_shim",)  # its shims run ContainerShim
+    SHIM_MODULE = "astraeus.agent.runtime.container_shim"
 
     def __init__(self, state_dir: str, stop_grace: float = 30.0, *, image_cache_dir: str | None = None,
                  image_cache_bytes: int = 0, insecure_registries=(), shm_bytes: int | None = None, **kw):

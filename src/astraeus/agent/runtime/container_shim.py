@@ -37,6 +37,7 @@ import time
 
 from astraeus.agent.runtime import cgroups, mounts, oci_spec
 from astraeus.agent.runtime.shim import Shim, log, write_json
+from astraeus.agent.runtime.shim import main as shim_main
 
 REAPER = """
 import os, select, signal, sys
@@ -490,3 +491,14 @@ def unmount_all(path: str) -> bool:
                 pass
     return not mount_points_under(path)
 
+
+
+def main(argv: list[str], detached: bool = False) -> None:
+    """`python -m astraeus.agent.runtime.container_shim <spec.json>`: the shim's main with ContainerShim
+    supervising the worker (the shim module never imports this one: it is the lower of the two)."""
+    mounts.drop_template()  # runc makes the container's view: the prepared one would only be held open
+    shim_main(argv, detached, ContainerShim)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -2,8 +2,8 @@
 it forks a worker's shim on request instead of the agent starting a new Python interpreter for each worker.
 
 Why: `python -m astraeus.agent.runtime.shim` costs an interpreter start and the shim's imports (psutil, json,
-ctypes ...): about 0.1 s of CPU per worker, most of a trivial run's cost on a small machine. A fork of a process
-that has them imported costs a few milliseconds.
+ctypes ...) for each worker, most of a trivial run's cost on a small machine. A fork of a process that has them
+imported costs far less.
 
 What the forked child does is exactly what `python -m astraeus.agent.runtime.shim SPEC` does when the agent
 starts it with subprocess.Popen(env=ENV, stdin/stdout=/dev/null, stderr=shim.log, cwd="/",
@@ -21,8 +21,8 @@ block in place (as setproctitle does for the command line). When a child's envir
 the child execs the shim instead (the old way, an interpreter start), so nothing depends on the slot's size.
 
 Protocol (the agent's side is `Launcher`): one JSON line per request on the launcher's stdin,
-{"argv": [...], "env": {...}, "stderr": PATH}; one line back on its stdout, the shim's pid once it is forked
-(-1: the request was not JSON). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
+{"argv": [...], "env": {...}, "stderr": PATH, "module": the shim's module}; one line back on its stdout, the shim's
+pid once it is forked (-1: the request was not JSON). EOF on stdin (the agent gone): the launcher exits; the shims it forked do not depend on
 it. Any failure on the agent's side (the launcher not started, dead, a broken pipe, a garbled answer) makes
 ProcessRuntime fall back to starting the shim with Popen.
 
@@ -39,6 +39,8 @@ import json
 import os
 import signal
 import sys
+
+from astraeus import envvars  # not astraeus.settings: the launcher holds no pydantic
 
 SLOT_VAR = "ASTRAEUS_SHIM_LAUNCHER"  # in the launcher: a blank slot; in the agent: `0` turns the launcher off
 SLOT_BYTES = 8192
@@ -71,13 +73,15 @@ def _set_proc_environ(env: dict[str, str], block: tuple[int, int] | None) -> boo
 
 
 def _child(req: dict, block: tuple[int, int] | None, template: tuple[int, str] | None = None) -> None:
-    """In the forked child: become `python -m astraeus.agent.runtime.shim ARGV` as Popen would have started it,
-    with the prepared view (`template`, astraeus.agent.runtime.mounts.TEMPLATE) for its worker."""
+    """In the forked child: become `python -m MODULE ARGV` (MODULE: the request's shim module,
+    astraeus.agent.runtime.shim or .container_shim) as Popen would have started it, with the prepared view
+    (`template`, astraeus.agent.runtime.mounts.TEMPLATE) for its worker."""
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the launcher's SIG_IGN, which an exec would keep
         env = {str(k): str(v) for k, v in req["env"].items()}
         argv = [str(a) for a in req["argv"]]
+        module = str(req.get("module") or SHIM_MODULE)
         errf = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
@@ -93,15 +97,17 @@ def _child(req: dict, block: tuple[int, int] | None, template: tuple[int, str] |
         os.setsid()
         if not _set_proc_environ(env, block):
             # does not fit the slot: the old way, an interpreter of its own
-            os.execve(sys.executable, [sys.executable, "-m", SHIM_MODULE, *argv], env)
-        os.environ.clear()
-        os.environ.update(env)
-        from astraeus.agent.runtime import mounts, shim
+            os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+        envvars.replace(env)
+        import importlib
+
+        from astraeus.agent.runtime import mounts
 
         mounts.TEMPLATE = template
+        entry = importlib.import_module(module)  # imported already: SHIM_MODULES, or the launcher's preload
 
         # this child is the shim (in its own session already): it returns here when it ends
-        shim.main([SHIM_MODULE, *argv], detached=True)
+        entry.main([module, *argv], detached=True)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -156,7 +162,7 @@ def serve(preload: list[str] | tuple[str, ...] = ()) -> None:
 
 
 # The per-worker supervisor in C (astraeus.agent.runtime.native), when the agent gave its path.
-NATIVE = os.environ.get("ASTRAEUS_NATIVE_SHIM") or None
+NATIVE = envvars.get("ASTRAEUS_NATIVE_SHIM") or None
 
 
 def _native(req: dict, template: tuple[int, str]) -> int | None:
@@ -222,15 +228,17 @@ class Launcher:
                 err.close()
         return self.proc
 
-    def launch(self, argv: list[str], env: dict[str, str], stderr_path: str) -> int:
-        """Start the shim: the pid of the launcher's child that becomes it (the shim forks away from that child at
-        once). Raises OSError when the launcher fails."""
+    def launch(self, argv: list[str], env: dict[str, str], stderr_path: str, module: str = SHIM_MODULE) -> int:
+        """Start the shim (`module`'s main: SHIM_MODULE, or a container worker's container_shim): the pid of the
+        launcher's child that becomes it (the shim forks away from that child at once). Raises OSError when the
+        launcher fails."""
         with self.lock:
             if self.failures >= 3:
                 raise OSError("the shim launcher failed three times; not using it")
             try:
                 p = self._ensure()
-                p.stdin.write(json.dumps({"argv": argv, "env": env, "stderr": stderr_path}).encode() + b"\n")
+                p.stdin.write(json.dumps({"argv": argv, "env": env, "stderr": stderr_path, "module": module}).encode()
+                              + b"\n")
                 p.stdin.flush()
                 answer = p.stdout.readline()
                 if not answer:

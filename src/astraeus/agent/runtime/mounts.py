@@ -47,6 +47,8 @@ import errno
 import os
 import stat
 
+from astraeus.users import resolve_user
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
@@ -215,22 +217,6 @@ def _owners(owner: dict | None) -> tuple[int | None, range]:
 
 
 # ------------------------------------------------------------------------------------------- the worker's user
-def resolve_user(user: str) -> tuple[int, int]:
-    """(uid, gid) of a configured user (a name or a number); ValueError if unknown or root."""
-    import pwd
-
-    try:
-        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
-        uid, gid = pw.pw_uid, pw.pw_gid
-    except KeyError:
-        if not user.isdigit():
-            raise ValueError(f"no user named {user!r} on this machine") from None
-        uid = gid = int(user)
-    if uid == 0 or gid == 0:
-        raise ValueError(f"{user!r} is root (uid or gid 0); workers must run as an unprivileged user")
-    return uid, gid
-
-
 def workspace_of(worker: str, env: dict) -> str:
     """The worker's workspace namespace (`ws-<12 hex>`): from ASTRAEUS_JOB_NAME (`<ns>.<run>`) or its identity
     (`<ns>.<name>`); "" when neither names one."""
@@ -262,7 +248,7 @@ def workspace_uid(ns: str, number: int | None, base: int = 200000, span: int = 6
 def isolation_spec(state_dir: str, worker: str, env: dict, workspace_number: int | None = None) -> dict:
     """What the shim needs to isolate a worker (written into spec.json by the agent): its uid/gid and the host
     paths its view hides. Read from AgentSettings (ASTRAEUS_WORKER_USER or ASTRAEUS_WORKER_UID_BASE/RANGE)."""
-    from astraeus.agent.runtime.process import agent_settings
+    from astraeus.settings import agent_settings  # the agent's side only: the shim never imports pydantic
 
     s = agent_settings()
     if s.worker_user:

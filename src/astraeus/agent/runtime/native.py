@@ -36,7 +36,9 @@ CURRENT = b"cannot enter the worker's network namespace"
 
 def binary_for_agent() -> str | None:
     """The binary the agent's launcher may use (None: the Python shim for every worker)."""
-    if os.environ.get(ENV_VAR, "1") == "0" or os.geteuid() != 0:
+    from astraeus.settings import internal  # the agent's side: the launcher, which imports this module, never does
+
+    if internal(ENV_VAR) == "0" or os.geteuid() != 0:
         return None
     if not os.access(BINARY, os.X_OK):
         return None

@@ -65,28 +65,12 @@ from astraeus.agent.runtime.images import ImageMap
 from astraeus.agent.runtime.launcher import Launcher
 from astraeus.agent.runtime.shim import stat_fields
 from astraeus.protocol import Assignment
-from astraeus.settings import AgentSettings
+from astraeus.settings import agent_settings, environment, internal
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 SHIM_MODULE = "astraeus.agent.runtime.shim"
 log = logging.getLogger("astraeus.agent.runtime")
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-_settings_cache: tuple[tuple, AgentSettings] | None = None
-
-
-def agent_settings() -> AgentSettings:
-    """AgentSettings.load(), read again only when an ASTRAEUS_ variable changed: reading them costs the agent
-    tens of milliseconds of CPU (pydantic-settings), which each worker start paid twice."""
-    global _settings_cache
-    key = tuple(sorted((k, v) for k, v in os.environ.items() if k[:9].upper() == "ASTRAEUS_"))
-    cached = _settings_cache
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    s = AgentSettings.load()
-    _settings_cache = (key, s)
-    return s
 
 
 def _read_json(path: str) -> dict | None:
@@ -165,6 +149,7 @@ def find_cgroup_root() -> str | None:
 
 class ProcessRuntime(Runtime):
     SHIM_PRELOAD: tuple[str, ...] = ()  # modules the shim launcher imports beyond the shim's own (Launcher)
+    SHIM_MODULE = SHIM_MODULE  # the shim's entry: `python -m` it, or the launcher calls its main()
 
     def __init__(self, state_dir: str, image_map: ImageMap | None = None, stop_grace: float = 30.0,
                  use_cgroups: bool = True, start_timeout: float = 30.0, pids_max: int | None = None,
@@ -178,13 +163,13 @@ class ProcessRuntime(Runtime):
         for folder in (self.state_dir, self.workers_dir):  # workers' env, configs and logs: the agent's only
             os.chmod(folder, 0o700)
         self.owner = hashlib.sha1(os.path.realpath(self.state_dir).encode()).hexdigest()[:12]
-        self.image_map = image_map or ImageMap.from_env()
+        self.image_map = image_map or agent_settings().images()
         self.stop_grace = float(stop_grace)
         # Worker cgroups (limits, and killing a whole tree): v2 and/or v1 hierarchies; none without cgroups.
         self.cgroups = cgroups.detect() if use_cgroups else cgroups.Hierarchies()
         self.cgroup_root = self.cgroups.root
         if pids_max is None:
-            pids_max = AgentSettings.load().worker_pids_max
+            pids_max = agent_settings().worker_pids_max
         self.pids_max = int(pids_max)  # 0: no limit
         self.device_dir = device_dir  # where the GPU device nodes are (/dev/nvidia<N>)
         self._gpu_minors: dict[int, int] | None = None
@@ -204,7 +189,7 @@ class ProcessRuntime(Runtime):
         # Shims are forked by a pre-started launcher (no interpreter start per worker); ASTRAEUS_SHIM_LAUNCHER=0
         # starts each with its own interpreter, as before.
         self.launcher: Launcher | None = None
-        if os.environ.get("ASTRAEUS_SHIM_LAUNCHER", "1") != "0":
+        if internal("ASTRAEUS_SHIM_LAUNCHER") != "0":
             env = self._shim_base_env()
             if (binary := native.binary_for_agent()) is not None:
                 env[native.ENV_VAR] = binary  # the launcher starts the C supervisor for the workers it fits
@@ -218,9 +203,10 @@ class ProcessRuntime(Runtime):
 
     @staticmethod
     def _shim_base_env() -> dict[str, str]:
+        env = environment()
         return {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "PYTHONPATH": _PKG_PARENT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+            "PATH": env.get("PATH", os.defpath),
+            "PYTHONPATH": _PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
         }
 
     def marker(self, worker: str, attempt: int) -> str:
@@ -296,10 +282,11 @@ class ProcessRuntime(Runtime):
         return os.path.join(d, "signal", "stop-reason")
 
     def build_env(self, assignment: Assignment) -> tuple[dict[str, str], str]:
-        env: dict[str, str] = {"PATH": os.environ.get("PATH", os.defpath), "HOME": os.environ.get("HOME", "/root")}
+        own = environment()
+        env: dict[str, str] = {"PATH": own.get("PATH", os.defpath), "HOME": own.get("HOME", "/root")}
         for k in ("LANG", "LC_ALL", "TZ"):
-            if k in os.environ:
-                env[k] = os.environ[k]
+            if k in own:
+                env[k] = own[k]
         local = self.image_map.resolve(assignment.image)
         local.apply(env)
         env["PYTHONUNBUFFERED"] = "1"  # logs line by line; a run may set it to "" to opt out
@@ -428,12 +415,12 @@ class ProcessRuntime(Runtime):
         spec, shim_log = os.path.join(d, "spec.json"), os.path.join(d, "shim.log")
         if self.launcher is not None:
             try:
-                self.launcher.launch([spec], shim_env, shim_log)
+                self.launcher.launch([spec], shim_env, shim_log, self.SHIM_MODULE)
                 return  # its status: as with Popen below, what the shim did is read from its files
             except OSError as e:
                 log.warning("%s; starting the shim with its own interpreter", e)
         with os.fdopen(os.open(shim_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as errf:
-            p = subprocess.Popen([sys.executable, "-m", SHIM_MODULE, spec],
+            p = subprocess.Popen([sys.executable, "-m", self.SHIM_MODULE, spec],
                                  env=shim_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
                                  cwd="/", start_new_session=True, close_fds=True)
         p.wait()  # the shim forks away at once

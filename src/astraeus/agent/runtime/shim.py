@@ -50,8 +50,8 @@ PR_CAPBSET_DROP = 24
 CAP_SYS_ADMIN = 21
 PARTIAL_FLUSH_SECONDS = 1.0
 MAX_LINE = 64 * 1024
-# libc, from the symbols this process has loaded already: ctypes.util.find_library("c") runs `ldconfig -p` (a
-# process start, ~7 ms here), which each shim paid twice.
+# libc, from the symbols this process has loaded already: ctypes.util.find_library("c") runs `ldconfig -p`, a
+# process start that each shim paid twice.
 LIBC = ctypes.CDLL(None, use_errno=True)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The seccomp filter of an isolated worker (both supervisors: the C one gets these bytes in its plan), built once in
@@ -104,8 +104,8 @@ def children_by_scan() -> dict[int, list[int]]:
     return kids
 
 
-# The worker's PID 1, run in the shim's fork (reaper(): no interpreter start of its own, which cost ~15 ms of CPU
-# per worker and delayed reaping a quick command): it waits until the shim has found the command, reaps every
+# The worker's PID 1, run in the shim's fork (reaper(): no interpreter start of its own, which cost CPU for each
+# worker and delayed reaping a quick command): it waits until the shim has found the command, reaps every
 # process of the namespace and writes the command's wait status and how many processes are left when it ends;
 # when PID 1 exits, the kernel kills the rest.
 REAPER = """
@@ -132,8 +132,10 @@ REAPER_CODE = compile(REAPER, "<astraeus-reaper>", "exec")  # once, in the launc
 NOTIFY = ("started.json", "exit.json", "failed.json")  # a worker started, ended or failed to start
 # Written to disk (fsync) before the shim goes on: a worker's outcome. The others (shim.json, started.json: pids,
 # which mean nothing after the machine restarts; spec.json rewritten) need no more than the page cache, which an
-# agent's or shim's crash keeps: each fsync cost ~6 ms on a worker's path.
+# agent's or shim's crash keeps: each fsync would wait for the disk on a worker's path.
 DURABLE = ("exit.json", "failed.json")
+# failed.json's message when a supervisor is started without what it needs (the C supervisor's words too).
+INCOMPLETE_PLAN = "the worker's supervisor got an incomplete plan"
 
 
 def write_json(path: str, obj: dict) -> None:
@@ -336,7 +338,7 @@ class Shim:
         self.dir = os.path.dirname(self.spec_path)
         with open(self.spec_path) as f:
             self.spec: dict = json.load(f)
-        self.marker: str = self.spec["marker"]
+        self.marker: str = self.spec.get("marker") or ""  # none: an incomplete plan, a start failure (run)
         self.cg = None  # the worker's cgroup(s): astraeus.agent.runtime.cgroups.WorkerCgroup, made by setup_cgroup
         self.pid: int | None = None  # the command (the worker's main process), as the host sees it
         self.init_pid: int | None = None  # our child: the worker's PID 1 (the command itself when not isolated)
@@ -576,6 +578,8 @@ class Shim:
 
     def start(self) -> None:
         spec = self.spec
+        if not spec.get("command"):
+            self.fail(f"{INCOMPLETE_PLAN}: spec.json has no command")
         cwd = spec.get("cwd") or "/"
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -923,6 +927,8 @@ class Shim:
             LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         except Exception as e:  # noqa: BLE001
             log(f"no child subreaper: {e}")
+        if not self.marker:  # as the C supervisor: the agent hears it at once, not at its start timeout
+            self.fail(f"{INCOMPLETE_PLAN}: spec.json has no marker")
         self.write_shim_json()
         self.open_log()
         self.setup_mounts()
@@ -1029,9 +1035,10 @@ class Shim:
         log(f"worker exited: exit_code={exit_code} signal={sig} killed={self.killed}")
 
 
-def main(argv: list[str], detached: bool = False) -> None:
+def main(argv: list[str], detached: bool = False, supervisor: type[Shim] | None = None) -> None:
     """`detached`: this process was forked by the shim launcher, in its own session, and is not the agent's child:
-    no double fork."""
+    no double fork. `supervisor`: the class that supervises the worker (Shim; a container worker's shim is
+    `python -m astraeus.agent.runtime.container_shim`, whose main gives its ContainerShim)."""
     if len(argv) != 2:
         print("usage: python -m astraeus.agent.runtime.shim <spec.json>", file=sys.stderr)
         sys.exit(2)
@@ -1040,17 +1047,7 @@ def main(argv: list[str], detached: bool = False) -> None:
             os._exit(0)
         os.setsid()
     try:
-        with open(argv[1]) as f:
-            container = bool(json.load(f).get("container"))
-        if container:
-            from astraeus.agent.runtime import mounts
-            from astraeus.agent.runtime.container_shim import ContainerShim
-
-            mounts.drop_template()  # runc makes the container's view: the prepared one would only be held open
-
-            ContainerShim(argv[1]).run()
-        else:
-            Shim(argv[1]).run()
+        (supervisor or Shim)(argv[1]).run()
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001

@@ -3,7 +3,7 @@
  * prepared (astraeus.agent.runtime.mounts.TEMPLATE). The launcher decides (astraeus.agent.runtime.native), makes the
  * worker's folders, config files and cgroups, opens its drives (and clones them and the configs as detached mounts),
  * and starts this binary with posix_spawn; every other worker gets the Python shim. Why: a Python shim and its worker's PID 1 are two forks of a Python process per worker, a third of
- * a trivial run's CPU on a small machine (benchmarks/README.md, "Fifteenth round").
+ * a trivial run's CPU on a small machine (benchmarks/README.md, "Worker starts").
  *
  * It keeps the Python shim's whole contract, file for file: shim.json, started.json, log.jsonl (the same lines,
  * byte for byte: invalid UTF-8 replaced, non-ASCII escaped, lines split at 64 KiB, a partial line flushed after

@@ -7,8 +7,6 @@ database at the current head (see alembic.ini beside this file for the commands)
 difference between head and the models, on SQLite and PostgreSQL.
 """
 
-import os
-
 from alembic import context
 
 from astraeus.server.db import Base, make_engine
@@ -27,7 +25,9 @@ connection = context.config.attributes.get("connection")
 if connection is not None:
     run(connection)
 else:  # the alembic command line: the database from -x url=... or ASTRAEUS_DATABASE_URL
-    url = context.get_x_argument(as_dictionary=True).get("url") or os.environ.get("ASTRAEUS_DATABASE_URL")
+    from astraeus.settings import server_settings
+
+    url = context.get_x_argument(as_dictionary=True).get("url") or server_settings().database_url
     if not url:
         raise SystemExit("alembic: name the database with -x url=... or ASTRAEUS_DATABASE_URL")
     engine = make_engine(url)

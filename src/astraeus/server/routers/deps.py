@@ -1,6 +1,6 @@
 """What the routers depend on, read from the request: the control plane, a session, the token and the caller.
 
-The ControlPlane lives on `request.app.state.cp` (create_app puts it there), so a router is a plain module-level
+The ControlPlane lives on `request.app.state.cp` (create_api puts it there), so a router is a plain module-level
 `APIRouter` with no closure over the app. FastAPI caches a dependency per request: a route's session, token and
 caller share one database session.
 

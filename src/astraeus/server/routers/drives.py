@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from sqlalchemy import select
 
 from astraeus import spec as S
+from astraeus.server import answers as A
 from astraeus.server import bodies as B
 from astraeus.server import services
 from astraeus.server.db import Drive
@@ -16,7 +17,7 @@ from astraeus.server.routers.workspace import PREFIX
 router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
 
 
-@router.post("/drives", status_code=201)
+@router.post("/drives", status_code=201, response_model=A.DriveOut, response_model_exclude_unset=True)
 def create_drive(c: WsCaller, s: Sess, body: S.DriveCreate):
     with tx(s):
         d = services.create_drive(s, c, body, now())
@@ -24,7 +25,7 @@ def create_drive(c: WsCaller, s: Sess, body: S.DriveCreate):
     return out
 
 
-@router.get("/drives")
+@router.get("/drives", response_model=A.DrivePage, response_model_exclude_unset=True)
 def list_drives(c: WsCaller, s: Sess, limit: Limit = PAGE_DEFAULT, cursor: Cursor = None):
     """The workspace's drives, by name, a page at a time."""
     after = decode_cursor(cursor, (str,))
@@ -35,12 +36,12 @@ def list_drives(c: WsCaller, s: Sess, limit: Limit = PAGE_DEFAULT, cursor: Curso
     return page(rows, limit, lambda d: (d.name,), lambda d: services.drive_out(s, c, d))
 
 
-@router.get("/drives/{name}")
+@router.get("/drives/{name}", response_model=A.DriveOut, response_model_exclude_unset=True)
 def get_drive(name: str, c: WsCaller, s: Sess):
     return services.drive_out(s, c, services.get_drive(s, c, name))
 
 
-@router.delete("/drives/{name}")
+@router.delete("/drives/{name}", response_model=A.Deleted, response_model_exclude_unset=True)
 def delete_drive(name: str, c: WsCaller, s: Sess):
     with tx(s):
         services.delete_drive(s, c, name, now())

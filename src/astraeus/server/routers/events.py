@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
+from astraeus.server import answers as A
 from astraeus.server import bodies as B
 from astraeus.server import services
 from astraeus.server.db import Event
@@ -58,7 +59,7 @@ def page(rows: list, limit: int, key: Callable[[Any], Sequence[Any]], view: Call
     return {"items": [view(r) for r in rows], "next_cursor": encode_cursor(key(rows[-1])) if more else None}
 
 
-@router.get("/events")
+@router.get("/events", response_model=A.EventPage, response_model_exclude_unset=True)
 def list_events(c: WsCaller, s: Sess, limit: Limit = PAGE_DEFAULT, cursor: Cursor = None):
     after = decode_cursor(cursor, (int,))
     q = select(Event).where(Event.workspace_id == c.workspace.id)

@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from astraeus.server import answers as A
 from astraeus.server import leader
 from astraeus.server.routers.deps import CP
 
 router = APIRouter(include_in_schema=False)
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=A.HealthOut, response_model_exclude_unset=True,
+            responses={503: {"model": A.HealthOut, "description": "The database does not answer, or cannot write"}})
 def healthz(cp: CP):
     """This replica's role in scheduling and whether its database answers: `{"role": "leader"|"follower",
     "epoch": N, "database": "ok"}`, or 503 with `"database": "unreachable"`, or 503 with `"database": "cannot
@@ -34,7 +36,7 @@ def healthz(cp: CP):
     return {"role": "leader" if term else "follower", "epoch": term.epoch if term else epoch, "database": "ok"}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 def metrics(cp: CP):
     from astraeus.server.routers import workers
 

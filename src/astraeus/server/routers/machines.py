@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from astraeus.server import answers as A
 from astraeus.server import bodies as B
 from astraeus.server import services
 from astraeus.server.routers.deps import Sess, WsCaller
@@ -13,7 +14,7 @@ from astraeus.server.routers.workspace import PREFIX
 router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
 
 
-@router.get("/machines")
+@router.get("/machines", response_model=A.MachinePage, response_model_exclude_unset=True)
 def list_machines(c: WsCaller, s: Sess, limit: Limit = PAGE_DEFAULT, cursor: Cursor = None):
     after = decode_cursor(cursor, (str, int))
     cluster_ids = services.granted_cluster_ids(s, c)

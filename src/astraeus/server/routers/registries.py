@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
+from astraeus.server import answers as A
 from astraeus.server import bodies as B
 from astraeus.server import registries
 from astraeus.server.routers.deps import Sess, WsCaller, now, tx
@@ -12,7 +13,8 @@ from astraeus.server.routers.workspace import PREFIX
 router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
 
 
-@router.put("/registries/{host}")
+@router.put("/registries/{host}", response_model=A.RegistryOut, response_model_exclude_unset=True,
+            responses={201: {"model": A.RegistryOut, "description": "Created (200: replaced)"}})
 def put_registry(host: str, c: WsCaller, s: Sess, body: registries.RegistryPut, response: Response):
     with tx(s):
         cred, created = registries.put(s, c, host, body, now())
@@ -21,17 +23,17 @@ def put_registry(host: str, c: WsCaller, s: Sess, body: registries.RegistryPut, 
     return out
 
 
-@router.get("/registries")
+@router.get("/registries", response_model=A.RegistryList, response_model_exclude_unset=True)
 def list_registries(c: WsCaller, s: Sess):
     return {"items": [registries.view(x, c.role) for x in registries.listed(s, c)]}
 
 
-@router.get("/registries/{host}")
+@router.get("/registries/{host}", response_model=A.RegistryOut, response_model_exclude_unset=True)
 def get_registry(host: str, c: WsCaller, s: Sess):
     return registries.view(registries.get(s, c, host), c.role)
 
 
-@router.delete("/registries/{host}")
+@router.delete("/registries/{host}", response_model=A.RegistryDeleted, response_model_exclude_unset=True)
 def delete_registry(host: str, c: WsCaller, s: Sess):
     with tx(s):
         host = registries.delete(s, c, host, now())

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
 from astraeus import spec as S
+from astraeus.server import answers as A
 from astraeus.server import bodies as B
 from astraeus.server import services, submits, whatif
 from astraeus.server.asgi import read_request, replay
@@ -48,8 +49,9 @@ def document_run_body(app) -> None:
     app.openapi = openapi
 
 
-@router.post("/runs", status_code=201, responses={200: {"description": "dry_run=true: what the run would do now "
-                                                                         "(nothing is stored)"}})
+@router.post("/runs", status_code=201, responses={  # a JSONResponse (the fast path) or a dict: documented here
+    201: {"model": A.RunOut, "description": "The run, as submitted"},
+    200: {"model": A.WhatIfOut, "description": "dry_run=true: what the run would do now (nothing is stored)"}})
 async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annotated[dict, Body()],
                      response: Response, request: Request,
                      dry_run: Annotated[bool, Query(description="Answer what the run would do if submitted now "
@@ -58,9 +60,9 @@ async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annot
                                                                 "are the submit's")] = False,
                      authorization: Annotated[str | None, Header()] = None):
     """`async def`: the body is checked here, and a plain submit waits for its group commit on the event loop
-    (submits.Batcher.submit_async), authenticated by the writer with the rest of its batch: no hop through the
-    thread pool at all. Everything else finds its caller as WsCaller does (one hop), and only what reads or writes
-    the database besides goes to a worker thread."""
+    (batched), authenticated by the writer with the rest of its batch: no hop through the thread pool at all.
+    Everything else finds its caller as WsCaller does (one hop), and only what reads or writes the database besides
+    goes to a worker thread."""
 
     async def caller() -> Caller:
         return await to_thread.run_sync(ws_caller, org, ws, s, authorization)
@@ -74,13 +76,10 @@ async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annot
     except Exception:
         await caller()  # refused as unauthenticated (or not found) first, as before its body is judged
         raise
-    if submits.batchable(parsed) and not request.scope.get(UNBATCHED):  # group commit (server/submits.py)
-        it = await cp.submits.submit_async(submits.Submit(None, None, None, parsed, now(), authorization=authorization,
-                                                          org=org, ws=ws))
-        if it.error is not None:
-            raise it.error
-        if not it.fallback:
-            return submitted(it, base)
+    if not request.scope.get(UNBATCHED):
+        answer = await batched(cp, parsed, authorization, org, ws)
+        if answer is not None:
+            return answer
     c = await caller()
     org, ws = c.org, c.workspace
 
@@ -94,64 +93,63 @@ async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annot
     return out
 
 
-def submitted(it: submits.Submit, base: str) -> JSONResponse:
-    """A plain submit's 201, once its batch committed: plain JSON already, answered as is, without FastAPI's
-    jsonable_encoder."""
+async def batched(cp, parsed: S.RunCreate | None, authorization: str | None, org: str,
+                  ws: str) -> JSONResponse | None:
+    """A submit through the group commit (server/submits.py), for create_run and PlainSubmits alike: its answer (the
+    run's 201, or its refusal's {"code", "message"}, as errors.install answers an ApiError), or None when it does
+    not batch or its batch could not be written (it is then submitted on its own)."""
+    if not submits.batchable(parsed):
+        return None
+    it = await cp.submits.submit_async(submits.Submit(parsed, now(), authorization=authorization, org=org, ws=ws))
+    if it.fallback:
+        return None
+    if isinstance(it.error, services.ApiError):
+        return error_json(it.error.status, it.error.code, it.error.message)
+    if it.error is not None:
+        raise it.error
     c = it.caller
-    return JSONResponse(services.run_view(it.run, c.org, c.workspace, it.cluster, base, [], {}, c.role), 201)
+    # plain JSON already: answered as is, without FastAPI's jsonable_encoder
+    return JSONResponse(services.run_view(it.run, c.org, c.workspace, it.cluster, cp.settings.console_base(), [],
+                                          {}, c.role), 201)
 
 
-UNBATCHED = "astraeus.unbatched"  # in a request's scope: its group commit fell back, submit it on its own
+UNBATCHED = "astraeus.unbatched"  # in a request's scope: PlainSubmits tried the group commit, submit it on its own
 SUBMIT_PATH = re.compile(r"/api/v1/o/([^/]+)/w/([^/]+)/runs")
 assert PREFIX + "/runs" == "/api/v1/o/{org}/w/{ws}/runs", "SUBMIT_PATH follows the route's path"
 
 
 class PlainSubmits:
-    """POST /runs for a plain submit (what create_run sends to the group commit), answered ahead of FastAPI's
-    middlewares, routing and dependency solving: the body is read, decoded and checked as create_run's `Body()`
-    and parse_run_body would, the submit waits for its batch on the event loop, and the answer is create_run's
-    (the run's 201, or the refusal's {"code", "message"}). Everything else goes on to the app as it came (the
-    body replayed): another path or method, a query (dry_run), a body that is not a JSON object of a valid plain
-    run (its 422 is create_run's, after authentication), a template, drives, pools..., and a submit whose batch
-    could not be written (then submitted on its own, UNBATCHED). Pure ASGI, inside BodyLimit."""
+    """POST /runs answered ahead of FastAPI's middlewares, routing and dependency solving: an adapter that decodes
+    the request as create_run's `Body()` would (a JSON object, with `Content-Type: application/json`), parses it
+    (services.parse_run_body) and answers what `batched` answers. Anything it does not answer goes on to the app as
+    it came (the body replayed), to create_run: another path or method, a query (dry_run), a body it cannot decode
+    or parse (its 422 is create_run's, after authentication), and a submit `batched` leaves (UNBATCHED: not tried
+    again). Pure ASGI, inside BodyLimit."""
 
     def __init__(self, app, cp):
         self.app, self.cp = app, cp
 
     async def __call__(self, scope, receive, send):
-        if (scope["type"] != "http" or scope["method"] != "POST" or scope.get("query_string")
-                or scope.get("root_path") or not scope["path"].endswith("/runs")):
-            return await self.app(scope, receive, send)
-        m = SUBMIT_PATH.fullmatch(scope["path"])
-        if m is None:
+        m = SUBMIT_PATH.fullmatch(scope["path"]) if scope["type"] == "http" else None
+        if (m is None or scope["method"] != "POST" or scope.get("query_string") or scope.get("root_path")
+                or scope.get(UNBATCHED)):
             return await self.app(scope, receive, send)
         authorization, json_body, messages, whole = await read_request(scope, receive)
-        if not whole:
-            return await self.app(scope, replay(messages), send)
-        plain = json_body is not False
         parsed = None
-        if plain:
+        if whole and json_body is not False:
             try:
                 parsed = services.parse_run_body(json.loads(b"".join(msg.get("body", b"") for msg in messages)))
             except Exception:  # not JSON, not an object, not a valid run: create_run says why, as it always has
                 parsed = None
-        if parsed is None or not submits.batchable(parsed):
+        if parsed is None:
             return await self.app(scope, replay(messages), send)
-        it = await self.cp.submits.submit_async(submits.Submit(None, None, None, parsed, now(),
-                                                               authorization=authorization,
-                                                               org=m.group(1), ws=m.group(2)))
-        if it.fallback:
+        answer = await batched(self.cp, parsed, authorization, m.group(1), m.group(2))
+        if answer is None:
             return await self.app({**scope, UNBATCHED: True}, replay(messages), send)
-        if isinstance(it.error, services.ApiError):
-            answer = error_json(it.error.status, it.error.code, it.error.message)  # as errors.install answers
-        elif it.error is not None:
-            raise it.error
-        else:
-            answer = submitted(it, self.cp.settings.console_base())
         await answer(scope, receive, send)
 
 
-@router.get("/runs")
+@router.get("/runs", response_model=A.RunPage, response_model_exclude_unset=True)  # answered as a JSONResponse
 def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None,
               label: Annotated[list[str] | None, Query(
                   max_length=2048, description="Only runs with these labels: key=value, repeated or comma-separated "
@@ -170,14 +168,14 @@ def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None,
         r, c.org, c.workspace, clusters[r.cluster_id], base, None, names, c.role)))
 
 
-@router.get("/runs/{name}")
+@router.get("/runs/{name}", response_model=A.RunOut, response_model_exclude_unset=True)
 def get_run(name: str, c: WsCaller, s: Sess, base: Base):
     run = services.get_run(s, c, name)
     return services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base,
                              services.run_history(s, run), machine_names(s), c.role)
 
 
-@router.delete("/runs/{name}")
+@router.delete("/runs/{name}", response_model=A.RunDeleted, response_model_exclude_unset=True)
 def delete_run(name: str, c: WsCaller, s: Sess, cp: CP):
     with tx(s):
         run, machines = services.delete_run(s, c, name, now())

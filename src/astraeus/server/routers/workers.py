@@ -13,6 +13,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import selectinload
 
+from astraeus.server import answers as A
 from astraeus.server import bodies as B
 from astraeus.server import lifecycle, services
 from astraeus.server.db import Run, Worker
@@ -23,9 +24,13 @@ from astraeus.server.routers.workspace import PREFIX
 router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
 
 LOGS_200 = {200: {"description": "one line per output line", "content": {"text/plain": {"schema": {"type": "string"}}}}}
+# The log is text and its refusals JSON: the errors name their content type (a model would be documented under the
+# route's text/plain).
+LOGS_ANSWERS = {**{code: {"description": r["description"], "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/Error"}}}} for code, r in B.ERRORS.items()}, **LOGS_200}
 
 
-@router.get("/workers")
+@router.get("/workers", response_model=A.WorkerPage, response_model_exclude_unset=True)
 def list_workers(c: WsCaller, s: Sess, run: str | None = None, limit: Limit = PAGE_DEFAULT, cursor: Cursor = None):
     """The workspace's workers (of one run with `run`), by run then index, a page at a time."""
     after = decode_cursor(cursor, (int, int, int))
@@ -40,7 +45,7 @@ def list_workers(c: WsCaller, s: Sess, run: str | None = None, limit: Limit = PA
     return page(rows, limit, lambda w: (w.run_id, w.index, w.id), lambda w: services.worker_view(w, names))
 
 
-@router.get("/workers/{name}")
+@router.get("/workers/{name}", response_model=A.WorkerOut, response_model_exclude_unset=True)
 def get_worker(name: str, c: WsCaller, s: Sess):
     return services.worker_view(services.get_worker(s, c, name), machine_names(s))
 
@@ -52,12 +57,12 @@ def _line(ln, timestamps: bool) -> str:
     return ln.text + "\n"
 
 
-@router.get("/workers/{name}/logs", responses=LOGS_200)
+@router.get("/workers/{name}/logs", response_class=PlainTextResponse, responses=LOGS_ANSWERS)
 def worker_logs(name: str, c: WsCaller, s: Sess, cp: CP, request: Request,
                 tail: Annotated[int | None, Query(ge=0, le=B.INT32)] = None,
                 follow: bool = False, timestamps: bool = False):
     worker = services.get_worker(s, c, name)
-    limits = cp.settings.log_max_bytes, cp.settings.log_max_lines
+    limits = cp.settings.log_max_bytes_per_worker, cp.settings.log_max_lines_per_worker
     if not follow:
         lines = services.read_logs(s, worker, tail=tail)
         head = _dropped(s, worker, limits, tail, lines)

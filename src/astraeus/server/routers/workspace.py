@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from astraeus.server import answers as A
 from astraeus.server import bodies as B
 from astraeus.server import services
 from astraeus.server.routers.deps import Base, Sess, WsCaller
@@ -13,6 +14,6 @@ PREFIX = "/api/v1/o/{org}/w/{ws}"
 router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
 
 
-@router.get("")
+@router.get("", response_model=A.WorkspaceOut, response_model_exclude_unset=True)
 def get_workspace(c: WsCaller, s: Sess, base: Base):
     return services.workspace_view(s, c, base)

@@ -1,0 +1,531 @@
+"""What every route answers, as pydantic models: the shapes /openapi.json documents and the routers declare
+(`response_model=`, or `responses=` where a route answers a JSONResponse of its own for speed).
+
+The views in services.py and the resource modules build the answers as dicts; these models describe them and
+change nothing of them: each field is named and ordered as its view writes it, a key a view writes only sometimes
+(a run's "history") is a field with a default that the routes leave out when unset (`response_model_exclude_unset`),
+and a key no model names yet is kept (`extra="allow"`; tests/api/test_openapi_responses.py fails on one). Times are
+the ISO 8601 strings the views write ("2030-01-01T00:00:00Z"). The agent protocol's answers are astraeus.protocol's.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+# A number as the view wrote it: an int stays an int, a float a float (a plain `float` field would turn 8 into 8.0).
+Num = Annotated[int | float, WithJsonSchema({"type": "number"})]
+Time = Annotated[str, Field(description="UTC, ISO 8601: 2030-01-01T00:00:00Z")]
+Spec = Annotated[dict[str, Any], Field(description="The specification as submitted (with defaults filled in)")]
+
+
+class Out(BaseModel):
+    """An answer: keys no field names are kept as they are (never dropped from what users get)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# ------------------------------------------------------------------------------------------- common
+
+
+class Deleted(Out):
+    name: str
+    deleted: bool
+
+
+class WhyNot(Out):
+    """Why a worker is not placed on one machine."""
+
+    machine: str
+    reason: str
+
+
+# ------------------------------------------------------------------------------------------- workspace
+
+
+class QuotaOut(Out):
+    gpus: int | None
+    cpu_cores: Num | None
+    memory_bytes: int | None
+    workers: int | None
+
+
+class ClusterAccessOut(Out):
+    """A workspace's access to one cluster."""
+
+    name: str
+    max_priority: int
+    weight: Num
+    host_paths: list[str]
+    host_network: bool
+    preemption: bool
+    pools: list[str] | None = Field(description="The pools it may use (null: every machine of the cluster)")
+    quota: QuotaOut
+
+
+class WorkspaceOut(Out):
+    """The workspace as its token sees it."""
+
+    name: str
+    id: str = Field(description="The workspace's namespace (ws-...)")
+    org: str
+    role: str | None
+    console_url: str
+    clusters: list[ClusterAccessOut]
+
+
+# ------------------------------------------------------------------------------------------- workers
+
+
+class WorkerOut(Out):
+    name: str
+    run: str
+    index: int
+    state: str
+    reason: str | None
+    restarts: int
+    preemptions: int
+    exit_code: int | None
+    machine: str | None
+    gpu_indices: list[int]
+    cpu_cores: Num | None
+    memory_bytes: int | None
+    attempt: int
+    pid: int | None
+    image: str | None
+    environment: str | None
+    placed_at: Time | None
+    started_at: Time | None
+    finished_at: Time | None
+    why_not: list[WhyNot]
+
+
+class WorkerPage(Out):
+    items: list[WorkerOut]
+    next_cursor: str | None
+
+
+# ------------------------------------------------------------------------------------------- runs
+
+
+class TemplateRef(Out):
+    name: str
+    version: int | None
+
+
+class RunMeta(Out):
+    name: str
+    labels: dict[str, str]
+    uid: str
+    workspace: str
+    namespace: str
+    cluster: str
+    created_at: Time | None
+    template: TemplateRef | None = Field(description="The run template it was made from, at its version then")
+
+
+class HistoryOut(Out):
+    time: Time | None
+    state: str
+    reason: str | None
+
+
+class RunStatus(Out):
+    state: str
+    reason: str | None
+    queue_reason: str | None
+    workers: list[WorkerOut]
+    preemptions: int
+    restarts: int
+    started_at: Time | None
+    finished_at: Time | None
+    console_url: str
+    console_reason: str | None = Field(None, description="Only while a preempted run waits")
+    history: list[HistoryOut] | None = Field(None, description="Only when one run is shown")
+
+
+class RunOut(Out):
+    metadata: RunMeta
+    spec: Spec
+    status: RunStatus
+
+
+class RunPage(Out):
+    items: list[RunOut]
+    next_cursor: str | None
+
+
+class RunDeleted(Deleted):
+    state: str
+
+
+class Placement(Out):
+    worker: str
+    machine: str
+    gpu_indices: list[int]
+
+
+class WhatIfOut(Out):
+    """A dry run's answer (POST /runs?dry_run=true): what the run would do now; nothing is stored."""
+
+    dry_run: bool
+    name: str
+    cluster: str
+    outcome: str = Field(description="Starts | Preempts | Head | Queued | or why it cannot run")
+    message: str
+    reason: str
+    placements: list[Placement]
+    backfilled: bool
+    preempts: list[str]
+    preempts_workers: int
+    starts_by: Time | None
+    behind: str | None
+    why_not: dict[str, list[WhyNot]]
+
+
+# ------------------------------------------------------------------------------------------- drives
+
+
+class DriveMeta(Out):
+    name: str
+    workspace: str
+    namespace: str
+    cluster: str
+    created_at: Time | None
+
+
+class DriveStatus(Out):
+    state: str
+
+
+class DriveOut(Out):
+    metadata: DriveMeta
+    spec: Spec
+    status: DriveStatus
+
+
+class DrivePage(Out):
+    items: list[DriveOut]
+    next_cursor: str | None
+
+
+# ------------------------------------------------------------------------------------------- events
+
+
+class EventOut(Out):
+    time: Time | None
+    kind: str
+    object: str | None
+    message: str
+
+
+class EventPage(Out):
+    items: list[EventOut]
+    next_cursor: str | None
+
+
+# ------------------------------------------------------------------------------------------- machines
+
+
+class NfsOut(Out):
+    server: str | None = None
+    client: bool = False
+    rdma: bool = False
+
+
+class DiskOut(Out):
+    path: str | None
+    free_bytes: int | None
+    total_bytes: int | None
+    free_percent: Num | None
+
+
+class MachineOut(Out):
+    name: str
+    cluster: str | None
+    state: str
+    gpus: int
+    pools: list[str]
+    gpus_used: int
+    gpus_free: int
+    gpu_models: list[str]
+    cpu_cores: Num | None
+    memory_bytes: int | None
+    stop_grace_seconds: Num | None
+    labels: dict[str, str]
+    runtime: str | None
+    address: str | None
+    shared_filesystems: dict[str, str]
+    nfs: NfsOut
+    schedulable: bool
+    reason: str | None = Field(description="Why it takes no new workers (null: it does, or its state says)")
+    disk: DiskOut | None
+    last_heartbeat: Time | None
+
+
+class MachinePage(Out):
+    items: list[MachineOut]
+    next_cursor: str | None
+
+
+# ------------------------------------------------------------------------------------------- templates
+
+
+class TemplateMeta(Out):
+    name: str
+    labels: dict[str, str]
+    workspace: str
+    namespace: str
+    version: int
+    created_at: Time | None
+    updated_at: Time | None
+
+
+class TemplateStatus(Out):
+    version: int
+
+
+class TemplateOut(Out):
+    metadata: TemplateMeta
+    spec: Spec
+    status: TemplateStatus
+
+
+class TemplateList(Out):
+    items: list[TemplateOut]
+
+
+# ------------------------------------------------------------------------------------------- schedules
+
+
+class ScheduleMeta(Out):
+    name: str
+    workspace: str
+    namespace: str
+    created_at: Time | None
+    updated_at: Time | None
+
+
+class TickOut(Out):
+    tick: str
+    at: Time | None
+    outcome: str = Field(description="Created | Skipped | Refused")
+    run: str | None
+    message: str | None
+    handled_at: Time | None
+
+
+class NextTick(Out):
+    tick: str
+    at: Time | None
+
+
+class ScheduleRunOut(Out):
+    name: str
+    state: str
+    created_at: Time | None
+    finished_at: Time | None
+
+
+class ScheduleStatus(Out):
+    suspended: bool
+    last_tick: TickOut | None
+    next_tick: NextTick | None
+    active: list[str]
+    runs: list[ScheduleRunOut] | None = Field(None, description="Only when one schedule is shown")
+    ticks: list[TickOut] | None = Field(None, description="Only when one schedule is shown: the latest ticks")
+
+
+class ScheduleOut(Out):
+    metadata: ScheduleMeta
+    spec: Spec
+    status: ScheduleStatus
+
+
+class ScheduleList(Out):
+    items: list[ScheduleOut]
+
+
+# ------------------------------------------------------------------------------------------- replica groups
+
+
+class GroupMeta(Out):
+    name: str
+    labels: dict[str, str]
+    workspace: str
+    namespace: str
+    created_at: Time | None
+    updated_at: Time | None
+
+
+class GroupSpecOut(Out):
+    replicas: int
+    run: Spec
+
+
+class GroupRunOut(Out):
+    name: str
+    state: str
+    reason: str | None
+    created_at: Time | None
+    started_at: Time | None
+    finished_at: Time | None
+
+
+class GroupStatus(Out):
+    replicas: int
+    alive: int
+    running: int
+    failures: int
+    retry_at: Time | None
+    runs: list[GroupRunOut]
+
+
+class ReplicaGroupOut(Out):
+    metadata: GroupMeta
+    spec: GroupSpecOut
+    status: GroupStatus
+
+
+class ReplicaGroupList(Out):
+    items: list[ReplicaGroupOut]
+
+
+# ------------------------------------------------------------------------------------------- registries
+
+
+class RegistryOut(Out):
+    registry: str
+    username: str = Field(description="****** unless the token is an editor's or an admin's; never the password")
+    created_at: Time | None
+    updated_at: Time | None
+
+
+class RegistryList(Out):
+    items: list[RegistryOut]
+
+
+class RegistryDeleted(Out):
+    registry: str
+    deleted: bool
+
+
+# ------------------------------------------------------------------------------------------- pools
+
+
+class PoolSelector(Out):
+    machines: list[str]
+    labels: dict[str, str]
+
+
+class PoolOut(Out):
+    name: str
+    cluster: str
+    selector: PoolSelector
+    machines: list[str]
+    gpus: int
+    free_gpus: int
+    created_at: Time | None
+
+
+class PoolList(Out):
+    items: list[PoolOut]
+
+
+class WorkspacePoolOut(Out):
+    """A pool the workspace may use."""
+
+    name: str
+    cluster: str
+    machines: list[str]
+    gpus: int
+    free_gpus: int
+    gpu_models: list[str]
+
+
+class WorkspacePoolList(Out):
+    items: list[WorkspacePoolOut]
+
+
+# ------------------------------------------------------------------------------------------- reservations
+
+
+class ReservationOut(Out):
+    name: str
+    cluster: str
+    workspaces: list[str]
+    machines: list[str]
+    pool: str | None
+    count: int | None
+    start: Time | None
+    end: Time | None
+    state: str = Field(description="Scheduled | Active | Ended")
+    created_at: Time | None
+
+
+class ReservationList(Out):
+    items: list[ReservationOut]
+
+
+# ------------------------------------------------------------------------------------------- organisation
+
+
+class OrgWorkspaceOut(Out):
+    """A workspace as its organisation's admins see it: its access to each cluster, by cluster name."""
+
+    name: str
+    id: str = Field(description="The workspace's namespace (ws-...)")
+    clusters: dict[str, ClusterAccessOut]
+
+
+class OrgWorkspaceList(Out):
+    items: list[OrgWorkspaceOut]
+
+
+class ClusterOut(Out):
+    name: str
+    preemption: bool
+    lost_after_seconds: Num | None
+
+
+class ClusterList(Out):
+    items: list[ClusterOut]
+
+
+class TokenIssued(Out):
+    """A new token: its secret is shown this once."""
+
+    id: int
+    kind: str
+    role: str | None
+    token: str
+
+
+class TokenOut(Out):
+    id: int
+    kind: str
+    role: str | None
+    revoked: bool
+    expires_at: Time | None
+    cluster: str | None = Field(None, description="Machine tokens only")
+    machine: str | None = Field(None, description="Machine tokens only: the machine it acts for (null: a join token)")
+
+
+class TokenList(Out):
+    items: list[TokenOut]
+
+
+class TokenRevoked(Out):
+    id: int
+    revoked: bool
+
+
+# ------------------------------------------------------------------------------------------- plumbing
+
+
+class HealthOut(Out):
+    role: str = Field(description="leader | follower")
+    epoch: int
+    database: str = Field(description="ok | unreachable | cannot write")
+    reason: str | None = Field(None, description="Why writes fail (only with \"cannot write\")")

@@ -352,7 +352,7 @@ def test_a_name_being_deleted_says_so_until_its_workers_have_ended(app):
     said = ("a run named live in workspace vision is being deleted (its workers are stopping): submit again once it "
             "is gone, within its stop grace, or choose another metadata.name")
     _drive(app, "d", node="gpu-01", path="/data/astraeus/d")
-    with_drive = {"metadata": {"name": "live"}, "spec": {"task_template": {  # not batched: services.submit_run
+    with_drive = {"metadata": {"name": "live"}, "spec": {"task_template": {  # not batched: submits.submit_run
         **body["spec"]["task_template"], "datavolume_refs": [{"name": "d", "mount_path": "/d"}]}}}
     for b in (body, with_drive):
         r = app.client.post(f"{app.api}/runs", json=b, headers=app.h())

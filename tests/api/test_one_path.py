@@ -3,7 +3,7 @@ and so is an agent's report.
 
 Submits: PlainSubmits ahead of FastAPI's routing ("fast"), FastAPI's route to the group commit ("routed": a
 Content-Type PlainSubmits leaves), the route on its own transaction ("unbatched": the scope's UNBATCHED), a batch of
-several submits at once through the group commit ("batch"), and services.submit_run_body called directly ("direct").
+several submits at once through the group commit ("batch"), and submits.submit_run_body called directly ("direct").
 Reports: PlainReports ("fast"), the agent_report route ("routed"), and agents.report called directly ("direct").
 Each compares the status, the JSON answer (but for uids and times) and the rows stored (runs, workers, history,
 events). In-process control plane, SQLite and PostgreSQL."""
@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from astraeus import protocol as P
-from astraeus.server import agents, services
+from astraeus.server import agents, services, submits
 from astraeus.server.db import Event, History, Run, Worker, Workspace
 from astraeus.server.routers import runs
 from astraeus.server.routers.errors import validation_errors
@@ -65,13 +65,13 @@ def unbatched_client(app) -> TestClient:
 
 
 def direct(app, api: str, b, headers: dict) -> tuple[int, dict]:
-    """services.submit_run_body in a transaction of its own, its caller found as the route finds it."""
+    """submits.submit_run_body in a transaction of its own, its caller found as the route finds it."""
     org, ws = api.split("/o/")[1].split("/w/")
     with app.cp.sessions() as s:
         try:
             c = services.user_caller(s, headers.get("Authorization"), org, ws)
             with services.tx(s, keep=(c.org, c.workspace)):
-                run = services.submit_run_body(s, c, b, time.time())
+                run = submits.submit_run_body(s, c, b, time.time())
                 out = services.run_view(run, c.org, c.workspace, run.cluster_row, app.cp.settings.console_base(),
                                         [], {}, c.role)
         except (services.ApiError, services.InvalidBody) as e:
@@ -80,21 +80,21 @@ def direct(app, api: str, b, headers: dict) -> tuple[int, dict]:
     return 201, json.loads(json.dumps(out))
 
 
-def batch(app, submits: list[tuple[str, dict, dict]]) -> list[tuple[int, dict] | None]:
+def batch(app, bodies: list[tuple[str, dict, dict]]) -> list[tuple[int, dict] | None]:
     """Several submits at once through the group commit (routers/runs.batched, as both HTTP entries call it), in one
     event loop; None for a submit it does not take (not a plain run)."""
 
     async def one(api: str, b, headers: dict):
         org, ws = api.split("/o/")[1].split("/w/")
         try:
-            parsed = services.parse_run_body(b)
+            parsed = submits.parse_run_body(b)
         except services.InvalidBody:
             return None
         r = await runs.batched(app.cp, parsed, headers.get("Authorization"), org, ws)
         return None if r is None else (r.status_code, json.loads(r.body))
 
     async def every():
-        return await asyncio.gather(*(one(*x) for x in submits))
+        return await asyncio.gather(*(one(*x) for x in bodies))
 
     return asyncio.run(every())
 

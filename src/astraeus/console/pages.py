@@ -43,7 +43,7 @@ from astraeus.console.base import (
     token_of,
     ws_page,
 )
-from astraeus.server import admin, services
+from astraeus.server import admin, services, submits
 from astraeus.server import bodies as B
 from astraeus.server import templates as run_templates
 from astraeus.server.db import Access, Cluster, ConsoleSession, Org, Workspace
@@ -252,7 +252,7 @@ def new_run(request: Request, org: str, ws: str):
                 answer = what_if(s, p.caller, raw, now())
             else:
                 with tx(s):  # as POST $API/runs: a template it names is merged in first
-                    run = services.submit_run_body(s, p.caller, raw, now())
+                    run = submits.submit_run_body(s, p.caller, raw, now())
                     url = f"{p.base}/jobs/{s.get(Cluster, run.cluster_id).name}/{run.name}"
         except forms.FormError as e:
             return new_run_page(request, s, p, mode=mode, values=values, spec_json=spec_json, error=str(e),

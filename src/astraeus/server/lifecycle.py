@@ -184,6 +184,7 @@ class Record:
 # The records written outside any one transition (a transition's own is its rule's `says`).
 SUBMITTED = Record("Submitted", "RunSubmitted", "{name} submitted at priority {priority}", state=R.PENDING.value)
 DELETED_BY_REQUEST = Record("Deleted by request", state=R.STOPPING.value)
+RUN_DELETED = Record(event="RunDeleted", message="{name} deleted")  # once its logs are gone too
 QUOTA_REACHED = Record("{message}", "QuotaReached")
 PREEMPTED = Record(event="Preempted", message="{reason}")  # a run's workers stopped for other work (or a reservation)
 QUEUED_AGAIN = Record("{said}; queued again", state=R.PENDING.value)  # once a preempted run's workers all ended
@@ -301,7 +302,7 @@ def history(session: Session, run: Run, state: str, reason: str, at: float) -> N
 
 
 def submitted_message(name: str, priority: int) -> str:
-    """The RunSubmitted event's words (services.submit_run, and the group-commit writer's batches)."""
+    """The RunSubmitted event's words (submits.submit_run, and the group-commit writer's batches)."""
     return SUBMITTED.said(name=name, priority=priority)
 
 
@@ -311,6 +312,18 @@ def submitted_rows(run: Run, at: float) -> tuple[dict, dict]:
     return ({"time": at, "state": SUBMITTED.state, "reason": SUBMITTED.line()},
             {"workspace_id": run.workspace_id, "time": at, "kind": SUBMITTED.event, "object": run.name,
              "message": submitted_message(run.name, run.priority)})
+
+
+def submitted_records(runs: list[tuple[Run, float, object]], key: str) -> list[tuple]:
+    """The History lines and RunSubmitted events of newly queued runs, as (table, rows) for the batch submit's bulk
+    INSERTs (server/submits.py): `runs` as (run, time, ref), each History row naming its run by `key` = ref (run_id,
+    or run_uid where the writer finds the run's id by its uid)."""
+    history, events = [], []
+    for run, at, ref in runs:
+        h, e = submitted_rows(run, at)
+        history.append({**h, key: ref})
+        events.append(e if key == "run_id" else {**e, "run_uid": ref})
+    return [(History.__table__, history), (Event.__table__, events)]
 
 
 def submitted(session: Session, run: Run, at: float) -> None:

@@ -96,15 +96,6 @@ class Lookups:
             text = text.replace(k, k.name)
         return text
 
-    # TODO(43): server/whatif.py still reads the lookups as the dict they were; drop these once it reads the fields.
-    def __getitem__(self, field: str):
-        return getattr(self, field)
-
-    def get(self, field: str, default=None):
-        if field == "renames":
-            return {k: k.name for k in self.shared}
-        return getattr(self, field, default)
-
 
 @dataclass(frozen=True)
 class Offer:

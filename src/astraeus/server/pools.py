@@ -15,9 +15,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from astraeus.server import bodies as B
-from astraeus.server import lifecycle, services
+from astraeus.server import lifecycle
 from astraeus.server.db import Access, Cluster, Machine, Pool, Reservation, Worker, Workspace
-from astraeus.server.services import ApiError, Caller, InvalidBody
+from astraeus.server.services.auth import Caller
+from astraeus.server.services.errors import ApiError, InvalidBody
+from astraeus.server.services.views import iso
 
 
 def pool_members(pool: Pool, machines: list[Machine]) -> list[str]:
@@ -76,7 +78,7 @@ def pool_view(s: Session, pool: Pool, cluster: Cluster, machines: list[Machine] 
     gpus, free, _ = _counts(s, members)
     return {"name": pool.name, "cluster": cluster.name,
             "selector": {"machines": list(pool.machines or []), "labels": dict(pool.labels or {})},
-            "machines": names, "gpus": gpus, "free_gpus": free, "created_at": services.iso(pool.created_at)}
+            "machines": names, "gpus": gpus, "free_gpus": free, "created_at": iso(pool.created_at)}
 
 
 def _cluster(s: Session, c: Caller, name: str) -> Cluster:

@@ -4,9 +4,9 @@ rows and acts).
 
 A group's body is `{"metadata": {"name", "labels"}, "spec": {"replicas": 3, "run": {…a run's spec, may name
 "template"…}}}`. Its run part is checked as POST /runs checks a run (the template merged in first:
-services.resolve_template), with every field named under `spec.run`; the workspace's priority cap applies when the
+submits.resolve_template), with every field named under `spec.run`; the workspace's priority cap applies when the
 group is created and whenever it is changed. Its replicas are runs named `<group>-<serial>`, submitted through
-services.submit_run_body by services.system_caller (an editor of the workspace), with `group_id` set. When a
+submits.submit_run_body by services.system_caller (an editor of the workspace), with `group_id` set. When a
 replica cannot be submitted (the workspace's maximum priority was lowered, a template or drive was deleted), the
 group says why in an event and tries again a little later — never at another priority.
 """
@@ -23,9 +23,9 @@ from sqlalchemy.orm import Session
 
 from astraeus import replica_groups as RG
 from astraeus import spec as S
-from astraeus.server import lifecycle, services
-from astraeus.server.db import Drive, History, ReplicaGroup, Run, Workspace
-from astraeus.server.services import ApiError, Caller, InvalidBody, RunOrigin, require
+from astraeus.server import lifecycle, services, submits
+from astraeus.server.db import History, ReplicaGroup, Run, Workspace
+from astraeus.server.services import ApiError, Caller, InvalidBody, require
 
 log = logging.getLogger("astraeus.replica_groups")
 
@@ -91,7 +91,7 @@ def check_run(session: Session, caller: Caller, group: str, labels: dict, run_sp
         raise InvalidBody([{"loc": ("spec", "run", "array"), "msg": "a replica group's runs are not a job array: "
                             "remove it", "type": "value_error"}])
     try:
-        spec, t = services.resolve_template(session, caller, run_spec)
+        spec, t = submits.resolve_template(session, caller, run_spec)
     except ApiError as e:
         raise ApiError(e.status, e.code, _rename(e.message)) from None
     except InvalidBody as e:
@@ -105,19 +105,11 @@ def check_run(session: Session, caller: Caller, group: str, labels: dict, run_sp
             errors.append({**x, "loc": ("spec", "run", *loc[1:]) if loc[:1] == ("spec",) else ("metadata", *loc)})
         raise InvalidBody(errors) from None
     cluster, access = services._cluster_for(session, caller, body.spec.cluster)
-    if not S.priority_allowed(body.spec.priority, access.max_priority):
-        raise ApiError(403, "PRIORITY_NOT_ALLOWED",
-                       f"priority {body.spec.priority} is above namespace {caller.workspace.ns}'s maximum of "
-                       f"{access.max_priority}")
-    for ref in body.spec.task_template.datavolume_refs:
-        if not session.scalar(select(Drive.id).where(Drive.workspace_id == caller.workspace.id,
-                                                     Drive.name == ref.name)):
-            raise ApiError(400, "DRIVE_NOT_FOUND",
-                           f"spec.run.task_template.datavolume_refs: drive {ref.name} does not exist in workspace "
-                           f"{caller.workspace.name}: create it first (POST $API/drives)")
+    submits.check_made(session, caller, access, body.spec.priority,
+                       [ref.name for ref in body.spec.task_template.datavolume_refs],
+                       "spec.run.task_template.datavolume_refs")
     if S.worker_resources(body.spec.task_template)[2] > 2**63 - 1:
-        raise ApiError(422, "INVALID", "spec.run.task_template.requested_resources.memory_bytes: too large: "
-                                       "ask for at most 2^63-1 bytes per worker")
+        raise submits.memory_too_large("spec.run.task_template")
     return body
 
 
@@ -319,8 +311,8 @@ def _keep(session: Session, g: ReplicaGroup, at: float, base: float) -> set[int]
     g.retry_at = None
     for i in range(d.create):
         serial = _next_serial(session, g)
-        run = services.submit_run_body(session, caller, run_body(g.name, g.spec.get("labels") or {}, g.spec["run"],
-                                                                 serial), at, RunOrigin(group_id=g.id))
+        run = submits.submit_run_body(session, caller, run_body(g.name, g.spec.get("labels") or {}, g.spec["run"],
+                                                                 serial), at, submits.RunOrigin(group_id=g.id))
         if i < len(d.replaces):
             old = rows_by_key[d.replaces[i]]
             lifecycle.history(session, old, old.state, f"{REPLACED}{run.name} (replica group {g.name})", at)

@@ -15,10 +15,12 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from astraeus.server import bodies as B
-from astraeus.server import lifecycle, services
+from astraeus.server import lifecycle
 from astraeus.server import pools as pool_rules
 from astraeus.server.db import Access, Cluster, Machine, Pool, Reservation, Workspace
-from astraeus.server.services import ApiError, Caller
+from astraeus.server.services.auth import Caller
+from astraeus.server.services.errors import ApiError
+from astraeus.server.services.views import iso
 
 SCHEDULED, ACTIVE, ENDED = "Scheduled", "Active", "Ended"
 
@@ -55,8 +57,8 @@ def reservation_view(s: Session, r: Reservation, at: float | None = None) -> dic
     return {"name": r.name, "cluster": s.get(Cluster, r.cluster_id).name,
             "workspaces": [names[w] for w in r.workspaces or [] if w in names],
             "machines": list(r.machines or []), "pool": r.pool, "count": r.count,
-            "start": services.iso(r.start_at), "end": services.iso(r.end_at), "state": state(r, at),
-            "created_at": services.iso(r.created_at)}
+            "start": iso(r.start_at), "end": iso(r.end_at), "state": state(r, at),
+            "created_at": iso(r.created_at)}
 
 
 def _named(s: Session, c: Caller, name: str) -> Reservation:
@@ -90,7 +92,7 @@ def _overlaps(r: Reservation, start: float, end: float | None) -> bool:
 
 
 def _held(r: Reservation) -> str:
-    return f"{r.name} from {services.iso(r.start_at)} to {services.iso(r.end_at) or 'no end'}"
+    return f"{r.name} from {iso(r.start_at)} to {iso(r.end_at) or 'no end'}"
 
 
 def create_reservation(s: Session, c: Caller, body, at: float) -> dict:
@@ -119,9 +121,9 @@ def create_reservation(s: Session, c: Caller, body, at: float) -> dict:
     start = parse_time(body.get("start"), "start", at)
     end = parse_time(body.get("end"), "end", at) if body.get("end") is not None else None
     if end is not None and end <= at:
-        raise ApiError(422, "INVALID", f"end: {services.iso(end)} is in the past")
+        raise ApiError(422, "INVALID", f"end: {iso(end)} is in the past")
     if end is not None and end <= start:
-        raise ApiError(422, "INVALID", f"end: must be after start ({services.iso(start)})")
+        raise ApiError(422, "INVALID", f"end: must be after start ({iso(start)})")
     others = [r for r in s.scalars(select(Reservation).where(Reservation.cluster_id == cl.id))
               if not ended(r, at) and r.name != name and _overlaps(r, start, end)]
 
@@ -191,7 +193,7 @@ def open_and_close(session: Session, at: float) -> set[int]:
     for r in rows:
         changed = False
         if not r.opened and r.start_at <= at and not ended(r, at):
-            until = services.iso(r.end_at) or "no end"
+            until = iso(r.end_at) or "no end"
             for wid in r.workspaces or []:
                 lifecycle.event(session, wid, "ReservationStarted", r.name,
                                 f"Reservation {r.name} started: {', '.join(r.machines or [])} reserved for this "
@@ -233,4 +235,4 @@ def check_run(s: Session, caller: Caller, cluster: Cluster, name: str, at: float
         raise ApiError(422, "INVALID", f"{field}: no reservation named {name} for workspace {caller.workspace.name} "
                                        f"on cluster {cluster.name}")
     if ended(r, at):
-        raise ApiError(422, "INVALID", f"{field}: reservation {name} ended at {services.iso(r.end_at)}")
+        raise ApiError(422, "INVALID", f"{field}: reservation {name} ended at {iso(r.end_at)}")

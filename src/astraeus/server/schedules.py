@@ -27,8 +27,8 @@ from sqlalchemy.orm import Session
 
 from astraeus import schedules as P
 from astraeus import spec as S
-from astraeus.server import lifecycle, services
-from astraeus.server.db import Drive, Run, Schedule, ScheduleTick, Workspace
+from astraeus.server import lifecycle, services, submits
+from astraeus.server.db import Run, Schedule, ScheduleTick, Workspace
 from astraeus.server.leader import fence
 from astraeus.server.services import ApiError, Caller, InvalidBody, iso, require
 from astraeus.server.state_lock import STATE_LOCK
@@ -103,11 +103,11 @@ def _run_errors(errors: list[dict]) -> list[dict]:
 
 
 def check_run(session: Session, caller: Caller, name: str, run: dict[str, Any]) -> S.RunCreate:
-    """The schedule's run as a tick would submit it now: its template merged in (services.resolve_template), then
+    """The schedule's run as a tick would submit it now: its template merged in (submits.resolve_template), then
     what a submit checks (its fields, the priority cap, its drives). Raises InvalidBody / ApiError naming
     `spec.run.…`."""
     try:
-        spec, _ = services.resolve_template(session, caller, run)
+        spec, _ = submits.resolve_template(session, caller, run)
     except InvalidBody as e:
         raise InvalidBody(_run_errors(e.errors)) from None
     except ApiError as e:
@@ -119,16 +119,9 @@ def check_run(session: Session, caller: Caller, name: str, run: dict[str, Any]) 
     except ValidationError as e:
         raise InvalidBody(_run_errors(e.errors())) from None
     _, access = services._cluster_for(session, caller, parsed.spec.cluster)
-    if not S.priority_allowed(parsed.spec.priority, access.max_priority):
-        raise ApiError(403, "PRIORITY_NOT_ALLOWED",
-                       f"priority {parsed.spec.priority} is above namespace {caller.workspace.ns}'s maximum of "
-                       f"{access.max_priority}")
-    for i, ref in enumerate(parsed.spec.task_template.datavolume_refs):
-        if not session.scalar(select(Drive.id).where(Drive.workspace_id == caller.workspace.id,
-                                                     Drive.name == ref.name)):
-            raise ApiError(400, "DRIVE_NOT_FOUND",
-                           f"spec.run.task_template.datavolume_refs[{i}]: drive {ref.name} does not exist in "
-                           f"workspace {caller.workspace.name}: create it first (POST $API/drives)")
+    submits.check_made(session, caller, access, parsed.spec.priority,
+                       [ref.name for ref in parsed.spec.task_template.datavolume_refs],
+                       "spec.run.task_template.datavolume_refs[{i}]")
     return parsed
 
 
@@ -389,8 +382,8 @@ def _tick(cp, term, lease, sid: int, cursor: float, tick: P.Tick, following: flo
                                     f"schedule {sc.name}: tick {tick.name} deleted {r.name} (still {was}; "
                                     "concurrency Replace)", at)
             try:
-                services.submit_run_body(session, caller, {"metadata": {"name": name}, "spec": spec["run"]}, at,
-                                         services.RunOrigin(schedule_id=sid))
+                submits.submit_run_body(session, caller, {"metadata": {"name": name}, "spec": spec["run"]}, at,
+                                         submits.RunOrigin(schedule_id=sid))
             except ApiError as e:
                 refused = (e.code, e.message)
                 raise

@@ -3,7 +3,7 @@
 One way in: whatever submits a run (POST $API/runs, a schedule's tick, a replica group's replacement, the console,
 what-if; a run from a template, with drives, pools, a reservation, a dependency or a job array) is a `Submit`, and
 `submit(session, batch)` submits a batch of them in the session's transaction (a single submit is a batch of one:
-services.submit_run). For each, `read` reads what its checks need and `refusal` decides whether and why it is refused:
+submit_run). For each, `read` reads what its checks need and `refusal` decides whether and why it is refused:
 every refusal of a submit, in one place and one order. `new_run` builds an accepted run with its workers, and `write`
 stores the accepted runs, their workers, History lines and RunSubmitted events (lifecycle.submitted_rows), one INSERT
 per table.
@@ -25,19 +25,21 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from sqlalchemy import JSON, insert, or_, select
+from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from astraeus import spec as S
-from astraeus.server import lifecycle
+from astraeus import templates
+from astraeus.server import lifecycle, pools, reservations
 from astraeus.server.bodies import INT64
-from astraeus.server.db import Access, Cluster, Drive, Run
+from astraeus.server.db import Access, Cluster, Drive, Run, Template, Worker
+from astraeus.server.services.auth import Caller, require, user_caller
+from astraeus.server.services.errors import ApiError, InvalidBody
+from astraeus.server.services.logs import dialect_insert
+from astraeus.server.services.runs import cluster_for, name_holder_deleting, name_taken
 from astraeus.server.state_lock import STATE_LOCK, lock_state
-
-if TYPE_CHECKING:
-    from astraeus.server.services import ApiError, Caller
 
 MAX_BATCH = 256
 IDLE_SECONDS = 5.0  # the writer thread ends after this long without a submit
@@ -88,7 +90,7 @@ class Submit:
 class Found:
     """What one submit's checks read (read), for refusal to judge."""
 
-    target: tuple[Cluster, Access] | ApiError | None = None  # services.cluster_for's answer
+    target: tuple[Cluster, Access] | ApiError | None = None  # cluster_for's answer
     missing_dependency: str | None = None  # the first run or job array its dependency names that does not exist
     missing_drive: str | None = None  # the first drive it mounts that the workspace does not have
     pools: frozenset[str] = frozenset()  # the cluster's pools (read when it asks for pools)
@@ -101,7 +103,6 @@ def read(s, it: Submit, targets: dict, names: bool) -> Found:
     name in `targets`), and only what its body asks about: the runs its dependency names, the drives it mounts, the
     cluster's pools, the reservation it names. `names`: whether the live run holding its name is looked up (else the
     runs' INSERT finds it: write)."""
-    from astraeus.server import pools, reservations, services
 
     ws = it.caller.workspace
     spec = it.parsed.spec
@@ -114,11 +115,11 @@ def read(s, it: Submit, targets: dict, names: bool) -> Found:
     key = (ws.id, spec.cluster)
     if key not in targets:
         try:
-            targets[key] = services.cluster_for(s, ws.id, ws.name, spec.cluster)
-        except services.ApiError as e:
+            targets[key] = cluster_for(s, ws.id, ws.name, spec.cluster)
+        except ApiError as e:
             targets[key] = e
     found.target = targets[key]
-    if isinstance(found.target, services.ApiError):
+    if isinstance(found.target, ApiError):
         return found
     cluster = found.target[0]
     tt = spec.task_template
@@ -132,18 +133,16 @@ def read(s, it: Submit, targets: dict, names: bool) -> Found:
     if sel is not None and sel.reservation:
         try:
             reservations.check_run(s, it.caller, cluster, sel.reservation, it.at)
-        except services.ApiError as e:
+        except ApiError as e:
             found.reservation = e
     if names:
-        found.holder = services.name_holder_deleting(s, ws.id, it.parsed.metadata.name)
+        found.holder = name_holder_deleting(s, ws.id, it.parsed.metadata.name)
     return found
 
 
 def refusal(it: Submit, found: Found, taken: set[str]) -> ApiError | None:
     """Why `it` is refused, from what was read for it (`found`) and the names earlier submits of its batch took in
     its workspace (`taken`); None when it is accepted. Every refusal of a submit is decided here, in this order."""
-    from astraeus.server import services
-    from astraeus.server.services import ApiError
 
     c, body = it.caller, it.parsed
     ws = c.workspace
@@ -152,7 +151,7 @@ def refusal(it: Submit, found: Found, taken: set[str]) -> ApiError | None:
                         f"spec.dependency.runs: no run or job array named {found.missing_dependency} in workspace "
                         f"{ws.name}: submit it first, or check its name (astra slurm squeue)")
     try:
-        services.require(c, "editor")
+        require(c, "editor")
     except ApiError as e:
         return e
     if isinstance(found.target, ApiError):
@@ -181,7 +180,7 @@ def refusal(it: Submit, found: Found, taken: set[str]) -> ApiError | None:
         return found.reservation
     name = body.metadata.name
     if found.holder is not None or name in taken:
-        return services.name_taken(name, ws.name, bool(found.holder))
+        return name_taken(name, ws.name, bool(found.holder))
     if S.worker_resources(tt)[2] > INT64:  # what the database holds (and far beyond any machine)
         return memory_too_large("spec.task_template")
     return None
@@ -192,23 +191,29 @@ def refusal(it: Submit, found: Found, taken: set[str]) -> ApiError | None:
 
 
 def priority_refused(priority: int, ns: str, maximum: int) -> ApiError:
-    from astraeus.server.services import ApiError
-
     return ApiError(403, "PRIORITY_NOT_ALLOWED", f"priority {priority} is above namespace {ns}'s maximum of {maximum}")
 
 
 def drive_missing(field_: str, name: str, ws_name: str) -> ApiError:
-    from astraeus.server.services import ApiError
-
     return ApiError(400, "DRIVE_NOT_FOUND", f"{field_}: drive {name} does not exist in workspace {ws_name}: create it "
                                             "first (POST $API/drives)")
 
 
 def memory_too_large(task_template: str) -> ApiError:
-    from astraeus.server.services import ApiError
-
     return ApiError(422, "INVALID", f"{task_template}.requested_resources.memory_bytes: too large: ask for at most "
                                     "2^63-1 bytes per worker")
+
+
+def check_made(session: Session, caller: Caller, access: Access, priority: int | None, drives: list[str],
+               where: str) -> None:
+    """What makes a template, a schedule or a replica group refused when it is made, worded as its runs' submits
+    would be refused: a priority above the workspace's maximum, a drive the workspace does not have (`where`: the
+    field naming the drives, `{i}` for the index)."""
+    if priority is not None and not S.priority_allowed(priority, access.max_priority):
+        raise priority_refused(priority, caller.workspace.ns, access.max_priority)
+    for i, name in enumerate(drives):
+        if not session.scalar(select(Drive.id).where(Drive.workspace_id == caller.workspace.id, Drive.name == name)):
+            raise drive_missing(where.format(i=i), name, caller.workspace.name)
 
 
 def new_run(it: Submit, cluster: Cluster) -> Run:
@@ -353,10 +358,9 @@ class Batcher:
         distinct token and path in the batch), instead of one trip through the thread pool and two statements per
         request. `lock` (PostgreSQL): the first caller's read also takes the state lock. Returns the submits still
         to judge, and whether the state lock is surely held (its caller was found)."""
-        from astraeus.server import services
 
         locked = False
-        callers: dict[tuple, Caller | services.ApiError] = {}
+        callers: dict[tuple, Caller | ApiError] = {}
         for it in batch:
             if it.caller is not None:
                 continue
@@ -364,12 +368,12 @@ class Batcher:
             if key not in callers:
                 first = lock and not callers
                 try:
-                    callers[key] = services.user_caller(s, *key, lock=first)
+                    callers[key] = user_caller(s, *key, lock=first)
                     locked = locked or first
-                except services.ApiError as e:
+                except ApiError as e:
                     callers[key] = e
             c = callers[key]
-            if isinstance(c, services.ApiError):
+            if isinstance(c, ApiError):
                 it.error = c
             else:
                 it.caller = c
@@ -432,16 +436,13 @@ def write(s, accepted: list[Submit]) -> list[Submit]:
     A run whose name a live run of its workspace already has is not inserted (ON CONFLICT DO NOTHING on the
     unique workspace, name and live key: the check and the write in one statement, under the state lock): its
     submit gets the refusal of a name taken, and nothing of it is written. Returns the submits written."""
-    from astraeus.server.db import Worker
-    from astraeus.server.services import dialect_insert, name_holder_deleting, name_taken
 
     runs_t, workers_t = Run.__table__, Worker.__table__
     rows = [_values(it.run, runs_t) for it in accepted]
-    # what belongs to each run: its workers, its History line, its event (the run's id is not known yet: on
+    # what belongs to each run: its workers (and, from lifecycle, its History line and event; the run's id is not known yet: on
     # PostgreSQL they are written in the runs' own round trip, each finding its run by uid; elsewhere once the ids
     # are back, for the runs written)
-    owned = {id(it): ([_values(w, workers_t) for w in it.run.workers], *lifecycle.submitted_rows(it.run, it.at))
-             for it in accepted}
+    owned = {id(it): [_values(w, workers_t) for w in it.run.workers] for it in accepted}
     pg = _Driver.of(s)
     if pg is not None:
         got = {(ws, name): rid for rid, ws, name in pg.write(
@@ -476,19 +477,14 @@ def write(s, accepted: list[Submit]) -> list[Submit]:
 def _owned_rows(accepted: list[Submit], owned: dict, key: str) -> list[tuple]:
     """(table, rows) to insert for what belongs to the accepted runs (`owned`, by submit), each row naming its run
     by `key`: run_id (the run's id) or run_uid (its uid, which _Driver's statements look up)."""
-    from astraeus.server.db import Event, History, Worker
 
-    workers, history, events = [], [], []
+    workers, runs = [], []
     for it in accepted:
         ref = it.run.id if key == "run_id" else it.run.uid
-        ws, h, e = owned[id(it)]
-        workers.extend(dict(w, **{key: ref}) for w in ws)
-        history.append(dict(h, **{key: ref}))
-        events.append(e if key == "run_id" else dict(e, run_uid=ref))
+        workers.extend(dict(w, **{key: ref}) for w in owned[id(it)])
+        runs.append((it.run, it.at, ref))
     many = [(Worker.__table__, [workers[i] for i in group]) for group in _groups(workers)]
-    many.append((History.__table__, history))
-    many.append((Event.__table__, events))
-    return many
+    return many + lifecycle.submitted_records(runs, key)
 
 
 class _Driver:
@@ -574,3 +570,95 @@ class _Driver:
                     if not cur.nextset():
                         break
         return got
+
+
+# The entries every submit goes through: a body (a template's fields merged in), then a batch of one.
+@dataclass
+class RunOrigin:
+    """What made a run, when it is not a person's POST: a schedule's tick, a replica group, a job array."""
+
+    schedule_id: int | None = None
+    group_id: int | None = None
+    array_job: str | None = None
+    array_index: int | None = None
+    array_max_running: int | None = None
+
+
+def resolve_template(session: Session, caller: Caller, spec: dict) -> tuple[dict, Template | None]:
+    """A run spec naming `template` completed from that template (astraeus.templates.merge), and the template;
+    a spec naming none as it is. 404 TEMPLATE_NOT_FOUND when there is no such template in the workspace."""
+    name = spec.get("template") if isinstance(spec, dict) else None
+    if not name:
+        return spec, None
+    if not isinstance(name, str):
+        raise InvalidBody([{"loc": ("template",), "msg": "must be a template's name", "type": "value_error"}],
+                          ("spec",))
+    t = session.scalar(select(Template).where(Template.workspace_id == caller.workspace.id, Template.name == name))
+    if t is None:
+        raise ApiError(404, "TEMPLATE_NOT_FOUND",
+                       f"spec.template: template {name} does not exist in workspace {caller.workspace.name}: "
+                       "create it first (POST $API/templates), or check its name (GET $API/templates)")
+    return templates.merge(t.spec or {}, spec), t
+
+
+def parse_run_body(body) -> S.RunCreate | None:
+    """A run body checked as POST /runs checks it (InvalidBody naming the field), before any lock or statement;
+    None when its spec names a template (checked only once the template's fields are merged in, in
+    submit_run_body)."""
+    from pydantic import ValidationError
+
+    if not isinstance(body, dict):
+        raise InvalidBody([{"loc": (), "msg": "the body must be a JSON object", "type": "value_error"}])
+    spec = body.get("spec")
+    if isinstance(spec, dict) and spec.get("template"):
+        return None
+    try:
+        return S.RunCreate.model_validate(body)
+    except ValidationError as e:
+        raise InvalidBody(e.errors()) from None
+
+
+def submit_run_body(session: Session, caller: Caller, body: dict, at: float, origin: RunOrigin | None = None,
+                    parsed: S.RunCreate | None = None) -> Run:
+    """POST /runs from its raw body: the template it names merged in (its labels too), then checked as any run
+    body is (InvalidBody naming the field; the ApiErrors of submit_run), then submitted with its origin.
+    `parsed`: parse_run_body(body) already (the router checks the body before it takes the state lock)."""
+    from pydantic import ValidationError
+
+    t = None
+    if parsed is None:
+        if not isinstance(body, dict):
+            raise InvalidBody([{"loc": (), "msg": "the body must be a JSON object", "type": "value_error"}])
+        spec, t = resolve_template(session, caller, body.get("spec"))
+        merged = dict(body, spec=spec)
+        if t is not None:
+            meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+            merged["metadata"] = {**meta, "labels": templates.merge_labels(t.labels, meta.get("labels"))}
+        try:
+            parsed = S.RunCreate.model_validate(merged)
+        except ValidationError as e:
+            raise InvalidBody(e.errors()) from None
+    if parsed.spec.array is not None and (origin is None or origin.array_job is None):
+        a = parsed.spec.array  # a job array's run (spec.array): the scheduler keeps max_running of it running
+        origin = RunOrigin(**{**(origin.__dict__ if origin else {}), "array_job": a.job, "array_index": a.index,
+                              "array_max_running": a.max_running})
+    extra = {}
+    if t is not None:
+        extra.update(template=t.name, template_version=t.version)
+    if origin is not None:
+        extra.update(schedule_id=origin.schedule_id, group_id=origin.group_id, array_job=origin.array_job,
+                     array_index=origin.array_index, array_max_running=origin.array_max_running)
+    return submit_run(session, caller, parsed, at, **extra)
+
+
+def submit_run(session: Session, caller: Caller, body: S.RunCreate, at: float, **columns) -> Run:
+    """Store a checked run body as a Pending run with its workers, its "Submitted" history line and its
+    RunSubmitted event (`columns`: more of the run's columns, its template or origin): a batch of one through
+    server/submits.py, which decides every refusal (raised here) and writes the run. The run stays out of the
+    session, its id set; `run.cluster_row` is its cluster, for the answer."""
+    it = Submit(body, at, caller=caller, columns=columns)
+    submit(session, [it])
+    if it.error is not None:
+        raise it.error
+    it.run.cluster_row = it.cluster
+    return it.run

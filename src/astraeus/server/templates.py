@@ -1,5 +1,5 @@
 """A workspace's run templates (docs/api.md, "Templates"): any part of a run's spec kept under a name, as
-Determined's templates are. A run names one with `"spec": {"template": NAME}` (services.submit_run_body merges
+Determined's templates are. A run names one with `"spec": {"template": NAME}` (submits.submit_run_body merges
 it; astraeus.templates says how); schedules and replica groups name one in their `run`.
 
 A template is checked as a run's spec is, field by field (astraeus.templates.checkable): unknown
@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from astraeus import spec as S
 from astraeus import templates as T
-from astraeus.server import lifecycle, services
-from astraeus.server.db import Drive, ReplicaGroup, Schedule, Template
+from astraeus.server import lifecycle, services, submits
+from astraeus.server.db import ReplicaGroup, Schedule, Template
 from astraeus.server.services import (
     ApiError,
     Caller,
@@ -80,17 +80,10 @@ def _checked(session: Session, caller: Caller, body: TemplateBody) -> dict[str, 
     if errors:
         raise InvalidBody(errors, ("spec",))
     cluster, access = _cluster_for(session, caller, spec.get("cluster"))
-    if "priority" in spec and not S.priority_allowed(spec["priority"], access.max_priority):
-        raise ApiError(403, "PRIORITY_NOT_ALLOWED",
-                       f"priority {spec['priority']} is above namespace {caller.workspace.ns}'s maximum of "
-                       f"{access.max_priority}")
     tt = spec.get("task_template") or {}
-    for i, ref in enumerate(tt.get("datavolume_refs") or []):
-        name = ref.get("name")
-        if not session.scalar(select(Drive.id).where(Drive.workspace_id == caller.workspace.id, Drive.name == name)):
-            raise ApiError(400, "DRIVE_NOT_FOUND",
-                           f"spec.task_template.datavolume_refs[{i}]: drive {name} does not exist in workspace "
-                           f"{caller.workspace.name}: create it first (POST $API/drives)")
+    submits.check_made(session, caller, access, spec.get("priority"),
+                       [ref.get("name") for ref in tt.get("datavolume_refs") or []],
+                       "spec.task_template.datavolume_refs[{i}]")
     return spec
 
 

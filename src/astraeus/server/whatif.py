@@ -8,6 +8,7 @@ transaction is rolled back: no run, worker, event or history row is written, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from astraeus import scheduler as sched
 from astraeus.scheduler.reasons import utc_minute
-from astraeus.server import loop, services
+from astraeus.server import loop, submits
 from astraeus.server.db import Cluster
 from astraeus.server.services import Caller
 from astraeus.server.state_lock import STATE_LOCK, lock_state
@@ -28,16 +29,16 @@ def what_if(session: Session, caller: Caller, body: Any, at: float) -> dict:
     with STATE_LOCK:
         try:
             lock_state(session)
-            run = services.submit_run_body(session, caller, body, at)
+            run = submits.submit_run_body(session, caller, body, at)
             cluster = session.get(Cluster, run.cluster_id)
             snap, lookups = loop.build_snapshot(session, cluster, at)
-            key = next((k for k, rid in lookups["runs"].items() if rid == run.id), run.name)
+            key = next((k for k, rid in lookups.runs.items() if rid == run.id), run.name)
             plan = sched.plan(snap, at)
             if any(r.name == key for r in snap.waiting):
                 answer = sched.answer(plan, snap, key)
             else:  # not offered to the scheduler (cannot happen for a new run; kept as a plain answer)
                 answer = sched.WhatIf("Waits", plan.reasons.get(key, ""))
-            return view(answer, run.name, cluster.name, lookups.get("renames", {}))
+            return view(answer, run.name, cluster.name, lookups.shown)
         finally:
             session.rollback()
 
@@ -52,14 +53,9 @@ def gpus_text(p: sched.Placement) -> str:
     return f"{p.machine} (GPUs {','.join(str(i) for i in p.gpu_indices)})" if p.gpu_indices else p.machine
 
 
-def view(a: sched.WhatIf, name: str, cluster: str, renames: dict[str, str]) -> dict:
-    """The JSON of a what-if answer; "name@ns" keys (two workspaces' runs of one name) back to the names, as the
-    loop's apply step shows them (only ever inside their own workspace)."""
-
-    def text(s: str) -> str:
-        for k, v in renames.items():
-            s = s.replace(k, v)
-        return s
+def view(a: sched.WhatIf, name: str, cluster: str, text: Callable[[str], str] = str) -> dict:
+    """The JSON of a what-if answer; `text`: the snapshot's keys back to the names the workspace knows
+    (loop.Lookups.shown, as the loop's apply step shows them)."""
 
     reason = text(a.reason)
     placements = [{"worker": f"{name}-{p.worker_index}", "machine": p.machine, "gpu_indices": list(p.gpu_indices)}

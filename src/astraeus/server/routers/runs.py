@@ -28,7 +28,7 @@ router = APIRouter(prefix=PREFIX, tags=["workspace"], responses=B.ERRORS)
 
 def document_run_body(app) -> None:
     """POST /runs reads its body as a JSON object and checks it below the router (a run that names a template is
-    complete only once the template's fields are merged in: services.submit_run_body); /openapi.json still shows
+    complete only once the template's fields are merged in: submits.submit_run_body); /openapi.json still shows
     RunCreate as its body."""
     from pydantic.json_schema import models_json_schema
 
@@ -72,7 +72,7 @@ async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annot
         response.status_code = 200
         return await to_thread.run_sync(lambda: whatif.what_if(s, c, body, now()))
     try:
-        parsed = services.parse_run_body(body)  # checked before the state lock (None: names a template)
+        parsed = submits.parse_run_body(body)  # checked before the state lock (None: names a template)
     except Exception:
         await caller()  # refused as unauthenticated (or not found) first, as before its body is judged
         raise
@@ -85,7 +85,7 @@ async def create_run(org: str, ws: str, s: Sess, cp: CP, base: Base, body: Annot
 
     def write():
         with tx(s, keep=(org, ws)):
-            run = services.submit_run_body(s, c, body, now(), parsed=parsed)
+            run = submits.submit_run_body(s, c, body, now(), parsed=parsed)
             return services.run_view(run, org, ws, run.cluster_row, base, [], {}, c.role)
 
     out = await to_thread.run_sync(write)
@@ -121,7 +121,7 @@ assert PREFIX + "/runs" == "/api/v1/o/{org}/w/{ws}/runs", "SUBMIT_PATH follows t
 class PlainSubmits:
     """POST /runs answered ahead of FastAPI's middlewares, routing and dependency solving: an adapter that decodes
     the request as create_run's `Body()` would (a JSON object, with `Content-Type: application/json`), parses it
-    (services.parse_run_body) and answers what `batched` answers. Anything it does not answer goes on to the app as
+    (submits.parse_run_body) and answers what `batched` answers. Anything it does not answer goes on to the app as
     it came (the body replayed), to create_run: another path or method, a query (dry_run), a body it cannot decode
     or parse (its 422 is create_run's, after authentication), and a submit `batched` leaves (UNBATCHED: not tried
     again). Pure ASGI, inside BodyLimit."""
@@ -138,7 +138,7 @@ class PlainSubmits:
         parsed = None
         if whole and json_body is not False:
             try:
-                parsed = services.parse_run_body(json.loads(b"".join(msg.get("body", b"") for msg in messages)))
+                parsed = submits.parse_run_body(json.loads(b"".join(msg.get("body", b"") for msg in messages)))
             except Exception:  # not JSON, not an object, not a valid run: create_run says why, as it always has
                 parsed = None
         if parsed is None:

@@ -1,0 +1,89 @@
+"""Machines a caller may see, their views (GPUs, pools, disk pressure) and the workspace's own view."""
+
+from __future__ import annotations
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from astraeus.server import lifecycle
+from astraeus.server.db import (
+    Access,
+    Cluster,
+    Machine,
+    Pool,
+    Worker,
+)
+from astraeus.server.services.auth import Caller
+from astraeus.server.services.views import access_view, iso
+
+
+def granted_cluster_ids(session: Session, caller: Caller) -> list[int]:
+    """The clusters the caller's workspace has access to."""
+    return list(session.scalars(select(Access.cluster_id).where(Access.workspace_id == caller.workspace.id)))
+
+
+def list_machines(session: Session, cluster_ids: list[int], after: tuple[str, int] | None = None,
+                  limit: int | None = None) -> list[Machine]:
+    """The machines of `cluster_ids` by name (then id: two clusters may share a name), after the sort key `after`
+    (a page's last machine), at most `limit` (None: all of them)."""
+    q = select(Machine).where(Machine.cluster_id.in_(cluster_ids))
+    if after is not None:
+        q = q.where(Machine.name >= after[0], or_(Machine.name > after[0], Machine.id > after[1]))
+    q = q.order_by(Machine.name, Machine.id)
+    if limit is not None:
+        q = q.limit(limit)
+    return list(session.scalars(q))
+
+
+def machines_view(session: Session, cluster_ids: list[int], machines: list[Machine] | None = None) -> list[dict]:
+    """The views of `machines` (of `cluster_ids`; None: every machine of them, by name)."""
+    if machines is None:
+        machines = list_machines(session, cluster_ids)
+    counts: dict[int, int] = {}
+    q = select(Worker.machine_id, Worker.gpu_indices).where(Worker.state.in_(lifecycle.ACTIVE))
+    if len(machines) <= 1000:
+        q = q.where(Worker.machine_id.in_([m.id for m in machines]))
+    for mid, idx in session.execute(q):
+        counts[mid] = counts.get(mid, 0) + len(idx or [])
+    out = []
+    names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
+    in_pools: dict[tuple[int, str], list[str]] = {}  # (cluster id, machine) -> the pools it is in
+    from astraeus.server.pools import pool_members
+
+    for p in session.scalars(select(Pool).where(Pool.cluster_id.in_(cluster_ids)).order_by(Pool.name)):
+        for n in pool_members(p, [m for m in machines if m.cluster_id == p.cluster_id]):
+            in_pools.setdefault((p.cluster_id, n), []).append(p.name)
+    for m in machines:
+        u = counts.get(m.id, 0)
+        out.append({"name": m.name, "cluster": names.get(m.cluster_id), "state": m.state, "gpus": m.gpus,
+                    "pools": in_pools.get((m.cluster_id, m.name), []),
+                    "gpus_used": u, "gpus_free": max(0, m.gpus - u) if m.state == "Ready" else 0,
+                    "gpu_models": m.gpu_models, "cpu_cores": m.cpu_cores, "memory_bytes": m.memory_bytes,
+                    "stop_grace_seconds": m.stop_grace_seconds, "labels": m.labels, "runtime": m.runtime,
+                    "address": m.address, "shared_filesystems": m.shared_filesystems or {},
+                    "nfs": m.nfs or {"server": None, "client": False, "rdma": False},
+                    **_disk_view(m), "last_heartbeat": iso(m.last_heartbeat)})
+    return out
+
+
+def _disk_view(m: Machine) -> dict:
+    """A machine's disk (its agent's state dir's filesystem; None from an older agent) and why it takes no new
+    workers (None: it does, or it is Lost, which its state says)."""
+    from astraeus.server.diskfull import PRESSURE_BELOW, disk_pressure
+
+    disk = None if m.disk_total_bytes is None else {
+        "path": m.disk_path, "free_bytes": m.disk_free_bytes, "total_bytes": m.disk_total_bytes,
+        "free_percent": round(100 * (m.disk_free_bytes or 0) / m.disk_total_bytes, 1) if m.disk_total_bytes else None}
+    reason = disk_pressure(m.disk_path, m.disk_free_bytes, m.disk_total_bytes, PRESSURE_BELOW) \
+        if m.state == "Ready" else None
+    return {"schedulable": m.state == "Ready" and reason is None, "reason": reason, "disk": disk}
+
+
+def workspace_view(session: Session, caller: Caller, base: str) -> dict:
+    rows = session.execute(select(Cluster, Access).join(Access, Access.cluster_id == Cluster.id)
+                           .where(Access.workspace_id == caller.workspace.id).order_by(Cluster.id)).all()
+    return {
+        "name": caller.workspace.name, "id": caller.workspace.ns, "org": caller.org.name, "role": caller.role,
+        "console_url": f"{base}/o/{caller.org.name}/w/{caller.workspace.name}",
+        "clusters": [access_view(c, a) for c, a in rows],
+    }

@@ -229,7 +229,10 @@ def on_terminal(cluster, *args: str, seconds: float | None = None, columns: int 
         fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     env = {k: v for k, v in cluster.env.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "TERM")}
     env["TERM"] = "xterm-256color"
-    p = subprocess.Popen([ASTRA, *args], env=env, stdin=subprocess.DEVNULL, stdout=out_slave, stderr=err_slave)
+    # Ctrl-C as a terminal sends it: SIGINT at its default in astra, even where make test was started in the
+    # background of a shell (which starts its background jobs with SIGINT ignored, and children inherit that)
+    p = subprocess.Popen([ASTRA, *args], env=env, stdin=subprocess.DEVNULL, stdout=out_slave, stderr=err_slave,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(out_slave)
     os.close(err_slave)
     got = {out_master: bytearray(), err_master: bytearray()}

@@ -3,7 +3,8 @@
     from astraeus.scheduler import plan, Snapshot
     result = plan(snapshot, now=time.time())
 
-See `model.py` for the data contract and `cycle.py` for the phases of one cycle.
+See `model.py` for the data contract and `cycle.py` for the phases of one cycle; why it is pure:
+docs/design-pure-scheduler.md.
 """
 
 from .cycle import plan

@@ -1,4 +1,5 @@
-"""The agent side of the API: machines join, heartbeat, receive the workers that should run, report back.
+"""The agent side of the API: machines join, heartbeat, receive the workers that should run, report back (what a
+fleet of them costs, and why it is shaped so: docs/design-fleet-scale.md).
 
 Tokens of kind "machine" are of two sorts. A join token (an admin's, `machine_id` NULL; every machine token made
 before revision 0004 is one) can only register: the answer gives the machine its own credential (a new token

@@ -1,4 +1,5 @@
-"""The scheduling leader: one replica of the control plane plans and applies, fenced by a lease in the database.
+"""The scheduling leader: one replica of the control plane plans and applies, fenced by a lease in the database
+(why: docs/design-fenced-lease.md).
 
 Every replica serves the API, the console and the agent protocol against one database; only the replica that
 holds the lease row `leases.name = "scheduler"` runs the scheduling loop and the timed duties (time limits, lost

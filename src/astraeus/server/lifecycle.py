@@ -1,4 +1,4 @@
-"""The one place where a run's, a worker's or a machine's state changes.
+"""The one place where a run's, a worker's or a machine's state changes (why: docs/design-one-transition-table.md).
 
 Every state, stop kind, reason, restart or preemption count, and crash-loop backoff is written here and
 nowhere else (tests/lifecycle/test_transitions.py greps the code for writes elsewhere). Callers (the API

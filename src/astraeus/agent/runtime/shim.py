@@ -1,4 +1,5 @@
-"""Per-worker supervisor: `python -m astraeus.agent.runtime.shim <worker-dir>/spec.json`.
+"""Per-worker supervisor: `python -m astraeus.agent.runtime.shim <worker-dir>/spec.json` (why one per worker:
+docs/design-worker-supervisor.md).
 
 Why a shim (as in containerd/Nomad): if the agent were the worker's parent, a restarted agent could not learn
 the exit code of a worker that ended while it was down, and a dead agent reading the worker's output pipes

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+# Defaults that a command must know without loading the settings' models (astraeus.settings declares them with these)
+SQUEUE_MIN_JOB_AGE = 300.0  # ASTRAEUS_SQUEUE_MIN_JOB_AGE
+
 
 def get(name: str, default: str | None = None) -> str | None:
     """One variable's value (`default` when unset)."""

@@ -303,3 +303,40 @@ class Logs(Body):
 class LogsStored(Answer):
     ok: bool = True
     stored: int = 0
+
+
+# ------------------------------------------------------------------------ exec, shell and port-forward
+# A user's session into a running worker (astraeus.server.exec_sessions): the control plane tells the worker's
+# machine of it (GET /api/v1/agent/exec-sessions, a long-poll), and the agent opens a WebSocket back to
+# /api/v1/agent/exec-sessions/{id}, which the control plane pairs with the user's. On both WebSockets, binary
+# frames are data, their first byte the stream (EXEC_STDIN, EXEC_STDOUT, EXEC_STDERR); text frames are ExecControl.
+EXEC_STDIN, EXEC_STDOUT, EXEC_STDERR = 0, 1, 2
+
+
+class ExecSession(Answer):
+    """One session the agent is to open: a command in the worker (`port` None) or a TCP connection to `port`."""
+
+    id: str
+    worker: str  # the worker's identity (worker_identity)
+    attempt: int = 0
+    command: list[str] = Field(default_factory=list)
+    tty: bool = False
+    cols: int = 80
+    rows: int = 24
+    port: int | None = None
+
+
+class ExecSessions(Answer):
+    sessions: list[ExecSession] = Field(default_factory=list)
+
+
+class ExecControl(BaseModel):
+    """A text frame: `resize` (cols, rows), `eof` (no more input), `exit` (code: the command's exit status, or
+    128 + the signal that ended it), `error` (message: why the session could not go on, in words)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["resize", "eof", "exit", "error"]
+    cols: int | None = None
+    rows: int | None = None
+    code: int | None = None
+    message: str | None = None

@@ -9,7 +9,8 @@ Names (docs/api.md, "What a worker finds in its environment"):
   Astraeus   ASTRAEUS_NODE_RANK, ASTRAEUS_NUM_NODES, ASTRAEUS_MASTER_ADDR, ASTRAEUS_MASTER_PORT, ASTRAEUS_NODE_ADDRS
   torchrun   PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_NPROC_PER_NODE (torchrun reads its
              flags from PET_<FLAG>), and MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK
-  Slurm      SLURM_JOB_NUM_NODES, SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST, SLURM_GPUS_ON_NODE
+  Slurm      SLURM_JOB_NUM_NODES, SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST, SLURM_NODELIST, SLURM_PROCID,
+             SLURM_LOCALID, SLURMD_NODENAME, SLURM_GPUS_ON_NODE
 
 With networks of their own (the default, `network: isolated`), each worker of the gang has an address of its own
 (ASTRAEUS_WORKER_ADDR), unique among the cluster's live gangs and routed between the machines: MASTER_ADDR and
@@ -99,6 +100,10 @@ def environments(run: str, nodes: list[Node], port: int) -> list[dict[str, str]]
             "SLURM_NNODES": str(n),
             "SLURM_NODEID": str(rank),
             "SLURM_JOB_NODELIST": ",".join(x.machine for x in nodes),
+            "SLURM_NODELIST": ",".join(x.machine for x in nodes),
+            "SLURM_PROCID": str(rank),  # one task per machine: the batch script is rank's task
+            "SLURM_LOCALID": "0",
+            "SLURMD_NODENAME": nd.machine,
             "SLURM_GPUS_ON_NODE": str(nd.gpus),
         })
         if nd.worker_address:

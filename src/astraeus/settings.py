@@ -510,6 +510,9 @@ class CliSettings(_Settings):
     config: Path | None = setting(
         None, "Where `astra login` saves the API URL and token. Unset: `~/.config/astraeus/config.json`.",
         "a file path")
+    squeue_min_job_age: float = setting(
+        envvars.SQUEUE_MIN_JOB_AGE, "Seconds `astra slurm squeue` keeps showing a job after it ended, as Slurm's MinJobAge (`sacct` "
+        "shows ended jobs for good).", "a number of seconds >= 0", ge=0)
 
 
 class DemoSettings(_Settings):

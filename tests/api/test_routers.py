@@ -53,6 +53,7 @@ def test_every_url_keeps_its_tag(app):
         f"GET {ws}": ["workspace"],
         f"POST {ws}/runs": ["workspace"], f"GET {ws}/runs": ["workspace"],
         f"GET {ws}/runs/{{name}}": ["workspace"], f"DELETE {ws}/runs/{{name}}": ["workspace"],
+        f"PATCH {ws}/runs/{{name}}": ["workspace"],
         f"POST {ws}/templates": ["workspace"], f"GET {ws}/templates": ["workspace"],
         f"GET {ws}/templates/{{name}}": ["workspace"], f"PUT {ws}/templates/{{name}}": ["workspace"],
         f"DELETE {ws}/templates/{{name}}": ["workspace"],

@@ -2,10 +2,9 @@
 
 import json
 
-import httpx
 import pytest
 
-from astraeus.cli.client import ApiError, Client, Config, error_message, load_config, save_config
+from astraeus.cli.client import ApiError, Client, Config, Response, error_message, load_config, save_config
 
 
 def test_env_wins_over_the_config_file(tmp_path):
@@ -40,10 +39,12 @@ def test_broken_config_file(tmp_path):
 
 
 def resp(status, body=None, text=None):
-    req = httpx.Request("GET", "http://x/")
+    from http import HTTPStatus
+
     if body is not None:
-        return httpx.Response(status, json=body, request=req)
-    return httpx.Response(status, text=text or "", request=req)
+        return Response(status, HTTPStatus(status).phrase, {"content-type": "application/json"},
+                        json.dumps(body).encode())
+    return Response(status, HTTPStatus(status).phrase, {"content-type": "text/html"}, (text or "").encode())
 
 
 def test_error_messages():
@@ -68,3 +69,100 @@ def test_connection_refused_is_one_line():
     with Client(Config(api, "t")) as c, pytest.raises(ApiError) as e:
         c.get("runs")
     assert e.value.message.startswith(f"cannot reach the Astraeus API at {api}: ")
+
+
+def test_every_field_of_a_refused_body_is_shown():
+    body = {"code": "INVALID", "message": "metadata.name: field required",
+            "errors": [{"field": "metadata.name", "message": "field required"},
+                       {"field": "spec.task_template.image", "message": "unknown field: remove it or check its spelling"}]}
+    assert error_message(resp(422, body)).message == (
+        "422 INVALID: 2 fields to change: metadata.name: field required; "
+        "spec.task_template.image: unknown field: remove it or check its spelling")
+    one = {**body, "errors": body["errors"][:1]}
+    assert error_message(resp(422, one)).message == "422 INVALID: metadata.name: field required"
+
+
+def test_an_api_url_that_is_no_url_is_refused():
+    for bad in ("cp1:8420/api", "ftp://cp1/api", "http://cp1:port/api"):
+        with pytest.raises(ApiError, match="is not valid"):
+            Client(Config(bad, "t"))
+
+
+class _Api:
+    """A plain HTTP(S) server on 127.0.0.1 answering {"path": …} to each GET, counting connections."""
+
+    def __init__(self, context=None):
+        import http.server
+        import threading
+
+        self.connections = 0
+        api = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive
+
+            def setup(self):
+                api.connections += 1
+                super().setup()
+
+            def do_GET(self):
+                body = json.dumps({"path": self.path}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        if context is not None:
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        scheme = "https" if context is not None else "http"
+        self.url = f"{scheme}://localhost:{self.httpd.server_address[1]}/api/v1/o/a/w/b"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_one_kept_alive_connection_serves_a_commands_requests():
+    api = _Api()
+    try:
+        with Client(Config(api.url, "t")) as c:
+            for i in range(5):
+                assert c.get("runs", limit=i, label=["a=b", "c=d"])["path"] == (
+                    f"/api/v1/o/a/w/b/runs?limit={i}&label=a%3Db&label=c%3Dd")
+        assert api.connections == 1
+    finally:
+        api.close()
+
+
+def test_tls_is_verified(tmp_path, monkeypatch):
+    import shutil
+    import ssl
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed (it makes the test's certificate)")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    api = _Api(ctx)
+    try:
+        monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        with Client(Config(api.url, "t")) as c, pytest.raises(ApiError) as e:
+            c.get("runs")  # certifi's CAs do not know this certificate
+        assert e.value.message.startswith(f"cannot reach the Astraeus API at {api.url}: ")
+        assert "CERTIFICATE_VERIFY_FAILED" in e.value.message
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # as httpx read it
+        with Client(Config(api.url, "t")) as c:
+            assert c.get("runs")["path"] == "/api/v1/o/a/w/b/runs"
+    finally:
+        api.close()

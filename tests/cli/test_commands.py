@@ -199,8 +199,8 @@ def test_sbatch_squeue_scancel(c, tmp_path):
 
 def test_unsupported_sbatch_option_is_refused(c, tmp_path):
     (tmp_path / "job.sbatch").write_text(FINETUNE)
-    err = one_line_error(astra(c, "slurm", "sbatch", "--exclusive", "job.sbatch", cwd=tmp_path))
-    assert err.startswith("sbatch: option --exclusive is not supported by astra slurm")
+    err = one_line_error(astra(c, "slurm", "sbatch", "--hold", "job.sbatch", cwd=tmp_path))
+    assert err.startswith("sbatch: option --hold is not supported by astra slurm: submit the job when it may start, or give it a --dependency")
     assert _gone(c, "job")
 
 

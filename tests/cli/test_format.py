@@ -118,3 +118,33 @@ def test_describe_shows_spec_workers_history_and_why_not():
     assert "History:\n  TIME                     STATE    REASON\n  2026-11-29 09:00:00 UTC  Pending  Submitted\n" in out
     assert out.endswith("Why it is not running yet (waiter-0):\n  gpu-01: not enough free GPUs: 0 free, 8 asked\n"
                         "  gpu-02: lost\n")
+
+
+def test_runs_wide_table():
+    from datetime import UTC, datetime
+
+    from astraeus.cli.format import runs_wide_table
+
+    now = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+    runs = [{"metadata": {"name": "train", "cluster": "main", "workspace": "vision",
+                          "created_at": "2026-12-01T10:30:00Z"},
+             "spec": {"priority": 50, "task_template": {"requested_resources": {"gpu_requests": {"count": 8}}}},
+             "status": {"state": "Running", "reason": "1 of 1 workers running"}},
+            {"metadata": {"name": "cpu-only", "cluster": "main", "workspace": "vision"},
+             "spec": {"task_template": {}}, "status": {"state": "Pending"}}]
+    assert runs_wide_table(runs, now) == (
+        "NAME      CLUSTER  STATE    PRIORITY  GPUS  USER    AGE    REASON\n"
+        "train     main     Running  50        8     vision  1h30m  1 of 1 workers running\n"
+        "cpu-only  main     Pending            0     vision\n")
+
+
+def test_to_yaml_keeps_the_apis_order():
+    import yaml
+
+    from astraeus.cli.format import to_yaml
+
+    data = {"items": [{"metadata": {"name": "b: c"}, "spec": {"z": 1, "a": [1, 2]}}]}
+    text = to_yaml(data)
+    assert yaml.safe_load(text) == data
+    keys = [ln.strip().split(":")[0] for ln in text.splitlines()]
+    assert keys.index("z") < keys.index("a")

@@ -70,7 +70,7 @@ def test_connection_refused():
 
 
 def test_bad_output_format():
-    r = invoke(["astraeus", "runs", "-o", "yaml"], env={"ASTRAEUS_API": "http://127.0.0.1:9", "ASTRAEUS_TOKEN": "t"})
+    r = invoke(["astraeus", "runs", "-o", "xml"], env={"ASTRAEUS_API": "http://127.0.0.1:9", "ASTRAEUS_TOKEN": "t"})
     assert r.exit_code == 1 and "-o json" in r.stderr
 
 
@@ -96,12 +96,12 @@ def test_sbatch_dry_run(tmp_path):
 def test_sbatch_refuses_unsupported_options_by_name(tmp_path):
     p = tmp_path / "a.sbatch"
     p.write_text(SCRIPT)
-    r = invoke(["slurm", "sbatch", "--exclusive", str(p)])
+    r = invoke(["slurm", "sbatch", "--hold", str(p)])
     assert r.exit_code == 1
-    assert r.stderr.startswith("sbatch: option --exclusive is not supported by astra slurm")
-    p.write_text(SCRIPT.replace("#SBATCH --gres=gpu:8", "#SBATCH --mail-type=END"))
+    assert r.stderr.startswith("sbatch: option --hold is not supported by astra slurm")
+    p.write_text(SCRIPT.replace("#SBATCH --gres=gpu:8", "#SBATCH --nodelist=gpu-01"))
     r = invoke(["slurm", "sbatch", str(p)])
-    assert r.exit_code == 1 and r.stderr.startswith("sbatch: option --mail-type is not supported by astra slurm")
+    assert r.exit_code == 1 and r.stderr.startswith("sbatch: option --nodelist is not supported by astra slurm")
 
 
 def test_sbatch_missing_script():
@@ -114,7 +114,7 @@ def test_sbatch_output_is_noted(tmp_path):
     p.write_text(SCRIPT)
     r = invoke(["slurm", "sbatch", "-o", "out.log", "--dry-run", str(p)])
     assert r.exit_code == 0
-    assert "sbatch: note: --output ignored: Astraeus keeps each worker's output" in r.stderr
+    assert "sbatch: note: --output ignored (out.log): Astraeus keeps each worker's output" in r.stderr
 
 
 def test_sbatch_help():

@@ -3,6 +3,7 @@
 import pytest
 
 from astraeus.cli.slurm import (
+    JOB_NAME_LABEL,
     SbatchError,
     build_job,
     default_name,
@@ -115,7 +116,8 @@ def test_finetune_script_becomes_a_run():
         "cpu_cores": 64, "memory_bytes": 512 * GIB, "gpu_requests": {"count": 8}, "machines": 1,
         "node_selection": {"mode": "Any"},
     }
-    assert any("--output and --error ignored" in n for n in j.notes)
+    assert any("Astraeus keeps each worker's output" in n and "read it with astra astraeus logs ft-lowprio-0" in n
+               for n in j.notes)
 
 
 def test_name_defaults_to_the_script_stem():
@@ -236,12 +238,8 @@ def test_a_script_without_sbatch_lines():
 # --- refusals --------------------------------------------------------------------------------------------------
 
 UNSUPPORTED = [
-    "--account=proj", "--qos=high", "--exclusive",
-    "--mail-type=ALL", "--mail-user=a@b.c", "--export=ALL", "--container-mounts=/data:/data", "--requeue",
-    "--signal=B:USR1@60", "--chdir=/tmp", "--begin=now+1hour", "--exclude=gpu-01",
-    "--nodelist=gpu-01", "--hint=nomultithread", "--distribution=block", "--wait", "--open-mode=append",
-    "--gpu-bind=closest", "--mem-bind=local", "--licenses=x", "--comment=x", "--priority=10", "--deadline=now",
-    "--cpu-freq=high", "--container-workdir=/w", "--parsable", "--hold", "--no-requeue",
+    "--container-mounts=/data:/data", "--begin=now+1hour", "--nodelist=gpu-01", "--wait", "--priority=10",
+    "--deadline=now", "--parsable", "--hold", "--export=PATH", "--bb=x", "--tmp=10G",
 ]
 
 
@@ -263,17 +261,17 @@ def test_unsupported_option_in_sbatch_line_is_refused_by_name(opt):
     assert "#SBATCH line 3 of x.sh" in str(e.value)
 
 
-def test_exclusive_message_exactly():
+def test_exclusive_without_gpus_names_the_next_step():
     with pytest.raises(SbatchError) as e:
-        parse_command_line(["--exclusive", "x.sh"])
-    assert str(e.value).startswith("sbatch: option --exclusive is not supported by astra slurm")
+        job(["--exclusive", "x.sh"], "#!/bin/bash\n#SBATCH --container-image=img\nx\n")
+    assert "add --gpus-per-node=N with the machines' GPU count" in str(e.value)
 
 
-@pytest.mark.parametrize("opt", ["-A", "-w", "-x", "-q", "-D", "-W", "-H", "-k", "-s"])
+@pytest.mark.parametrize("opt", ["-w", "-H", "-W", "-b", "-F", "-i", "-I", "-S"])
 def test_unsupported_short_options(opt):
     with pytest.raises(SbatchError) as e:
         parse_command_line([opt, "v", "x.sh"])
-    assert str(e.value).startswith(f"sbatch: option {opt} is not supported by astra slurm")
+    assert str(e.value).startswith(f"sbatch: option {opt} is not supported by astra slurm: ")
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -284,7 +282,7 @@ def test_unsupported_short_options(opt):
     (["--gpus=a:b:c", "x.sh"], "give a count of GPUs (N) or a type and a count (TYPE:N"),
     (["--gpus-per-node=a+b:2", "x.sh"], "'a+b' is not a GPU type"),
     (["--gres=mps:100", "x.sh"], "knows only GPUs"),
-    (["--partition=A100", "x.sh"], "'A100' is not a pool's name"),
+    (["--partition=A+100", "x.sh"], "'a+100' is not a pool's name"),
     (["--partition=a,", "x.sh"], "'' is not a pool's name"),
     (["--clusters=a,b", "x.sh"], "submits to one cluster"),
     (["--constraint=a|b", "x.sh"], "alternatives (|) are not supported"),
@@ -293,8 +291,13 @@ def test_unsupported_short_options(opt):
     (["--constraint=gpu=a100&gpu=h100", "x.sh"], "gpu is given twice"),
     (["--reservation=Launch Day", "x.sh"], "invalid --reservation='Launch Day'"),
     (["--nodes=2-4", "x.sh"], "node ranges are not supported"),
-    (["--ntasks-per-node=8", "x.sh"], "one task per node"),
-    (["--ntasks=4", "x.sh"], "one task per node"),
+    (["--ntasks=6", "--nodes=4", "x.sh"], "give a multiple of 4, or --ntasks-per-node"),
+    (["--ntasks=4", "--ntasks-per-node=4", "--nodes=2", "x.sh"], "give --ntasks=8, or one of the two options"),
+    (["--ntasks-per-gpu=2", "x.sh"], "--ntasks-per-gpu needs GPUs: add --gpus-per-node=N"),
+    (["--signal=B:FOO@60", "x.sh"], "use [B:]SIG[@SECONDS]"),
+    (["--open-mode=sometimes", "x.sh"], "give append or truncate"),
+    (["--tiem=10", "x.sh"], "did you mean --time?"),
+    (["--gpu=2", "x.sh"], "is ambiguous: did you mean --gpu-bind, --gpu-freq, --gpus"),
     (["--cpus-per-task=0", "x.sh"], "invalid --cpus-per-task"),
     (["-c", "four", "x.sh"], "invalid --cpus-per-task"),
     (["--nice=abc", "x.sh"], "invalid --nice"),
@@ -407,3 +410,126 @@ def test_test_only_lines_as_slurm_prints_them():
         "sbatch: Job j would not start: Waits for namespace quota: gpus 1 in use + 2 asked > 2", False)
     unknown = {"outcome": "Head", "reason": "Next to run (priority 0): when running work ends", "starts_by": None}
     assert fmt.sbatch_test_only(unknown, "j", 1, None)[1] is False
+
+
+# --- options real scripts use: honoured, mapped or noted (issue 44) ---------------------------------------------
+
+def tt_of(j):
+    return j.spec["spec"]["task_template"]
+
+
+@pytest.mark.parametrize("argv,per_machine,total,tasks", [
+    (["--gpus-per-task=1", "--ntasks-per-node=8", "-N", "2"], 8, 16, 16),
+    (["--gpus-per-task=2", "-n", "4"], 8, 8, 4),
+    (["--gpus-per-task=1", "--ntasks=8", "--nodes=2"], 4, 8, 8),
+    (["--gres=gpu:4", "--ntasks-per-gpu=2", "-N", "2"], 4, 8, 16),
+    (["--gpus-per-node=8", "--ntasks-per-node=8", "-N", "4"], 8, 32, 32),
+])
+def test_tasks_and_gpus_per_task_become_gpus_per_machine(argv, per_machine, total, tasks):
+    j = job([*argv, "x.sh"], IMG)
+    gpu = tt_of(j)["requested_resources"]["gpu_requests"]
+    assert gpu["count"] == total
+    assert gpu.get("min_per_machine", per_machine) == per_machine
+    assert tt_of(j)["env"]["SLURM_NTASKS"] == str(tasks)
+    assert j.processors == tasks
+    assert any(f"SLURM_NTASKS={tasks}" in n for n in j.notes)
+
+
+def test_cpus_per_task_counts_every_task():
+    j = job(["--ntasks-per-node=4", "-c", "8", "-N", "2", "x.sh"], IMG)
+    assert tt_of(j)["requested_resources"]["cpu_cores"] == 64
+    assert tt_of(j)["env"]["SLURM_CPUS_PER_TASK"] == "8"
+
+
+@pytest.mark.parametrize("opt,says", [
+    ("--account=proj", "no accounts"), ("-A proj", "no accounts"), ("--qos=high", "no QOS"), ("-q high", "no QOS"),
+    ("--mail-type=END,FAIL", "sends no mail"), ("--mail-user=a@b.c", "sends no mail"),
+    ("--hint=nomultithread", "no CPU binding"), ("--gpu-bind=closest", "own GPUs"), ("-L fs:1", "no licenses"),
+    ("--comment=x", "not kept"), ("--exclude=gpu-01", "drain a bad machine"), ("--distribution=block", "tasks"),
+])
+def test_noted_options_say_what_astraeus_does_instead(opt, says):
+    script = f"#!/bin/bash\n#SBATCH --container-image=img\n#SBATCH {opt}\necho\n"
+    j = job(["x.sh"], script, "x.sh")
+    notes = [n for n in j.notes if says in n]
+    assert len(notes) == 1 and notes[0].startswith("sbatch: note: --")
+
+
+def test_signal_requeue_and_export_are_noted():
+    script = ("#!/bin/bash\n#SBATCH --container-image=img\n#SBATCH --signal=B:USR1@90\n#SBATCH --requeue\n"
+              "#SBATCH --export=ALL\necho\n")
+    j = job(["x.sh"], script)
+    assert [n for n in j.notes if "--signal=B:USR1@90" in n and "SIGUSR1 90 s" in n and "trap TERM" in n]
+    assert not [n for n in j.notes if "requeue" in n or "export" in n]  # Astraeus' defaults: nothing to say
+    j = job(["--no-requeue", "x.sh"], IMG)
+    assert tt_of(j)["restart_policy"] == "Never"
+    assert [n for n in j.notes if n.startswith("sbatch: note: --no-requeue")]
+
+
+def test_exclusive_holds_the_machines_gpus():
+    j = job(["--exclusive", "--gres=gpu:8", "-N", "2", "x.sh"], IMG)
+    assert tt_of(j)["requested_resources"]["gpu_requests"] == {"count": 16, "min_per_machine": 8}
+    assert [n for n in j.notes if "--exclusive: the job holds 8 GPU(s) per machine" in n]
+
+
+def test_mem_zero_asks_for_no_set_amount():
+    j = job(["--mem=0", "--gres=gpu:8", "x.sh"], IMG)
+    assert "memory_bytes" not in tt_of(j)["requested_resources"]
+    assert [n for n in j.notes if n.startswith("sbatch: note: --mem=0")]
+
+
+def test_chdir_starts_the_script_there():
+    j = job(["-D", "/workspace/run", "x.sh", "a"], IMG)
+    assert tt_of(j)["args"] == ["-c", 'cd -- "$0" && exec bash "$@"', "/workspace/run", "/astraeus/slurm/x.sbatch",
+                                "a"]
+
+
+def test_output_patterns_are_expanded_in_the_note():
+    script = ("#!/bin/bash\n#SBATCH --container-image=img\n#SBATCH --job-name=llama_train\n"
+              "#SBATCH --output=logs/%x-%j.out\n#SBATCH --error=logs/%x-%A_%a.err\n#SBATCH --open-mode=append\n"
+              "#SBATCH --array=3-4\necho\n")
+    j = job(["x.sh"], script)
+    note = [n for n in j.notes if "Astraeus keeps each worker's output" in n][0]
+    assert "logs/llama_train-llama-train_3.out" in note and "logs/llama_train-llama-train_3.err" in note
+    assert "astra astraeus logs llama-train_3-0" in note
+
+
+@pytest.mark.parametrize("written,full", [
+    ("--tim=10", "time"), ("--err=e.log", "error"), ("--job=x", "name"), ("--part=a100", "partition"),
+    ("--gres-flags", None), ("--cpus-per-t=4", "cpus"),
+])
+def test_unambiguous_abbreviations_are_taken(written, full):
+    if full is None:
+        with pytest.raises(SbatchError, match="did you mean|not supported"):
+            parse_command_line([written, "x.sh"])
+        return
+    opts, _ = parse_command_line([written, "x.sh"]).options, None
+    assert full in opts.values
+
+
+def test_job_names_are_kept_and_runs_get_a_valid_name():
+    j = job(["-J", "llama_train", "x.sh"], IMG)
+    assert j.name == "llama-train" and j.job_name == "llama_train"
+    assert j.spec["metadata"] == {"name": "llama-train", "labels": {JOB_NAME_LABEL: "llama_train"}}
+    assert tt_of(j)["args"][0] == "/astraeus/slurm/llama-train.sbatch"
+    assert [n for n in j.notes if "the run is named llama-train" in n and "SLURM_JOB_NAME is llama_train" in n]
+    again = j.renamed("llama-train-2")
+    assert again.spec["metadata"]["name"] == "llama-train-2"
+    assert again.spec["metadata"]["labels"] == {JOB_NAME_LABEL: "llama_train"}
+    assert again.spec["spec"] == j.spec["spec"]
+    plain = job(["-J", "train", "x.sh"], IMG).renamed("train-2")
+    assert plain.spec["metadata"]["labels"] == {JOB_NAME_LABEL: "train"}
+
+
+def test_partitions_with_underscores_are_pools():
+    j = job(["--partition=gpu_large,GPU_Small", "x.sh"], IMG)
+    assert tt_of(j)["requested_resources"]["node_selection"]["pools"] == ["gpu-large", "gpu-small"]
+    assert tt_of(j)["env"]["SLURM_JOB_PARTITION"] == "gpu-large,gpu-small"
+    assert [n for n in j.notes if "pools gpu-large, gpu-small" in n]
+
+
+def test_a_workspace_default_image_lets_a_script_name_none():
+    script = "#!/bin/bash\n#SBATCH --gres=gpu:1\necho\n"
+    with pytest.raises(SbatchError, match="default_image"):
+        job(["x.sh"], script)
+    j = build_job(parse_command_line(["x.sh"]), script, "x.sh", default_image=True)
+    assert "image" not in tt_of(j)

@@ -439,7 +439,7 @@ ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvo
                              "array_job": None, "array_index": None, "array_max_running": None},
                     "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None,
                                  "disk_path": None, "disk_free_bytes": None, "disk_total_bytes": None},
-                    "access": {"pools": None, "host_network": False}}
+                    "access": {"pools": None, "host_network": False, "default_image": None}}
 
 
 def test_downgrade_to_0001_keeps_every_row(released, tmp_path):

@@ -74,6 +74,7 @@ from astraeus.agent import logs
 from astraeus.agent.client import Backoff, ControlPlaneClient, NeedsRegister, route_address
 from astraeus.agent.client import agent_bases as agent_bases  # tests and tools import it from here
 from astraeus.agent.disk import EvictionWatch, disk_of, mark_evicted
+from astraeus.agent.exec import ExecSessions
 from astraeus.agent.gpus import discover_gpus, nvml_gpus
 from astraeus.agent.logs import LOG_BATCH as LOG_BATCH  # benchmarks/bench_logs.py imports these from here
 from astraeus.agent.logs import LOG_POST_BYTES as LOG_POST_BYTES
@@ -665,7 +666,7 @@ class Agent:
             log.info("adopted %d worker attempt(s), %d still running", len(adopted), len(live))
         for target, name in ((self.poll_loop, "poll"), (self.reconcile_loop, "reconcile"),
                              (self.report_loop, "report"), (self.log_loop, "logs"), (self.event_loop, "events"),
-                             (self.exports_loop, "exports")):
+                             (self.exports_loop, "exports"), (ExecSessions(self).loop, "exec")):
             t = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
             t.start()
             self.threads.append(t)

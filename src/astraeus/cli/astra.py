@@ -2,7 +2,7 @@
 
     astra login --api URL --token TOKEN
     astra astraeus run|runs|logs|describe|delete|events|drives|machines|pools|reservations …
-    astra slurm sbatch|squeue|scancel …
+    astra slurm sbatch|squeue|scancel|sinfo|sacct|scontrol …
 
 Every failure is one line on stderr and a non-zero exit; set ASTRA_DEBUG=1 for a traceback.
 """
@@ -21,6 +21,7 @@ import typer
 
 from astraeus import envvars
 from astraeus.cli import format as fmt
+from astraeus.cli import slurm_views as sv
 from astraeus.cli.client import ApiError, Client, Config, q, save_config
 from astraeus.cli.slurm import (
     HelpRequested,
@@ -39,6 +40,15 @@ class _App(typer.Typer):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
+            # The most used commands skip click's parsing (and the pydantic it brings): astraeus.cli.fastargs.
+            if self is app and not args and not kwargs and not envvars.get("ASTRA_NO_FASTARGS"):
+                from astraeus.cli import fastargs
+
+                try:
+                    if fastargs.run(self, sys.argv[1:]):
+                        return None
+                except typer.Exit as e:
+                    sys.exit(e.exit_code)
             return super().__call__(*args, **kwargs)
         except SystemExit:
             raise
@@ -55,7 +65,9 @@ def _app(**kw: Any) -> typer.Typer:
     return _App(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, **kw)
 
 
-app = _app(help="The Astraeus command line: runs, logs, drives and machines, and Slurm-style batch jobs.")
+# The root alone offers --install-completion/--show-completion (bash, zsh, fish, PowerShell).
+app = _App(no_args_is_help=True, pretty_exceptions_enable=False,
+           help="The Astraeus command line: runs, logs, drives and machines, and Slurm-style batch jobs.")
 astraeus_app = _app(help="Runs, workers' logs, events, drives and machines of your workspace.")
 drives_app = _app(help="Drives: storage that workers mount.")
 registries_app = _app(help="Image registry credentials of your workspace (used to pull its runs' images).")
@@ -65,7 +77,7 @@ schedules_app = _app(help="Schedules: a cron line and a run to make at each tick
                           "per tick).")
 groups_app = _app(help="Replica groups: keep N runs of one spec alive (evaluation workers, inference servers); "
                        "an ended or deleted replica is replaced.")
-slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, squeue, scancel.")
+slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, squeue, scancel, sinfo, sacct, scontrol.")
 pools_app = _App(pretty_exceptions_enable=False, add_completion=False, invoke_without_command=True,
                  help="Pools: named groups of a cluster's machines. Without a command: the pools your workspace may "
                       "use. create/delete: organisation admins (ASTRAEUS_ADMIN_TOKEN, or an admin's token).")
@@ -82,6 +94,28 @@ astraeus_app.add_typer(groups_app, name="replica-groups")
 astraeus_app.add_typer(schedules_app, name="schedules")
 astraeus_app.add_typer(pools_app, name="pools")
 astraeus_app.add_typer(reservations_app, name="reservations")
+
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            shown = version("astraeus")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            shown = "unknown (not installed)"
+        typer.echo(f"astra {shown}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print astra's version and exit")] = False,
+) -> None:
+    """The Astraeus command line: runs, logs, drives and machines, and Slurm-style batch jobs."""
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -118,20 +152,39 @@ def client() -> Client:
     return Client.from_env()
 
 
+from astraeus.cli import interactive  # noqa: E402  exec, shell and port-forward into a running worker
+
+interactive.register(astraeus_app, handle_errors)
+
+
 def org_client() -> Client:
     """$ORG_API (the workspace API URL without /w/WS) with ASTRAEUS_ADMIN_TOKEN, or the token in use."""
     return Client.org_from_env()
 
 
 def read_json_file(path: str, what: str = "spec") -> Any:
+    """A spec file: JSON, or YAML when it is named .yaml/.yml (stdin, `-`: JSON, else YAML)."""
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as e:
         raise SpecError(f"cannot read the {what} file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path} is not a text file: give a JSON or YAML {what}") from None
+    is_yaml = path.lower().endswith((".yaml", ".yml"))
+    if not is_yaml:
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            if path != "-":
+                raise SpecError(f"{path} is not valid JSON: {e} (a YAML spec: name it .yaml or .yml)") from None
+    import yaml  # only for a YAML spec: it costs a command's start otherwise
+
     try:
-        return json.loads(text)
-    except ValueError as e:
-        raise SpecError(f"{path} is not valid JSON: {e}") from None
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = f" at line {e.problem_mark.line + 1}" if getattr(e, "problem_mark", None) else ""
+        shown = "stdin is valid neither as JSON nor as YAML" if path == "-" else f"{path} is not valid YAML"
+        raise SpecError(f"{shown}{where}: {getattr(e, 'problem', None) or e}") from None
 
 
 def print_json(data: Any) -> None:
@@ -177,6 +230,21 @@ def login(
             typer.echo(f"note: {var} is set in the environment and wins over the saved value", err=True)
 
 
+COMPLETION_SHELLS = ("bash", "zsh", "fish")
+
+
+@app.command()
+@handle_errors()
+def completion(shell: Annotated[str, typer.Argument(metavar="SHELL", help="bash, zsh or fish")]) -> None:
+    """Print the shell completion script: eval "$(astra completion bash)" in ~/.bashrc; zsh: the same in
+    ~/.zshrc; fish: astra completion fish > ~/.config/fish/completions/astra.fish."""
+    if shell not in COMPLETION_SHELLS:
+        raise SpecError(f"completion {shell}: give one of {', '.join(COMPLETION_SHELLS)}")
+    from typer._completion_shared import get_completion_script
+
+    typer.echo(get_completion_script(prog_name="astra", complete_var="_ASTRA_COMPLETE", shell=shell))
+
+
 # --- astra astraeus ------------------------------------------------------------------------------------------------
 
 
@@ -194,7 +262,8 @@ def run(
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE, repeatable")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster (default: the workspace's)")] = None,
     start: Annotated[str | None, typer.Option("--start", help="Independent (the default) or Gang")] = None,
-    file: Annotated[str | None, typer.Option("-f", "--file", help="Submit a whole spec (JSON file, - for stdin)")] = None,
+    file: Annotated[str | None, typer.Option("-f", "--file", help="Submit a whole spec (a JSON file, or YAML "
+                                                                   "named .yaml/.yml; - for stdin)")] = None,
     template: Annotated[str | None, typer.Option("--template", help="A run template (astra astraeus templates "
                                                                     "list): its fields apply where no option here "
                                                                     "gives one")] = None,
@@ -283,24 +352,18 @@ RUNS_SHOWN = 100  # what `astra astraeus runs` shows without --limit: the API's 
 
 
 def list_client() -> Client:
-    """As client(), but where every API URL is plain http:// without setting up TLS it would never use: httpx's
-    default client loads the CA bundle at each start, which costs more than the request itself."""
-    from astraeus.cli.client import api_urls, load_config
-
-    config = load_config()
-    if all(u.startswith("http://") for u in api_urls(config.api)):
-        import httpx
-
-        return Client(config, transport=httpx.HTTPTransport(verify=False))  # plain HTTP: nothing to verify
-    return Client(config)
+    """As client(): the client sets up TLS only for an https:// replica it connects to."""
+    return client()
 
 
 @astraeus_app.command()
 @handle_errors()
 def runs(
-    output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="wide (with PRIORITY, GPUS, USER, AGE), "
+                                                                      "json or yaml (the API's)")] = None,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh in place until Ctrl-C")] = False,
-    state: Annotated[str | None, typer.Option("--state", help="Only runs in this state, e.g. Pending")] = None,
+    state: Annotated[str | None, typer.Option("--state", help="Only runs in this state: Pending, Starting, Running, "
+                                                              "Stopping, Completed, Failed or Cancelled")] = None,
     label: Annotated[list[str] | None, typer.Option(
         "-l", "--label", help="Only runs with this label, key=value (repeat it, or separate with commas: all must "
                               "match)")] = None,
@@ -309,23 +372,33 @@ def runs(
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes with --watch")] = 2.0,
 ) -> None:
     """List runs, newest first: NAME, CLUSTER, STATE, REASON (the newest 100 unless --limit or --all)."""
-    as_json = check_output(output)
+    if output not in (None, "", "table", "wide", "json", "yaml"):
+        raise SpecError(f"-o {output}: use -o wide, -o json or -o yaml (or leave it out for the table)")
+    if watch and output in ("json", "yaml"):
+        raise SpecError(f"--watch shows the table; leave out -o {output}")
+    as_json = output == "json"
+    if state is not None:
+        known = {s.lower(): s for s in fmt.RUN_STATES}
+        if state.lower() not in known:
+            raise SpecError(f"--state {state}: use one of {', '.join(fmt.RUN_STATES)}")
+        state = known[state.lower()]
+    table = fmt.runs_wide_table if output == "wide" else fmt.runs_table
     with list_client() as c:
         if not watch:
             items, more = newest_runs(c, None if every else limit, state, label)
             if as_json:
                 print_json({"items": items})
+            elif output == "yaml":
+                typer.echo(fmt.to_yaml({"items": items}), nl=False)
             else:
-                typer.echo(fmt.runs_table(items), nl=False)
+                typer.echo(table(items), nl=False)
             if more:
                 shown = " ".join(["astra astraeus runs", *(["--state", state] if state else []),
                                   *(f"-l {x}" for x in label or [])])
                 bigger = f"{shown} --limit {max(1000, limit * 10)}, or " if limit < 1000 else ""
                 typer.echo(f"… more runs than these {len(items)}: {bigger}{shown} --all", err=True)
             return
-        if as_json:
-            raise SpecError("--watch shows the table; leave out -o json")
-        watch_table(lambda: fmt.runs_table(newest_runs(c, None if every else limit, state, label)[0]), interval)
+        watch_table(lambda: table(newest_runs(c, None if every else limit, state, label)[0]), interval)
 
 
 def newest_runs(c: Client, limit: int | None, state: str | None = None, label: list[str] | None = None
@@ -418,9 +491,16 @@ def logs(
         return text if exact else fmt.terminal_safe(text, lines=True)
 
     with client() as c:
-        name = resolve_worker(c, worker)
+        name, view = _worker_for_logs(c, worker, follow)
+        if name is None:
+            return
+        # A worker never started yet has no output: say so on stderr (stdout stays the worker's alone).
+        waiting = view.get("state") == "Pending" and not view.get("started_at")
+        why = fmt.terminal_safe(view.get("reason") or "Pending")
         path = f"workers/{q(name)}/logs"
         if follow:
+            if waiting:
+                typer.echo(f"{name} has not started yet ({why}): waiting for it to start…", err=True)
             for chunk in c.stream(path, tail=tail, follow=True, timestamps=timestamps):
                 sys.stdout.write(show(chunk))
                 sys.stdout.flush()
@@ -429,6 +509,43 @@ def logs(
             if text:
                 text = text if isinstance(text, str) else json.dumps(text)
                 sys.stdout.write(show(text if text.endswith("\n") else text + "\n"))
+            elif waiting:
+                typer.echo(f"{name} has not started yet ({why}): no output yet; astra astraeus logs -f {worker} "
+                           "waits for it", err=True)
+
+
+def _worker_for_logs(c: Client, name: str, follow: bool) -> tuple[str | None, dict[str, Any]]:
+    """The worker `name` stands for (as resolve_worker) and its view; a run with no worker yet: (None, {}) after
+    saying so, or with `follow` once a worker appears."""
+    try:
+        view = c.get(f"workers/{q(name)}")
+        return name, view if isinstance(view, dict) else {}
+    except ApiError as e:
+        if e.status != 404:
+            raise
+    said = False
+    while True:
+        try:
+            run_obj = c.get(f"runs/{q(name)}")
+        except ApiError as e:
+            if e.status == 404:
+                resolve_worker(c, name)  # its error: no such worker or run
+            raise
+        status = (run_obj or {}).get("status") or {}
+        if status.get("workers"):
+            wname = resolve_worker(c, name)
+            return wname, next((w for w in status["workers"] if w.get("name") == wname), {})
+        why = fmt.terminal_safe(status.get("reason") or status.get("state") or "Pending")
+        if status.get("state") in fmt.TERMINAL:
+            raise ApiError(f"{name} ended ({status.get('state')}) without starting a worker: no output")
+        if not follow:
+            typer.echo(f"{name} has not started yet ({why}): no output yet; astra astraeus logs -f {name} waits for "
+                       "it", err=True)
+            return None, {}
+        if not said:
+            typer.echo(f"{name} has not started yet ({why}): waiting for it to start…", err=True)
+            said = True
+        time.sleep(1)
 
 
 def resolve_worker(c: Client, name: str) -> str:
@@ -899,8 +1016,14 @@ Options (also read from the script's #SBATCH lines; the command line wins):
                              (each gets SLURM_ARRAY_TASK_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_COUNT, …)
   -d, --dependency=TYPE:JOB[:JOB…]  afterok, afterany, afternotok, or singleton: wait for those runs (a job
                              array's name: all its runs); fails when it can no longer be met
-  -o, --output / -e, --error accepted and ignored: Astraeus keeps each worker's output (astra astraeus logs)
-  --ntasks-per-node=1, -n/--ntasks=NODES   one task per node
+  -o, --output / -e, --error / --open-mode   noted: Astraeus keeps each worker's output (astra astraeus logs)
+  --ntasks-per-node=N, -n/--ntasks=N, --ntasks-per-gpu=N   tasks (SLURM_NTASKS); the script runs once per node
+  --gpus-per-task=[TYPE:]N   GPUs per task: times the tasks per node, GPUs per node
+  --exclusive                with GPUs: the node's GPUs, as many as asked per node
+  -D, --chdir=DIR            the folder the script starts in
+  -A/--account, -q/--qos, --signal, --no-requeue, --mail-type, --mail-user, --hint, --gpu-bind, -L, --comment,
+  --exclude, …               accepted with a note saying what Astraeus does instead
+  (the image: the workspace's default_image where the script names none; long options may be abbreviated)
   --wrap=COMMAND             a one-line script
   --test-only                when and where the job would start now, as Slurm says it; submit nothing
   --dry-run                  print the run spec; submit nothing (astra's own)
@@ -937,7 +1060,15 @@ def sbatch(ctx: typer.Context) -> None:
         except UnicodeDecodeError:
             raise SbatchError(f"sbatch: error: {cmd.script} is not a text file") from None
         label = cmd.script
-    job = build_job(cmd, text, label)
+    try:
+        job = build_job(cmd, text, label)
+    except SbatchError as e:
+        # A script that names no image runs with the workspace's default image on its cluster, where a site set one
+        image = _default_image(cmd.options.values.get("cluster")) if "no container image" in str(e) else None
+        if image is None:
+            raise
+        job = build_job(cmd, text, label, default_image=True)
+        job.spec["spec"]["task_template"]["image"] = image
     if job.dry_run:
         print_json(job.spec if job.array is None else job.bodies())
         for note in job.notes:
@@ -950,16 +1081,35 @@ def sbatch(ctx: typer.Context) -> None:
         if job.array is not None:
             _submit_array(c, job)
             return
-        try:
-            created = c.post("runs", job.spec)
-        except ApiError as e:
-            if e.status is not None:
-                raise SbatchError(f"sbatch: error: Batch job submission failed: {_hint(e.message)}") from None
-            raise
+        base = job.name
+        for attempt in range(2, 102):  # Slurm allows many jobs of one name: a resubmitted script gets NAME-2, …
+            try:
+                created = c.post("runs", job.spec)
+                break
+            except ApiError as e:
+                if e.code == "ALREADY_EXISTS" and attempt < 101:
+                    job = job.renamed(f"{base[:63 - len(str(attempt)) - 1].rstrip('-')}-{attempt}")
+                    continue
+                if e.status is not None:
+                    raise SbatchError(f"sbatch: error: Batch job submission failed: {_hint(e.message)}") from None
+                raise
     name = ((created if isinstance(created, dict) else {}).get("metadata") or {}).get("name") or job.name
     typer.echo(fmt.terminal_safe(f"Submitted batch job {name}"))
     for note in job.notes:  # after the outcome, so that a refusal stays one line
         typer.echo(note, err=True)
+
+
+def _default_image(cluster: str | None) -> str | None:
+    """The workspace's default image on the cluster (GET $API: clusters[].default_image), None where it has none."""
+    with client() as c:
+        try:
+            ws = c.get("")
+        except ApiError:
+            return None
+    clusters = [a for a in (ws or {}).get("clusters") or [] if isinstance(a, dict)]
+    if cluster is not None:
+        clusters = [a for a in clusters if a.get("name") == cluster]
+    return (clusters[0].get("default_image") or None) if clusters else None
 
 
 def _hint(message: str) -> str:
@@ -1030,24 +1180,66 @@ def _matching(items: list[dict], jobs: list[str], command: str) -> list[tuple[st
     return out
 
 
-@slurm_app.command()
+VIEW_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # an unknown option: exit 1, Slurm's
+
+
+def _no_extra(ctx: typer.Context, command: str) -> None:
+    """Slurm's refusal of an option it does not know (exit 1, where click's would be 2)."""
+    if ctx.args:
+        raise sv.ViewError(f"{command}: error: unrecognized option or argument {ctx.args[0]!r} (astra slurm {command} "
+                        "--help lists the options)")
+
+
+def _view_errors(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except sv.ViewError as e:
+            raise fail(str(e), 1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@slurm_app.command(context_settings=VIEW_CONTEXT)
 @handle_errors(prefix="squeue: error: ")
+@_view_errors
 def squeue(
+    ctx: typer.Context,
     name: Annotated[list[str] | None, typer.Option("-j", "--jobs", "-n", "--name", help="Only these jobs")] = None,
-    states: Annotated[str | None, typer.Option("-t", "--states", help="Only these states, e.g. PD,R")] = None,
+    states: Annotated[str | None, typer.Option("-t", "--states", help="Only these states, e.g. PD,R or "
+                                                                      "pending,running (all: every state)")] = None,
+    users: Annotated[str | None, typer.Option("-u", "--user", help="Only these users (workspaces), comma-separated")]
+    = None,
+    me: Annotated[bool, typer.Option("--me", help="Only your own jobs (your workspace's)")] = False,
 ) -> None:
-    """Runs in Slurm's squeue layout: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)."""
+    """Runs in Slurm's squeue layout: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON). USER is the
+    workspace; an ended job is shown for ASTRAEUS_SQUEUE_MIN_JOB_AGE seconds (300) after it ended, as Slurm's
+    MinJobAge (one named with -j: always)."""
+    from datetime import UTC, datetime
+
+    _no_extra(ctx, "squeue")
+    min_age = envvars.SQUEUE_MIN_JOB_AGE
+    if envvars.get("ASTRAEUS_SQUEUE_MIN_JOB_AGE") is not None:  # checked by the settings' model (pydantic: slower)
+        from astraeus.settings import CliSettings, SettingsError
+
+        try:
+            min_age = CliSettings.load().squeue_min_job_age
+        except SettingsError as e:
+            raise sv.ViewError(f"squeue: error: {e}") from None
+    wanted_states = sv.state_codes(states) if states else None
+    wanted_users = {u.strip() for u in (users or "").split(",") if u.strip()} or None
     with client() as c:
+        if me:
+            mine = (c.get("") or {}).get("name")
+            wanted_users = (wanted_users or set()) | {mine}
         items = every_page(c, "runs")  # every run: the API answers a page at a time
     wanted = [n for arg in name or [] for n in split_jobs(arg) if n]
     if wanted:
         keep = {id(r) for _, runs in _matching(items, wanted, "squeue") for r in runs}
         items = [r for r in items if id(r) in keep]
-    if states:
-        codes = {s.strip().upper() for s in states.split(",") if s.strip()}
-        names = {k.upper(): v for k, v in fmt.SLURM_STATE.items()}
-        codes = {names.get(s, s) for s in codes}
-        items = [r for r in items if fmt.SLURM_STATE.get((r.get("status") or {}).get("state", "")) in codes]
+    # a job named with -j is shown however long ago it ended (astra's own: Slurm forgets it after MinJobAge)
+    items = sv.squeue_keep(items, datetime.now(UTC), float("inf") if wanted else min_age, wanted_states, wanted_users)
     typer.echo(fmt.squeue_table(items), nl=False)
 
 
@@ -1069,6 +1261,186 @@ def scancel(jobs: Annotated[list[str], typer.Argument(
                     if e.status == 404:
                         continue  # gone meanwhile
                     raise
+
+
+@slurm_app.command(context_settings=VIEW_CONTEXT)
+@handle_errors(prefix="sinfo: error: ")
+@_view_errors
+def sinfo(
+    ctx: typer.Context,
+    nodes: Annotated[bool, typer.Option("-N", "--Node", help="One line per machine (and partition)")] = False,
+    format_: Annotated[str | None, typer.Option("-o", "--format", help="Slurm's format letters: %P %a %l %D %t %T "
+                                                                       "%N %G %c %m %R, %C (GPUs used/idle/other/"
+                                                                       "total); %.6D right-aligns")] = None,
+    partition: Annotated[str | None, typer.Option("-p", "--partition", help="Only these partitions")] = None,
+    noheader: Annotated[bool, typer.Option("-h", "--noheader", help="No header line")] = False,
+) -> None:
+    """Pools as partitions (a cluster without pools: one partition named after it, the default *), their machines
+    by state: idle, mix (some GPUs held), alloc (all held), drain/drng (take no new work), down (lost)."""
+    _no_extra(ctx, "sinfo")
+    with client() as c:
+        machines = every_page(c, "machines")
+        pools = _items(c.get("pools"))
+        busy = {w.get("machine") for st in ("Starting", "Running", "Stopping")
+                for r in _items(c.get("runs", state=st, limit=1000))
+                for w in (r.get("status") or {}).get("workers") or []
+                if w.get("machine") and w.get("state") in ("Starting", "Running", "Stopping")}
+    if partition:
+        wanted = {p.strip() for p in partition.split(",") if p.strip()}
+        known = {name for name, _, _ in sv.partitions(machines, pools)}
+        if wanted - known:
+            raise sv.ViewError(f"sinfo: error: no partition named {', '.join(sorted(wanted - known))}: the "
+                               f"partitions are {', '.join(sorted(known)) or 'none'}")
+        pools = [p for p in pools if p.get("name") in wanted]
+        machines = [m for m in machines if m.get("cluster") in wanted or any(
+            m.get("name") in (p.get("machines") or []) for p in pools)]
+    typer.echo(sv.sinfo_table(machines, pools, busy, format_, nodes, not noheader), nl=False)
+
+
+@slurm_app.command(context_settings=VIEW_CONTEXT)
+@handle_errors(prefix="sacct: error: ")
+@_view_errors
+def sacct(
+    ctx: typer.Context,
+    jobs: Annotated[list[str] | None, typer.Option("-j", "--jobs", help="Only these jobs (comma-separated)")] = None,
+    start: Annotated[str | None, typer.Option("-S", "--starttime", help="Jobs in any state after this time "
+                                                                        "(default: midnight; with -j: any time)")]
+    = None,
+    end: Annotated[str | None, typer.Option("-E", "--endtime", help="… and before this one (default: now)")] = None,
+    format_: Annotated[str | None, typer.Option("-o", "--format", help="Fields, e.g. JobID,JobName%30,State,"
+                                                                       "Elapsed,Start,End,AllocTRES")] = None,
+    allocations: Annotated[bool, typer.Option("-X", "--allocations", help="Jobs only, not their steps (workers)")]
+    = False,
+    parsable2: Annotated[bool, typer.Option("-P", "--parsable2", help="Fields separated by |")] = False,
+    parsable: Annotated[bool, typer.Option("-p", "--parsable", help="Fields each followed by |")] = False,
+    noheader: Annotated[bool, typer.Option("-n", "--noheader", help="No header lines")] = False,
+    states: Annotated[str | None, typer.Option("-s", "--state", help="Only these states, e.g. CD,F,CA")] = None,
+) -> None:
+    """Jobs (runs) and their steps (NAME.INDEX: their workers) in Slurm's sacct layout; Account is the
+    workspace, ExitCode code:signal, AllocTRES cpu=…,gres/gpu=…,mem=…,node=…."""
+    from datetime import datetime
+
+    _no_extra(ctx, "sacct")
+    fields = sv.sacct_fields(format_)
+    now = datetime.now().astimezone()
+    since = sv.parse_when(start, now, "--starttime") if start else None
+    until = sv.parse_when(end, now, "--endtime") if end else None
+    wanted_states = sv.state_codes(states, "sacct") if states else None
+    wanted = [n for arg in jobs or [] for n in split_jobs(arg) if n]
+    if since is None and not wanted:
+        since = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    with client() as c:
+        items = every_page(c, "runs")
+    if wanted:
+        matched = _matching(items, wanted, "sacct")
+        unknown = [job for job, runs in matched if not runs]
+        if unknown:
+            raise sv.ViewError(f"sacct: error: no job {', '.join(unknown)} in this workspace (astra slurm sacct "
+                               "-S 2020-01-01 lists them all)")
+        keep = {id(r) for _, runs in matched for r in runs}
+        items = [r for r in items if id(r) in keep]
+    items = [r for r in items if sv.in_window(r, since, until)]
+    if wanted_states is not None:
+        items = [r for r in items if sv.job_state(r) in wanted_states]
+    rows = sv.sacct_rows(items, now, steps=not allocations)
+    mode = "trailing" if parsable else ("plain" if parsable2 else None)
+    typer.echo(sv.sacct_table(rows, fields, mode, not noheader), nl=False)
+
+
+SCONTROL_USAGE = ("scontrol show job JOB | scontrol update JobId=JOB [Priority=N] [TimeLimit=TIME] | "
+                  "scontrol hold|release JOB")
+
+
+@slurm_app.command(context_settings={**VIEW_CONTEXT, "help_option_names": ["--help"]})
+@handle_errors(prefix="scontrol: error: ")
+@_view_errors
+def scontrol(ctx: typer.Context) -> None:
+    """scontrol show job JOB (Slurm's key=value lines); scontrol update JobId=JOB Priority=N TimeLimit=TIME
+    (a live run's priority, within the workspace's maximum, and time limit: MM, HH:MM:SS, D-HH, UNLIMITED…)."""
+    from datetime import UTC, datetime
+
+    args = list(ctx.args)
+    if not args:
+        raise sv.ViewError(f"scontrol: error: give a command: {SCONTROL_USAGE}")
+    verb = args[0].lower()
+    if verb == "show":
+        if len(args) < 2 or args[1].lower() not in ("job", "jobs", "jobid"):
+            raise sv.ViewError("scontrol: error: astra slurm scontrol shows jobs only: scontrol show job JOB "
+                               "(machines: astra slurm sinfo -N, astra astraeus machines)")
+        names = args[2:]
+        with client() as c:
+            if not names:
+                runs = every_page(c, "runs")
+                runs = sv.squeue_keep(runs, datetime.now(UTC), float("inf"))
+            else:
+                runs = []
+                for n in names:
+                    try:
+                        runs.append(c.get(f"runs/{q(n)}"))
+                    except ApiError as e:
+                        if e.status == 404:
+                            raise sv.ViewError(f"scontrol: error: Invalid job id specified: {n} (no run of that "
+                                               "name in this workspace)") from None
+                        raise
+        now = datetime.now(UTC)
+        typer.echo("".join(sv.show_job(r, now) for r in runs), nl=False)
+        return
+    if verb == "update":
+        job, body = _update_body(args[1:])
+        with client() as c:
+            try:
+                c.patch(f"runs/{q(job)}", body)
+            except ApiError as e:
+                if e.status == 404:
+                    raise sv.ViewError(f"scontrol: error: Invalid job id specified: {job} (no run of that name in "
+                                       "this workspace)") from None
+                raise
+        return
+    if verb in ("hold", "release", "uhold", "suspend", "resume", "requeue"):
+        raise sv.ViewError(f"scontrol: error: not supported yet: {verb} (a held run needs a state the control "
+                           "plane does not have); instead: scontrol update JobId=JOB Priority=-N lets other work go "
+                           "first, scancel JOB and sbatch again later")
+    raise sv.ViewError(f"scontrol: error: invalid command {args[0]!r}: {SCONTROL_USAGE}")
+
+
+def _update_body(args: list[str]) -> tuple[str, dict[str, Any]]:
+    """`JobId=train Priority=10 TimeLimit=2:00:00` → (train, the PATCH body)."""
+    from astraeus.cli.slurm import parse_time
+
+    job: str | None = None
+    body: dict[str, Any] = {}
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        k = key.lower()
+        if not eq or not value:
+            raise sv.ViewError(f"scontrol: error: invalid update {arg!r}: write KEY=VALUE, e.g. JobId=train "
+                               "Priority=10 TimeLimit=2:00:00")
+        if k in ("jobid", "job", "jobname"):
+            job = value
+        elif k == "priority":
+            try:
+                body["priority"] = int(value)
+            except ValueError:
+                raise sv.ViewError(f"scontrol: error: invalid Priority={value!r}: give a whole number") from None
+        elif k == "nice":
+            try:
+                body["priority"] = -int(value)
+            except ValueError:
+                raise sv.ViewError(f"scontrol: error: invalid Nice={value!r}: give a whole number") from None
+        elif k == "timelimit":
+            try:
+                body["time_limit_seconds"] = parse_time(value, "TimeLimit")
+            except SbatchError:
+                raise sv.ViewError(f"scontrol: error: invalid TimeLimit={value!r}: give MM, MM:SS, HH:MM:SS, D-HH, "
+                                   "D-HH:MM, D-HH:MM:SS or UNLIMITED") from None
+        else:
+            raise sv.ViewError(f"scontrol: error: update {key} is not supported: astra slurm scontrol update "
+                               "changes Priority, Nice and TimeLimit")
+    if job is None:
+        raise sv.ViewError("scontrol: error: give the job: scontrol update JobId=JOB Priority=N TimeLimit=TIME")
+    if not body:
+        raise sv.ViewError("scontrol: error: nothing to update: give Priority=N, Nice=N and/or TimeLimit=TIME")
+    return job, body
 
 
 # ------------------------------------------------------------------------------------------ replica groups

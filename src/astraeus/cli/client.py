@@ -11,15 +11,17 @@ uses one at a time, and tries the next when one does not answer: for a GET on a 
 
 from __future__ import annotations
 
+# The standard library's http.client, not httpx: a command starts in a fraction of the time (httpx imports rich and
+# click with it), and one keep-alive connection per replica serves every request of a command.
+import http.client
 import json
 import os
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
-
-import httpx
+from urllib.parse import quote, urlencode, urlsplit
 
 from astraeus import envvars
 
@@ -119,16 +121,66 @@ def api_urls(api: str) -> list[str]:
 IDEMPOTENT = ("GET", "HEAD", "OPTIONS")
 
 
+class TransportError(Exception):
+    """No answer from a replica. `connect`: the connection was never made, so nothing was sent."""
+
+    def __init__(self, message: str, *, connect: bool = False, timeout: bool = False):
+        super().__init__(message)
+        self.connect = connect
+        self.timeout = timeout
+
+
 def not_answering(e: Exception | None, status: int | None, method: str) -> bool:
     """Whether to try the next replica: a GET after a connection error, a timeout or a 5xx; anything else only
     when the connection was never made (so the request was not sent)."""
     if method.upper() in IDEMPOTENT:
-        return (status is not None and status >= 500) or isinstance(e, httpx.TransportError)
-    return isinstance(e, httpx.ConnectError | httpx.ConnectTimeout)
+        return (status is not None and status >= 500) or isinstance(e, TransportError)
+    return isinstance(e, TransportError) and e.connect
 
 
-def error_message(response: httpx.Response) -> ApiError:
-    """An API error answer → one line: `403 PRIORITY_NOT_ALLOWED: priority 60 is above …`."""
+@dataclass
+class Response:
+    """An answer read whole: what error_message and the callers need of it."""
+
+    status_code: int
+    reason_phrase: str
+    headers: dict[str, str]  # names in lower case
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(_charset(self.headers), errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+def _charset(headers: Mapping[str, str]) -> str:
+    for part in headers.get("content-type", "").split(";")[1:]:
+        k, _, v = part.strip().partition("=")
+        if k.lower() == "charset" and v:
+            return v.strip('"')
+    return "utf-8"
+
+
+def _field_messages(body: dict[str, Any]) -> list[str]:
+    """Every field's message of a refused body: the API's `errors` [{field, message}], or the framework's
+    `detail` [{loc, msg}]."""
+    out = []
+    for e in body.get("errors") or []:
+        if isinstance(e, dict) and e.get("message"):
+            out.append(f"{e['field']}: {e['message']}" if e.get("field") else str(e["message"]))
+    if not out and isinstance(body.get("detail"), list):
+        for d in body["detail"]:
+            if isinstance(d, dict):
+                loc = ".".join(str(p) for p in d.get("loc", []) if p != "body")
+                out.append(f"{loc}: {d.get('msg', '')}" if loc else str(d.get("msg", "")))
+    return out
+
+
+def error_message(response: Any) -> ApiError:
+    """An API error answer (a Response, or anything with status_code, reason_phrase, text and json()) → one
+    line: `403 PRIORITY_NOT_ALLOWED: priority 60 is above …`; a refused body: every field's message, `; `-joined."""
     status = response.status_code
     code: str | None = None
     message: str | None = None
@@ -138,15 +190,15 @@ def error_message(response: httpx.Response) -> ApiError:
         body = None
     if isinstance(body, dict):
         code = body.get("code") if isinstance(body.get("code"), str) else None
-        if isinstance(body.get("message"), str):
+        fields = _field_messages(body)
+        if len(fields) > 1:
+            message = f"{len(fields)} fields to change: " + "; ".join(fields)
+        elif isinstance(body.get("message"), str):
             message = body["message"]
-        elif "detail" in body:  # the framework's own answers (unknown route, request validation)
-            detail = body["detail"]
-            if isinstance(detail, list) and detail and isinstance(detail[0], dict):
-                loc = ".".join(str(p) for p in detail[0].get("loc", []) if p != "body")
-                message = f"{loc}: {detail[0].get('msg', '')}" if loc else str(detail[0].get("msg", ""))
-            else:
-                message = str(detail)
+        elif fields:
+            message = fields[0]
+        elif "detail" in body:  # the framework's own answers (unknown route)
+            message = str(body["detail"])
     if message is None:
         text = response.text.strip().splitlines()
         message = text[0][:300] if text else response.reason_phrase or "no message"
@@ -162,30 +214,157 @@ def q(name: str) -> str:
     return quote(name, safe="")
 
 
+def _proxy(scheme: str, host: str) -> tuple[str, int] | None:
+    """The proxy the environment names for `scheme` (HTTP(S)_PROXY, ALL_PROXY; NO_PROXY exempts hosts), as httpx
+    read it: an http:// proxy's host and port."""
+    env = envvars.copy()
+
+    def var(name: str) -> str:
+        return env.get(name.lower()) or env.get(name.upper()) or ""
+
+    url = var(f"{scheme}_proxy") or var("all_proxy")
+    if not url:
+        return None
+    for entry in (e.strip().lower() for e in var("no_proxy").split(",")):
+        bare = entry.removeprefix("*").lstrip(".")
+        if entry == "*" or (bare and (host.lower() == bare or host.lower().endswith("." + bare))):
+            return None
+    p = urlsplit(url if "://" in url else "http://" + url)
+    if p.scheme != "http" or not p.hostname:
+        raise ApiError(f"the proxy {url!r} in the environment is not an http://HOST:PORT URL: correct it or unset it")
+    return p.hostname, p.port or 80
+
+
+def _ssl_context() -> Any:
+    """Verified TLS as httpx set it up: SSL_CERT_FILE, else SSL_CERT_DIR, else certifi's bundle."""
+    import ssl
+
+    if envvars.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=envvars.get("SSL_CERT_FILE"))
+    if envvars.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=envvars.get("SSL_CERT_DIR"))
+    try:
+        import certifi
+    except ImportError:  # the system's CAs
+        return ssl.create_default_context()
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+class _Connections:
+    """One keep-alive connection per replica (scheme, host, port), opened on first use."""
+
+    def __init__(self, headers: dict[str, str], timeout: float):
+        self.headers = headers
+        self.timeout = timeout
+        self.open: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+        self._ssl: Any = None
+
+    def close(self) -> None:
+        for conn in self.open.values():
+            conn.close()
+        self.open.clear()
+
+    def _connect(self, scheme: str, host: str, port: int, read_timeout: float | None
+                 ) -> tuple[http.client.HTTPConnection, bool, bool]:
+        """A connected connection, whether it was used before, and whether it goes through a proxy."""
+        key = (scheme, host, port)
+        conn = self.open.get(key)
+        proxy = _proxy(scheme, host)
+        if conn is not None and conn.sock is not None and not _stale(conn.sock):
+            conn.sock.settimeout(read_timeout)
+            return conn, True, proxy is not None and scheme == "http"
+        if conn is not None:
+            conn.close()
+        if scheme == "https":
+            if self._ssl is None:
+                self._ssl = _ssl_context()
+            conn = http.client.HTTPSConnection(*(proxy or (host, port)), timeout=self.timeout, context=self._ssl)
+            if proxy:
+                conn.set_tunnel(host, port)
+        else:
+            conn = http.client.HTTPConnection(*(proxy or (host, port)), timeout=self.timeout)
+        self.open[key] = conn
+        try:
+            conn.connect()
+        except TimeoutError as e:
+            conn.close()
+            raise TransportError(f"timed out connecting: {e}", connect=True, timeout=True) from None
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise TransportError(str(e) or type(e).__name__, connect=True) from None
+        assert conn.sock is not None
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sock.settimeout(read_timeout)
+        return conn, False, proxy is not None and scheme == "http"
+
+    def send(self, method: str, url: str, body: bytes | None, read_timeout: float | None
+             ) -> http.client.HTTPResponse:
+        """Send one request, the answer's headers read (its body is the caller's to read). Raises TransportError."""
+        parts = urlsplit(url)
+        scheme, host = parts.scheme, parts.hostname or ""
+        port = parts.port or (443 if scheme == "https" else 80)
+        headers = dict(self.headers)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in (0, 1):
+            conn, reused, via_proxy = self._connect(scheme, host, port, read_timeout)
+            target = url if via_proxy else (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            sent = False
+            try:
+                conn.request(method, target, body=body, headers=headers)
+                sent = True
+                return conn.getresponse()
+            except TimeoutError:
+                conn.close()
+                raise TransportError("timed out", timeout=True) from None
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                # A kept-alive connection the server closed meanwhile: once more on a new one (for other than a
+                # GET only when the request could not be sent whole, so it was not applied).
+                if attempt == 0 and reused and (method in IDEMPOTENT or not sent):
+                    continue
+                raise TransportError(str(e) or type(e).__name__) from None
+        raise AssertionError("unreachable")
+
+
+def _stale(sock: socket.socket) -> bool:
+    """Whether an idle kept-alive socket was closed by the server (it reads as ready: an end of file)."""
+    import select
+
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
 class Client:
-    def __init__(self, config: Config, timeout: float = 30.0, transport: httpx.BaseTransport | None = None):
+    def __init__(self, config: Config, timeout: float = 30.0):
         self.apis = api_urls(config.api)
         self.current = 0  # the replica in use: the one that answered last
         self.timeout = timeout
         for api in self.apis:
+            p = urlsplit(api)
             try:
-                httpx.URL(api + "/")
-            except (httpx.InvalidURL, ValueError) as e:
+                p.port  # noqa: B018 - raises on a port that is no number
+            except ValueError as e:
                 raise ApiError(f"the Astraeus API URL {api!r} is not valid: {e}") from None
-        self._http = httpx.Client(
-            headers={"Authorization": f"Bearer {config.token}", "User-Agent": "astra"},
-            timeout=timeout,
-            transport=transport,
-        )
+            if p.scheme not in ("http", "https") or not p.hostname:
+                raise ApiError(f"the Astraeus API URL {api!r} is not valid: give http(s)://HOST:PORT/api/v1/o/ORG/w/WS")
+        self._http = _Connections({"Authorization": f"Bearer {config.token}", "User-Agent": "astra",
+                                   "Accept": "*/*"}, timeout)
 
     @property
     def api(self) -> str:
         """The API URL in use."""
         return self.apis[self.current]
 
-    def _url(self, path: str) -> str:
+    def _url(self, path: str, params: dict[str, Any] | None = None) -> str:
         path = path.lstrip("/")
-        return f"{self.api}/{path}" if path else self.api  # the workspace itself: $API exactly, no trailing slash
+        url = f"{self.api}/{path}" if path else self.api  # the workspace itself: $API exactly, no trailing slash
+        query = _params(params)
+        if query:
+            url += ("&" if "?" in url else "?") + urlencode(query, doseq=True)
+        return url
 
     def _next(self) -> bool:
         """Move to the next replica; False when every one was tried since the last answer."""
@@ -215,29 +394,42 @@ class Client:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def _transport_error(self, e: Exception) -> ApiError:
-        if isinstance(e, httpx.ConnectError | httpx.ConnectTimeout):
+    def _transport_error(self, e: TransportError) -> ApiError:
+        if e.connect and not e.timeout:
             where = self.api if len(self.apis) == 1 else " or ".join(self.apis)
             return ApiError(f"cannot reach the Astraeus API at {where}: {e}")
-        if isinstance(e, httpx.TimeoutException):
+        if e.timeout:
             return ApiError(f"the Astraeus API at {self.api} did not answer within {self.timeout:g}s")
-        if isinstance(e, httpx.UnsupportedProtocol | httpx.InvalidURL):
-            return ApiError(f"the Astraeus API URL {self.api!r} is not valid: {e}")
         return ApiError(f"error talking to the Astraeus API at {self.api}: {e}")
 
-    def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None) -> Any:
-        """Send one request; the answer's JSON (or text when it is not JSON). Raises ApiError."""
+    def _send(self, method: str, path: str, body: bytes | None, params: dict[str, Any] | None,
+              read_timeout: float | None) -> http.client.HTTPResponse:
+        """The answer of the replica in use, moving on as not_answering says. Raises ApiError."""
         self._tried = 0
         while True:
             try:
-                r = self._http.request(method, self._url(path), json=json_body, params=_params(params))
-            except httpx.HTTPError as e:
+                r = self._http.send(method, self._url(path, params), body, read_timeout)
+            except TransportError as e:
                 if not_answering(e, None, method) and self._next():
                     continue
                 raise self._transport_error(e) from None
-            if not_answering(None, r.status_code, method) and self._next():
+            if not_answering(None, r.status, method) and self._next():
+                r.read()
                 continue
-            break
+            return r
+
+    def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None) -> Any:
+        """Send one request; the answer's JSON (or text when it is not JSON). Raises ApiError."""
+        body = None if json_body is None else json.dumps(json_body).encode()
+        raw = self._send(method, path, body, params, self.timeout)
+        try:
+            r = Response(raw.status, raw.reason, {k.lower(): v for k, v in raw.getheaders()}, raw.read())
+        except TimeoutError:
+            self._http.close()
+            raise self._transport_error(TransportError("timed out", timeout=True)) from None
+        except (OSError, http.client.HTTPException) as e:
+            self._http.close()
+            raise self._transport_error(TransportError(str(e) or type(e).__name__)) from None
         if r.status_code >= 400:
             raise error_message(r)
         if not r.content:
@@ -265,26 +457,32 @@ class Client:
         return self.request("DELETE", path)
 
     def stream(self, path: str, **params: Any) -> Iterator[str]:
-        """Text as it arrives (logs with follow=true): no read timeout."""
-        timeout = httpx.Timeout(self.timeout, read=None)
-        self._tried = 0
-        while True:
-            started = False  # once text was shown, another replica would show it again: no retry
-            try:
-                with self._http.stream("GET", self._url(path), params=_params(params), timeout=timeout) as r:
-                    if r.status_code >= 500 and self._next():
-                        continue
-                    if r.status_code >= 400:
-                        r.read()
-                        raise error_message(r)
-                    for text in r.iter_text():
-                        started = True
-                        yield text
-                return
-            except httpx.HTTPError as e:
-                if not started and not_answering(e, None, "GET") and self._next():
-                    continue
-                raise self._transport_error(e) from None
+        """Text as it arrives (logs with follow=true): no read timeout. Once text was shown, another replica would
+        show it again: no retry after that."""
+        import codecs
+
+        r = self._send("GET", path, None, params, None)
+        if r.status >= 400:
+            raise error_message(Response(r.status, r.reason, {k.lower(): v for k, v in r.getheaders()}, r.read()))
+        decoder = codecs.getincrementaldecoder(_charset({"content-type": r.getheader("content-type") or ""}))(
+            errors="replace")
+        try:
+            while True:
+                data = r.read1(65536)
+                if not data:
+                    break
+                text = decoder.decode(data)
+                if text:
+                    yield text
+        except TimeoutError:
+            raise self._transport_error(TransportError("timed out", timeout=True)) from None
+        except (OSError, http.client.HTTPException) as e:
+            raise self._transport_error(TransportError(str(e) or type(e).__name__)) from None
+        finally:
+            self._http.close()  # a stream's connection is not reused
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
 
 
 def _params(params: dict[str, Any] | None) -> dict[str, Any] | None:

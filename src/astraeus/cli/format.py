@@ -69,6 +69,35 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+RUN_STATES = ("Pending", "Starting", "Running", "Stopping", "Completed", "Failed", "Cancelled")  # the API's
+
+
+def runs_wide_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str:
+    """`astra astraeus runs -o wide`: the table's columns with PRIORITY, GPUS (in all), USER (who submitted it,
+    else its workspace, as squeue's USER) and AGE (since it was submitted)."""
+    now = now or datetime.now(UTC)
+    rows = []
+    for run in runs:
+        meta, spec, status = run.get("metadata") or {}, run.get("spec") or {}, run.get("status") or {}
+        resources = (spec.get("task_template") or {}).get("requested_resources") or {}
+        gpus = (resources.get("gpu_requests") or {}).get("count") or 0
+        created = parse_time(meta.get("created_at"))
+        age = human_duration(max(0.0, (now - created).total_seconds())) if created else ""
+        priority = spec.get("priority")
+        rows.append([meta.get("name", ""), meta.get("cluster") or spec.get("cluster") or "", status.get("state", ""),
+                     "" if priority is None else priority, gpus,
+                     meta.get("created_by") or meta.get("user") or meta.get("workspace") or "", age,
+                     status.get("reason") or ""])
+    return table(["NAME", "CLUSTER", "STATE", "PRIORITY", "GPUS", "USER", "AGE", "REASON"], rows)
+
+
+def to_yaml(data: Any) -> str:
+    """`-o yaml`: the API's JSON as YAML, keys in the API's order (PyYAML is imported only here)."""
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
 def table(headers: list[str], rows: list[list[Any]], gap: int = 2) -> str:
     """A plain left-aligned table, each column as wide as its widest cell plus `gap`; every cell terminal-safe (a
     control character, a tab or a newline in it is written out as an escape)."""

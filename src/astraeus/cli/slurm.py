@@ -3,11 +3,13 @@ the run spec a batch job becomes.
 
 A batch job is one Astraeus run: `-N` machines (one worker, one task each), the script's content mounted as a
 config file at /astraeus/slurm/<name>.sbatch and run with `bash`, arguments after the script passed on as they
-are. Options that Astraeus cannot honour are refused by name, never silently ignored.
+are. Options that Astraeus cannot honour are accepted with a one-line note saying what it does instead, or refused
+by name with what to do; none is silently ignored.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -71,14 +73,15 @@ _MEM = re.compile(r"(\d+)([KMGT]?)B?", re.IGNORECASE)
 _MEM_UNITS = {"": MIB, "K": 1024, "M": MIB, "G": 1024**3, "T": 1024**4}
 
 
-def parse_mem(text: str, option: str = "--mem") -> int:
-    """Slurm's memory sizes → bytes: `16G`, `500M`, `1T`, `64K`; a plain number is megabytes, as in Slurm."""
+def parse_mem(text: str, option: str = "--mem", allow_zero: bool = False) -> int:
+    """Slurm's memory sizes → bytes: `16G`, `500M`, `1T`, `64K`; a plain number is megabytes, as in Slurm.
+    `--mem=0` (Slurm: all of a node's memory) is 0 where `allow_zero`: the job then asks for no set amount."""
     m = _MEM.fullmatch(text.strip())
     if not m:
         raise SbatchError(f"sbatch: error: invalid memory {option}={text!r}: use a number of megabytes or a size "
                           "with a unit, e.g. 16G, 500M, 1T")
     value = int(m.group(1)) * _MEM_UNITS[m.group(2).upper()]
-    if value == 0:
+    if value == 0 and not allow_zero:
         raise SbatchError(f"sbatch: error: {option}=0 (all the memory of a node) is not supported by astra slurm: "
                           "give an amount, e.g. 64G")
     return value
@@ -191,9 +194,15 @@ def _template(text: str) -> str:
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
+def pool_name(partition: str) -> str:
+    """A Slurm partition's name as a pool's: Slurm allows `gpu_large` and `A100`, pools are DNS labels, so `_` and
+    `.` become `-` and capitals small letters (`gpu_large` → `gpu-large`)."""
+    return re.sub(r"[_.]", "-", partition.strip().lower())
+
+
 def _partition(text: str) -> list[str]:
     """`--partition=a100[,h100]` → pools: the run goes on a machine of one of them."""
-    names = [p.strip() for p in _nonempty(text, "--partition").split(",")]
+    names = [pool_name(p) for p in _nonempty(text, "--partition").split(",")]
     for n in names:
         if not _NAME.fullmatch(n):
             raise SbatchError(f"sbatch: error: invalid --partition={text!r}: {n!r} is not a pool's name (lowercase "
@@ -380,6 +389,41 @@ def split_jobs(arg: str) -> list[str]:
 # --- options -------------------------------------------------------------------------------------------------
 
 
+_SIGNAL = re.compile(r"(?:([RB]{1,2}):)?([A-Za-z0-9]+)(?:@(\d+))?")
+_SIGNALS = {"HUP", "INT", "QUIT", "KILL", "USR1", "USR2", "TERM", "CONT", "STOP", "URG", "ALRM", "XCPU", "PWR"}
+
+
+def _signal(text: str) -> tuple[str, str, int]:
+    """`--signal=[{R|B}:]SIG[@SECS]` → (flags, signal, seconds before the time limit; Slurm's default 60)."""
+    m = _SIGNAL.fullmatch(text.strip())
+    sig = (m.group(2).upper().removeprefix("SIG") if m else "")
+    if not m or not (sig in _SIGNALS or (sig.isdigit() and 0 < int(sig) < 65)):
+        raise SbatchError(f"sbatch: error: invalid --signal={text!r}: use [B:]SIG[@SECONDS], e.g. --signal=B:USR1@90")
+    return m.group(1) or "", sig, int(m.group(3)) if m.group(3) else 60
+
+
+def _open_mode(text: str) -> str:
+    s = text.strip().lower()
+    if s not in ("append", "truncate"):
+        raise SbatchError(f"sbatch: error: invalid --open-mode={text!r}: give append or truncate")
+    return s
+
+
+def _chdir(text: str) -> str:
+    s = _nonempty(text, "--chdir").strip()
+    if "\0" in s:
+        raise SbatchError(f"sbatch: error: invalid --chdir={text!r}: give a folder's path")
+    return s
+
+
+def _export(text: str) -> str:
+    s = _nonempty(text, "--export").strip()
+    if s.upper() not in ("ALL", "NONE", "NIL"):
+        raise unsupported("--export", f"the job cannot take this shell's variables ({text}); set them in the script "
+                          "(export NAME=VALUE) or in a run template's env (--template=NAME)")
+    return s.upper()
+
+
 @dataclass(frozen=True)
 class Option:
     long: str
@@ -388,8 +432,14 @@ class Option:
     slot: str  # options that set the same thing share a slot; the last one wins
     parse: Any  # (value) -> parsed value, tagged with the option's kind where a slot has several
     cli_only: bool = False
+    note: str | None = None  # accepted, not honoured: what Astraeus does instead (one line on stderr)
 
 
+def _noted(long: str, short: str | None, note: str, arg: str = "required") -> Option:
+    return Option(long, short, arg, f"noted:{long}", lambda v: v if v is not None else "", note=note)
+
+
+NO_MAIL = "Astraeus sends no mail; astra astraeus events RUN shows what happened to the run"
 OPTIONS: list[Option] = [
     Option("job-name", "J", "required", "name", lambda v: _nonempty(v, "--job-name")),
     Option("partition", "p", "required", "partition", _partition),
@@ -399,10 +449,11 @@ OPTIONS: list[Option] = [
     Option("gres", None, "required", "gpus", lambda v: ("per_node", *_gres(v))),
     Option("gpus-per-node", None, "required", "gpus", lambda v: ("per_node", *_gpu_count(v, "--gpus-per-node"))),
     Option("gpus", "G", "required", "gpus", lambda v: ("total", *_gpu_count(v, "--gpus"))),
+    Option("gpus-per-task", None, "required", "gpus", lambda v: ("per_task", *_gpu_count(v, "--gpus-per-task"))),
     Option("nodes", "N", "required", "nodes", _nodes),
     Option("cpus-per-task", "c", "required", "cpus", lambda v: ("per_task", _positive_int(v, "--cpus-per-task"))),
     Option("cpus-per-gpu", None, "required", "cpus", lambda v: ("per_gpu", _positive_int(v, "--cpus-per-gpu"))),
-    Option("mem", None, "required", "mem", lambda v: ("per_node", parse_mem(v, "--mem"))),
+    Option("mem", None, "required", "mem", lambda v: ("per_node", parse_mem(v, "--mem", allow_zero=True))),
     Option("mem-per-cpu", None, "required", "mem", lambda v: ("per_cpu", parse_mem(v, "--mem-per-cpu"))),
     Option("mem-per-gpu", None, "required", "mem", lambda v: ("per_gpu", parse_mem(v, "--mem-per-gpu"))),
     Option("time", "t", "required", "time", lambda v: parse_time(v, "--time")),
@@ -413,9 +464,54 @@ OPTIONS: list[Option] = [
     Option("nice", None, "optional", "nice", _nice),
     Option("output", "o", "required", "output", lambda v: v),
     Option("error", "e", "required", "error", lambda v: v),
+    Option("open-mode", None, "required", "open_mode", _open_mode),
+    Option("chdir", "D", "required", "chdir", _chdir),
+    Option("container-workdir", None, "required", "chdir", _chdir),  # pyxis: the same inside the container
     Option("ntasks-per-node", None, "required", "ntasks_per_node",
            lambda v: _positive_int(v, "--ntasks-per-node")),
+    Option("tasks-per-node", None, "required", "ntasks_per_node",  # Slurm's other spelling
+           lambda v: _positive_int(v, "--tasks-per-node")),
     Option("ntasks", "n", "required", "ntasks", lambda v: _positive_int(v, "--ntasks")),
+    Option("ntasks-per-gpu", None, "required", "ntasks_per_gpu", lambda v: _positive_int(v, "--ntasks-per-gpu")),
+    Option("exclusive", None, "optional", "exclusive", lambda v: v or "node"),
+    Option("requeue", None, "none", "requeue", lambda v: True),  # Astraeus' default: a preempted run is queued again
+    Option("no-requeue", None, "none", "requeue", lambda v: False),
+    Option("signal", None, "required", "signal", _signal),
+    Option("export", None, "required", "export", _export),
+    _noted("account", "A", "Astraeus has no accounts: the workspace's quota and weight apply"),
+    _noted("qos", "q", "Astraeus has no QOS: the workspace's quota and the run's priority apply (--nice=N)"),
+    _noted("mail-type", None, NO_MAIL),
+    _noted("mail-user", None, NO_MAIL),
+    _noted("hint", None, "Astraeus places processes as the machine gives them; no CPU binding hint is applied"),
+    _noted("gpu-bind", None, "each worker sees only its own GPUs (CUDA_VISIBLE_DEVICES); no binding is applied"),
+    _noted("cpu-bind", None, "no CPU binding is applied"),
+    _noted("mem-bind", None, "no memory binding is applied"),
+    _noted("distribution", "m", "one worker per machine runs the script; tasks are laid out by the script"),
+    _noted("licenses", "L", "Astraeus counts no licenses"),
+    _noted("comment", None, "the comment is not kept (a run's labels can hold notes: the API's metadata.labels)"),
+    _noted("wckey", None, "Astraeus keeps no workload keys"),
+    _noted("exclude", "x", "Astraeus cannot avoid named machines; drain a bad machine instead (astra astraeus "
+           "machines)"),
+    _noted("threads-per-core", None, "the run gets whole CPU cores as the machine counts them"),
+    _noted("ntasks-per-core", None, "the run gets whole CPU cores as the machine counts them"),
+    _noted("sockets-per-node", None, "the run gets CPU cores, not sockets"),
+    _noted("cores-per-socket", None, "the run gets CPU cores, not sockets"),
+    _noted("gpu-freq", None, "GPU clocks are left as the machine sets them"),
+    _noted("cpu-freq", None, "CPU clocks are left as the machine sets them"),
+    _noted("kill-on-invalid-dep", None, "a run whose dependency can no longer be met fails at once"),
+    _noted("propagate", None, "limits are the container's"),
+    _noted("get-user-env", None, "the worker's environment is the run's env", arg="optional"),
+    _noted("overcommit", "O", "each worker gets the CPU cores it asked", arg="none"),
+    _noted("oversubscribe", "s", "GPUs are never shared between runs", arg="none"),
+    _noted("no-kill", "k", "a gang whose machine is lost is started again as a whole", arg="optional"),
+    _noted("verbose", "v", "astra slurm sbatch prints what it maps", arg="none"),
+    _noted("quiet", "Q", "astra slurm sbatch prints only what it changes", arg="none"),
+    _noted("mincpus", None, "ask for CPU cores with --cpus-per-task"),
+    _noted("switches", None, "Astraeus places gangs without a switch count"),
+    _noted("network", None, "a gang's workers reach each other on the workers' own network"),
+    _noted("uid", None, "a run runs as its workspace's user"),
+    _noted("gid", None, "a run runs as its workspace's user"),
+    _noted("spread-job", None, "one worker per machine runs the script", arg="none"),
     Option("wrap", None, "required", "wrap", lambda v: _nonempty(v, "--wrap"), cli_only=True),
     Option("dry-run", None, "none", "dry_run", lambda v: True, cli_only=True),  # astra's own: print the spec
     Option("test-only", None, "none", "test_only", lambda v: True, cli_only=True),  # what-if: submit nothing
@@ -423,24 +519,72 @@ OPTIONS: list[Option] = [
 _LONG = {o.long: o for o in OPTIONS}
 _SHORT = {o.short: o for o in OPTIONS if o.short}
 
-# Hints for options people commonly carry over from Slurm.
+# Options Astraeus refuses, with what to do instead (also for people who carry them over from Slurm).
 _HINTS = {
     "--container-mounts": "astra cannot mount a drive; use a template that has it (--template=NAME; astra astraeus "
                           "templates create -f), or the API (datavolume_refs)",
-    "--export": "the worker's environment is the run's env; set it in the spec (console or API)",
-    "--exclusive": "ask for all of a machine's GPUs instead",
-    "--mail-type": "Astraeus does not send mail; watch the run's events (astra astraeus events)",
-    "--mail-user": "Astraeus does not send mail; watch the run's events (astra astraeus events)",
-    "--requeue": "preempted runs are always queued again",
-    "--qos": "use --nice, or a priority in the spec",
     "--priority": "use --nice=-N, or a priority in the spec",
+    "--begin": "submit the job when it should start, or use astra astraeus schedules for a time of day",
+    "--nodelist": "name the machines' pool with --partition, or their labels with --constraint",
+    "--deadline": "give a --time limit instead",
+    "--hold": "submit the job when it may start, or give it a --dependency",
+    "--wait": "follow the run with astra astraeus logs -f NAME-0",
+    "--parsable": "the job's name is the word after 'Submitted batch job'",
+    "--batch": "name the machines' labels with --constraint",
+    "--acctg-freq": "Astraeus measures each worker's use itself",
+    "--profile": "Astraeus measures each worker's use itself",
+    "--nodefile": "name the machines' pool with --partition, or their labels with --constraint",
+    "--container-name": "each run starts from its image; keep state on a drive (--template=NAME)",
+    "--container-mount-home": "use a template with a drive (--template=NAME)",
+    "--tmp": "ask for ephemeral storage in a run template (--template=NAME)",
+    "--input": "read input inside the script",
+    "--ntasks-per-socket": "the run gets CPU cores, not sockets",
+    "--cluster-constraint": "give one cluster with -M/--clusters",
+    "--mcs-label": "Astraeus has no MCS labels",
+    "--reboot": "Astraeus does not reboot machines",
+    "--delay-boot": "Astraeus does not reboot machines",
+    "--power": "Astraeus does not manage power",
+    "--thread-spec": "the run gets whole CPU cores",
+    "--core-spec": "the run gets whole CPU cores",
+    "--bb": "Astraeus has no burst buffers; use a drive (--template=NAME)",
+    "--bbf": "Astraeus has no burst buffers; use a drive (--template=NAME)",
+    "--tres-per-task": "give --gpus-per-task and --cpus-per-task",
+    "--tres-bind": "each worker sees only its own GPUs",
+    "--nodes-per-array": "give --nodes",
 }
+_REFUSED_SHORT = {"w": "--nodelist", "H": "--hold", "W": "--wait", "b": "--begin", "F": "--nodefile",
+                  "i": "--input", "I": "--immediate", "S": "--core-spec"}
+# Every long option a word may abbreviate (as Slurm's getopt does) or be mistaken for.
+_KNOWN = sorted({*_LONG, *(h[2:] for h in _HINTS), "immediate", "help", "usage"})
 
 
 @dataclass
 class Options:
     values: dict[str, Any] = field(default_factory=dict)  # slot → parsed value
     given: dict[str, str] = field(default_factory=dict)  # slot → the option as written, for messages
+    written: dict[str, str] = field(default_factory=dict)  # slot → the option with its value, for notes
+
+
+def _long_option(name: str, where: str | None) -> str:
+    """A long option's full name: itself, or the one option it abbreviates (Slurm takes `--tim` for `--time` and
+    `--err` for `--error`); a misspelt or ambiguous one is refused with what was meant."""
+    if name in _LONG or f"--{name}" in _HINTS:
+        return name
+    at = f" ({where})" if where else ""
+    starts = [k for k in _KNOWN if k.startswith(name)] if len(name) >= 2 else []
+    if len(starts) == 1:
+        return starts[0]
+    if len(starts) > 1:
+        # an abbreviation of one option and of longer ones that begin with it (`--tim`: time, not time-min)
+        shortest = min(starts, key=len)
+        if all(k.startswith(shortest) for k in starts):
+            return shortest
+        shown = ", ".join(f"--{k}" for k in starts[:4])
+        raise SbatchError(f"sbatch: error: option --{name} is ambiguous: did you mean {shown}?{at}")
+    close = difflib.get_close_matches(name, _KNOWN, n=1, cutoff=0.75)
+    if close:
+        raise SbatchError(f"sbatch: option --{name} is not supported by astra slurm: did you mean --{close[0]}?{at}")
+    return name
 
 
 def parse_options(args: list[str], *, where: str | None = None, directive: bool = False) -> tuple[Options, list[str]]:
@@ -458,6 +602,9 @@ def parse_options(args: list[str], *, where: str | None = None, directive: bool 
             raise HelpRequested()
         if arg.startswith("--") and len(arg) > 2:
             name, eq, value = arg[2:].partition("=")
+            name = _long_option(name, where)
+            if name in ("help", "usage") and not directive:
+                raise HelpRequested()  # `--he`: an abbreviation of --help
             opt = _LONG.get(name)
             written = f"--{name}"
             if opt is None or (directive and opt.cli_only):
@@ -470,7 +617,7 @@ def parse_options(args: list[str], *, where: str | None = None, directive: bool 
                 val = value
             elif opt.arg == "optional":
                 val = None
-                if i + 1 < len(args) and re.fullmatch(r"[+-]?\d+", args[i + 1]):
+                if opt.slot == "nice" and i + 1 < len(args) and re.fullmatch(r"[+-]?\d+", args[i + 1]):
                     i += 1  # `--nice -60`: take the number, as people write it
                     val = args[i]
             else:
@@ -484,9 +631,17 @@ def parse_options(args: list[str], *, where: str | None = None, directive: bool 
             opt = _SHORT.get(letter)
             written = f"-{letter}"
             if opt is None or (directive and opt.cli_only):
-                raise unsupported(written, None, where)
-            if len(arg) > 2:
+                long = _REFUSED_SHORT.get(letter)
+                raise unsupported(written, _HINTS.get(long or "") or (f"{long} is not supported" if long else None),
+                                  where)
+            if opt.arg == "none":
+                val = None
+                if len(arg) > 2:
+                    raise SbatchError(f"sbatch: error: {written} takes no value" + (f" ({where})" if where else ""))
+            elif len(arg) > 2:
                 val = arg[2:]
+            elif opt.arg == "optional":
+                val = None
             else:
                 if i + 1 >= len(args):
                     raise SbatchError(f"sbatch: error: {written} needs a value" + (f" ({where})" if where else ""))
@@ -508,6 +663,7 @@ def parse_options(args: list[str], *, where: str | None = None, directive: bool 
                               + (f" ({where})" if where else ""))
         opts.values[opt.slot] = parsed
         opts.given[opt.slot] = f"--{opt.long}"
+        opts.written[opt.slot] = f"--{opt.long}" + (f"={val}" if val else "")
         i += 1
     return opts, []
 
@@ -562,6 +718,9 @@ def directives(script: str) -> list[tuple[int, list[str]]]:
 # --- the job -----------------------------------------------------------------------------------------------------
 
 
+JOB_NAME_LABEL = "slurm.astraeus.io/job-name"  # the script's own job name, where the run's name had to differ
+
+
 @dataclass
 class SbatchJob:
     name: str
@@ -572,6 +731,17 @@ class SbatchJob:
     test_only: bool = False  # --test-only: ask when and where it would start (POST $API/runs?dry_run=true)
     partition: str | None = None  # the pools given (comma-separated), as --test-only names the partition
     processors: int = 1  # CPU cores in all (Slurm's "processors"; 1 per task unless asked)
+    job_name: str | None = None  # the job name as the script wrote it (SLURM_JOB_NAME)
+
+    def renamed(self, name: str) -> SbatchJob:
+        """The same job under another run name (a resubmitted script: `llama-train-2`); the script's mount path and
+        the job name stay."""
+        meta = {**self.spec["metadata"], "name": name}
+        labels = dict(meta.get("labels") or {})
+        labels.setdefault(JOB_NAME_LABEL, _label_value(self.job_name or self.name))
+        meta["labels"] = labels
+        return SbatchJob(name, {**self.spec, "metadata": meta}, self.notes, self.dry_run, self.array, self.test_only,
+                         self.partition, self.processors, self.job_name)
 
     def bodies(self) -> list[dict[str, Any]]:
         """The runs to submit: the job's, or one per index of its array (each with `spec.array`)."""
@@ -617,8 +787,52 @@ def wrap_script(command: str) -> str:
     return f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{command}\n"
 
 
-def build_job(cmd: CommandLine, script_text: str, script_label: str = "the script") -> SbatchJob:
-    """Merge the script's `#SBATCH` lines with the command line (the command line wins) into a run spec."""
+
+
+def run_name(job_name: str) -> str:
+    """A Slurm job name made a valid run name (a DNS label): `llama_train` → `llama-train`, `GPT.NeoX 20B` →
+    `gpt-neox-20b`; the job name itself is kept as SLURM_JOB_NAME."""
+    name = re.sub(r"[^a-z0-9-]+", "-", job_name.lower()).strip("-")[:63].strip("-")
+    return name or "sbatch"
+
+
+def _label_value(text: str) -> str:
+    v = re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63].strip("._-")
+    return v
+
+
+def _expand(pattern: str, name: str, job_name: str, array: ArrayRange | None) -> str:
+    """Slurm's filename pattern with what Astraeus knows at submit: %x the job name, %j/%A the run (or array) name,
+    %a the first index, %N the first worker, %% a %."""
+    first = array.indices[0] if array is not None else None
+    run = f"{name}_{first}" if first is not None else name
+    subs = {"x": job_name, "j": run, "A": name, "a": str(first if first is not None else 4294967294),
+            "N": f"{run}-0", "u": "$USER", "n": "0", "t": "0", "s": "batch", "%": "%"}
+    return re.sub(r"%(\d*)([xjAaNuntsJ%])", lambda m: subs.get(m.group(2), m.group(0)), pattern)
+
+
+def _tasks(v: dict[str, Any], nodes: int) -> tuple[int, int]:
+    """(tasks per node, tasks in all) from --ntasks-per-node, -n/--ntasks and --ntasks-per-gpu."""
+    if "ntasks_per_node" in v:
+        per_node = v["ntasks_per_node"]
+        if "ntasks" in v and v["ntasks"] != per_node * nodes:
+            raise SbatchError(f"sbatch: error: --ntasks={v['ntasks']} with --ntasks-per-node={per_node} on {nodes} "
+                              f"node(s): give --ntasks={per_node * nodes}, or one of the two options")
+        return per_node, per_node * nodes
+    if "ntasks" in v:
+        n = v["ntasks"]
+        if n % nodes:
+            raise SbatchError(f"sbatch: error: --ntasks={n} on {nodes} node(s): astra slurm gives every machine as "
+                              f"many tasks; give a multiple of {nodes}, or --ntasks-per-node")
+        return n // nodes, n
+    return 1, nodes
+
+
+def build_job(cmd: CommandLine, script_text: str, script_label: str = "the script",
+              default_image: bool = False) -> SbatchJob:
+    """Merge the script's `#SBATCH` lines with the command line (the command line wins) into a run spec.
+
+    `default_image`: the workspace (or its cluster) has a default image, used when the job names none."""
     merged = Options()
     wrap = "wrap" in cmd.options.values
     if wrap:
@@ -632,19 +846,17 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
                                       f"mutually exclusive (#SBATCH line {lineno} of {script_label})")
                 merged.values[slot] = val
                 merged.given[slot] = line_opts.given[slot]
+                merged.written[slot] = line_opts.written[slot]
     merged.values.update(cmd.options.values)
     merged.given.update(cmd.options.given)
+    merged.written.update(cmd.options.written)
     v = merged.values
+    notes: list[str] = []
 
-    name = v.get("name") or default_name(cmd.script, wrap)
+    job_name = v.get("name") or default_name(cmd.script, wrap)
+    name = run_name(job_name)
     nodes = v.get("nodes", 1)
-    for slot, option in (("ntasks_per_node", "--ntasks-per-node"),):
-        if slot in v and v[slot] != 1:
-            raise SbatchError(f"sbatch: error: {option}={v[slot]}: astra slurm runs one task per node; start "
-                              "several processes from the script (e.g. torchrun --nproc-per-node)")
-    if "ntasks" in v and v["ntasks"] != nodes:
-        raise SbatchError(f"sbatch: error: --ntasks={v['ntasks']} with {nodes} node(s): astra slurm runs one task "
-                          "per node; start several processes from the script (e.g. torchrun --nproc-per-node)")
+    per_node_tasks, ntasks = _tasks(v, nodes)
 
     resources: dict[str, Any] = {}
     gpu_count = 0
@@ -654,13 +866,22 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
         kind, n, gpu_model = v["gpus"]
         if kind == "per_node":
             gpu_count, per_machine = n * nodes, n
+        elif kind == "per_task":  # --gpus-per-task × tasks per node: GPUs per machine
+            per_machine = n * per_node_tasks
+            gpu_count = per_machine * nodes
         else:
             gpu_count = n
+    if "ntasks_per_gpu" in v:
+        if not gpu_count:
+            raise SbatchError("sbatch: error: --ntasks-per-gpu needs GPUs: add --gpus-per-node=N (or --gres=gpu:N)")
+        if "ntasks" not in v and "ntasks_per_node" not in v:
+            per_node_tasks = v["ntasks_per_gpu"] * (per_machine or max(gpu_count // nodes, 1))
+            ntasks = per_node_tasks * nodes
     cpus_total: int | None = None
     if "cpus" in v:
         kind, n = v["cpus"]
         if kind == "per_task":
-            cpus_total = n * nodes
+            cpus_total = n * ntasks
         else:
             if not gpu_count:
                 raise SbatchError("sbatch: error: --cpus-per-gpu needs GPUs (--gres=gpu:N or --gpus=N)")
@@ -669,16 +890,26 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
         resources["cpu_cores"] = cpus_total
     if "mem" in v:
         kind, b = v["mem"]
-        if kind == "per_node":
+        if kind == "per_node" and b == 0:
+            notes.append(f"sbatch: note: {merged.written['mem']}: the job asks for no set amount of memory (Slurm: "
+                         "all of the node's); the machine's memory is shared with other runs on it")
+        elif kind == "per_node":
             resources["memory_bytes"] = b * nodes
         elif kind == "per_cpu":
-            resources["memory_bytes"] = b * (cpus_total if cpus_total is not None else nodes)
+            resources["memory_bytes"] = b * (cpus_total if cpus_total is not None else ntasks)
         else:
             if not gpu_count:
                 raise SbatchError("sbatch: error: --mem-per-gpu needs GPUs (--gres=gpu:N or --gpus=N)")
             resources["memory_bytes"] = b * gpu_count
     if gpu_model and not gpu_count:
         raise SbatchError(f"sbatch: error: {merged.given['gpus']}: a GPU type with 0 GPUs: give a count of 1 or more")
+    if "exclusive" in v:
+        if not gpu_count:
+            raise SbatchError(f"sbatch: error: {merged.written['exclusive']}: astra slurm holds a whole machine by "
+                              "its GPUs: add --gpus-per-node=N with the machines' GPU count (astra astraeus machines "
+                              "shows it)")
+        notes.append(f"sbatch: note: {merged.written['exclusive']}: the job holds {per_machine or gpu_count} GPU(s) "
+                     "per machine, the machine's GPUs; other runs may still use its spare CPU cores and memory")
     if gpu_count:
         gpu_req: dict[str, Any] = {"count": gpu_count}
         if gpu_model:
@@ -704,18 +935,35 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
             resources["node_selection"] = selection
         else:
             del resources["node_selection"]
-    if "image" not in v and not from_template:
+    if "image" not in v and not from_template and not default_image:
         raise SbatchError("sbatch: error: no container image: add #SBATCH --container-image=IMAGE to the script, "
                           "or give --container-image=IMAGE (every Astraeus run names its image), or "
-                          "--template=NAME for a run template that names one")
+                          "--template=NAME for a run template that names one; an admin may set the workspace's "
+                          "default_image (PATCH $ORG_API/workspaces/NAME)")
     path = f"{SCRIPT_DIR}/{name}.sbatch"
     template: dict[str, Any] = {"image": v["image"]} if "image" in v else {}
     template["command"] = "bash"
-    template["args"] = [path, *cmd.script_args]
+    if "chdir" in v:  # -D/--chdir: the script starts in that folder, as Slurm's does (its start fails without it)
+        template["args"] = ["-c", 'cd -- "$0" && exec bash "$@"', v["chdir"], path, *cmd.script_args]
+    else:
+        template["args"] = [path, *cmd.script_args]
     if not from_template:
         template["restart_policy"] = "Never"
     if v.get("time") is not None:
         template["time_limit_seconds"] = v["time"]
+    # Slurm's task layout where the script set one, for launchers that read it (each worker gets the rest, and one
+    # task per machine otherwise)
+    env = {}
+    if any(k in v for k in ("ntasks", "ntasks_per_node", "ntasks_per_gpu")):
+        env.update(SLURM_NTASKS=str(ntasks), SLURM_NPROCS=str(ntasks), SLURM_NTASKS_PER_NODE=str(per_node_tasks))
+    if "cpus" in v and v["cpus"][0] == "per_task":
+        env["SLURM_CPUS_PER_TASK"] = str(v["cpus"][1])
+    if "gpus" in v and v["gpus"][0] == "per_task":
+        env["SLURM_GPUS_PER_TASK"] = str(v["gpus"][1])
+    if v.get("partition"):
+        env["SLURM_JOB_PARTITION"] = ",".join(v["partition"])
+    if env:
+        template["env"] = env
     if resources:
         template["requested_resources"] = resources
     template["configs"] = [{"mounts": [path], "value": script_text}]
@@ -734,15 +982,44 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
     spec["task_template"] = template
     array: ArrayRange | None = v.get("array")
     if array is not None and len(f"{name}_{array.indices[-1]}") > 63:
-        raise SbatchError(f"sbatch: error: the job name {name} is too long for an array's run names "
+        raise SbatchError(f"sbatch: error: the job name {job_name} is too long for an array's run names "
                           f"({name}_{array.indices[-1]}, over 63 characters): give a shorter --job-name")
 
-    notes = []
-    ignored = [merged.given[s] for s in ("output", "error") if s in v]
-    if ignored:
-        notes.append(f"sbatch: note: {' and '.join(ignored)} ignored: Astraeus keeps each worker's output; "
-                     f"read it with astra astraeus logs {name if array is None else f'{name}_{array.indices[0]}'}-0")
-    return SbatchJob(name=name, spec={"metadata": {"name": name}, "spec": spec}, notes=notes,
+    first = name if array is None else f"{name}_{array.indices[0]}"
+    if job_name != name:
+        notes.append(f"sbatch: note: job name {job_name}: the run is named {name} (run names are DNS labels); "
+                     f"SLURM_JOB_NAME is {job_name}")
+    if v.get("partition") and merged.written.get("partition", "").partition("=")[2] not in ("", ",".join(v["partition"])):
+        notes.append(f"sbatch: note: {merged.written['partition']}: pools {', '.join(v['partition'])} (pool names are "
+                     "DNS labels)")
+    if ntasks > nodes:
+        notes.append(f"sbatch: note: {ntasks} tasks ({per_node_tasks} per node): the script runs once per machine with "
+                     f"SLURM_NTASKS={ntasks}; start the tasks from it (srun, torchrun --nproc-per-node)")
+    logs = [s for s in ("output", "error", "open_mode") if s in v]
+    if logs:  # the patterns as this job's would read (%x %j %A %a %N), so the user knows which file it meant
+        files = [_expand(v[s], name, job_name, array) for s in ("output", "error") if s in v]
+        notes.append(f"sbatch: note: {' and '.join(merged.given[s] for s in logs)} ignored"
+                     + (f" ({', '.join(files)})" if files else "")
+                     + f": Astraeus keeps each worker's output, both streams, from its start; read it with astra "
+                       f"astraeus logs {first}-0")
+    if "signal" in v:
+        flags, sig, secs = v["signal"]
+        notes.append(f"sbatch: note: {merged.written['signal']}: Astraeus does not send SIG{sig} {secs} s before the "
+                     "time limit; at the limit (or on preemption) the worker gets SIGTERM, then SIGKILL after its "
+                     "grace period: trap TERM to save a checkpoint")
+    if v.get("requeue") is False:
+        notes.append("sbatch: note: --no-requeue: the job is not restarted when it fails; a preempted job is still "
+                     "queued again, as Astraeus always does")
+    if "export" in v and v["export"] != "ALL":
+        notes.append(f"sbatch: note: {merged.written['export']}: the worker's environment is the run's env and "
+                     "Astraeus' own variables; none of this shell's")
+    for slot, written in merged.written.items():
+        if slot.startswith("noted:"):
+            notes.append(f"sbatch: note: {written}: {_LONG[slot[6:]].note}")
+    metadata: dict[str, Any] = {"name": name}
+    if job_name != name:
+        metadata["labels"] = {JOB_NAME_LABEL: _label_value(job_name)}
+    return SbatchJob(name=name, spec={"metadata": metadata, "spec": spec}, notes=notes,
                      dry_run=bool(v.get("dry_run")), array=array, test_only=bool(v.get("test_only")),
                      partition=",".join(v["partition"]) if v.get("partition") else None,
-                     processors=cpus_total if cpus_total is not None else nodes)
+                     processors=cpus_total if cpus_total is not None else ntasks, job_name=job_name)

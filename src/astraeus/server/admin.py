@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
+from astraeus.imageref import ImageRef
 from astraeus.server import pools, services
 from astraeus.server.db import Access, Cluster, Machine, Org, Token, Workspace
 from astraeus.server.services import ApiError, Caller
@@ -41,6 +42,17 @@ def workspace_named(s: Session, c: Caller, name: str) -> Workspace:
     return ws
 
 
+def check_default_image(cluster: str, image) -> str | None:
+    """A workspace's default image on a cluster, checked as a run's image is (422 naming the field)."""
+    if image is None or image == "":
+        return None
+    try:
+        ImageRef.parse(str(image))
+    except ValueError as e:
+        raise ApiError(422, "INVALID", f"clusters.{cluster}.default_image: {e}") from None
+    return str(image)
+
+
 def apply_clusters(s: Session, c: Caller, ws: Workspace, clusters: dict) -> None:
     """Grant or change the workspace's access to each named cluster (quota, weight, max priority, host paths,
     pools)."""
@@ -60,6 +72,9 @@ def apply_clusters(s: Session, c: Caller, ws: Workspace, clusters: dict) -> None
             raise ApiError(422, "INVALID", f"clusters.{cname}: {e}") from None
         if "pools" in conf:  # the pools it may use; null: every machine of the cluster again
             acc.pools = pools.check_access_pools(s, cl, conf["pools"])
+            s.flush()
+        if "default_image" in conf:  # the image its runs use when they name none; null or "": none again
+            acc.default_image = check_default_image(cname, conf["default_image"])
             s.flush()
 
 

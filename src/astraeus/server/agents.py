@@ -174,8 +174,12 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             "ASTRAEUS_GPU_COUNT": str(len(w.gpu_indices or [])),
             "ASTRAEUS_ATTEMPT": str(w.attempt),
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in (w.gpu_indices or [])),
-            "SLURM_JOB_NAME": run.name,
+            "SLURM_JOB_NAME": slurm_job_name(run),
         })
+        # Slurm's job environment for scripts written for Slurm, where the spec's env gives none (sbatch sets the
+        # task layout there); a gang's rendezvous below gives the values of several machines
+        for k, v in slurm_env(run, w, m.name).items():
+            env.setdefault(k, v)
         env.update(array_env(run.spec.get("array")))  # a job array's run: Slurm's SLURM_ARRAY_* and its index
         env.update(w.rendezvous or {})  # a multi-machine gang's ranks and master, for this attempt
         access = grants.get(run.workspace_id)
@@ -204,6 +208,30 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             peers=_peers(w, addresses),
         ))
     return out
+
+
+SLURM_JOB_NAME_LABEL = "slurm.astraeus.io/job-name"  # astra slurm sbatch: the script's job name (`llama_train`)
+
+
+def slurm_job_name(run) -> str:
+    """SLURM_JOB_NAME: the job name a script gave (kept as a label where the run's name had to differ), else a
+    job array's name (Slurm gives every task of array `visu` the name `visu`), else the run's name."""
+    return (run.labels or {}).get(SLURM_JOB_NAME_LABEL) or (run.spec.get("array") or {}).get("job") or run.name
+
+
+def slurm_env(run, w: Worker, machine: str) -> dict[str, str]:
+    """Slurm's job environment of one worker, each worker one task on its own node: SLURM_JOB_ID is the run's
+    number, unique in the control plane, as Slurm's job ids are."""
+    env = {
+        "SLURM_JOB_ID": str(run.id), "SLURM_JOBID": str(run.id),
+        "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODELIST": machine, "SLURM_JOB_NODELIST": machine,
+        "SLURM_NODEID": "0", "SLURM_PROCID": str(w.index), "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": str(len(run.workers)), "SLURM_NPROCS": str(len(run.workers)),
+        "SLURM_GPUS_ON_NODE": str(len(w.gpu_indices or [])), "SLURMD_NODENAME": machine,
+    }
+    if w.cpu_cores and w.cpu_cores >= 1:
+        env["SLURM_CPUS_PER_TASK"] = env["SLURM_CPUS_ON_NODE"] = str(int(w.cpu_cores))
+    return env
 
 
 def _peers(w: Worker, addresses: dict[int, str | None]) -> list[P.Peer]:

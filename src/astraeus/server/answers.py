@@ -59,6 +59,7 @@ class ClusterAccessOut(Out):
     weight: Num
     host_paths: list[str]
     host_network: bool
+    default_image: str | None = Field(None, description="The image its runs use when they name none")
     preemption: bool
     pools: list[str] | None = Field(description="The pools it may use (null: every machine of the cluster)")
     quota: QuotaOut

@@ -34,6 +34,7 @@ from astraeus.server.routers import (
     workers,
     workspace,
 )
+from astraeus.server.routers import exec as exec_router  # sessions into running workers
 from astraeus.server.services import tx
 from astraeus.settings import ServerSettings
 
@@ -47,7 +48,7 @@ THREADS = 400
 # request is matched against the routers in this order (with many agents, matching past the others was a visible
 # share of the event loop; benchmarks/bench_agents.py). Its paths are its own, so the order changes no answer.
 ROUTERS = (agent, health, workspace, runs, templates, schedules, replica_groups, workers, drives, registries, events,
-           machines, admin, pools, reservations)
+           machines, admin, pools, reservations, exec_router)
 
 
 def mib(n: int) -> str:

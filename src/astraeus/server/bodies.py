@@ -40,6 +40,7 @@ class AccessConf(Loose):
     quota: Quota | None = None
     pools: list[str] | None = None  # the cluster's pools the workspace may use; null: every machine again
     host_network: bool | None = None  # its runs may ask for the machine's own network (`network: host`)
+    default_image: str | None = None  # the image its runs use when they name none; "" or null: none
 
 
 class WorkspaceCreate(Loose):

@@ -79,6 +79,8 @@ class Access(Base):
     pools: Mapped[list | None] = mapped_column(JSON, nullable=True)
     # Revision 0014: the workspace's runs on the cluster may ask for the machine's own network (`network: host`).
     host_network: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Revision 0015: the image its runs on the cluster use when they name none (a batch script as written).
+    default_image: Mapped[str | None] = mapped_column(String(512), nullable=True)
     __table_args__ = (UniqueConstraint("workspace_id", "cluster_id"),)
 
 

@@ -390,6 +390,13 @@ _SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {cl
 _SPECS_CHUNK = 500  # uids per IN (...) of the specs not kept
 
 
+def forget_spec(uid: str) -> None:
+    """Read this run's spec again at the next read (its priority or time limit changed: PATCH $API/runs/{name})."""
+    for kept in list(_SPECS.values()):
+        for specs in kept.values():
+            specs.pop(uid, None)
+
+
 def live_runs(session: Session, cluster_id: int, after_id: int = 0) -> list[RunRow]:
     """The cluster's runs that have not ended, each with its `workers` by index, as plain rows (the columns the
     snapshot reads; `spec` decoded once per run, see _SPECS), in id order; with `after_id`, only those above it.

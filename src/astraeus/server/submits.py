@@ -601,6 +601,27 @@ def resolve_template(session: Session, caller: Caller, spec: dict) -> tuple[dict
     return templates.merge(t.spec or {}, spec), t
 
 
+def names_no_image(spec: dict) -> bool:
+    """A run spec whose task_template names no image: the workspace's default image on its cluster fills it in."""
+    tt = spec.get("task_template")
+    return isinstance(tt, dict) and tt.get("image") is None
+
+
+def with_default_image(session: Session, caller: Caller, spec):
+    """A spec naming no image (nor a template that names one) given the workspace's default image on its cluster
+    (`clusters.<cluster>.default_image`, issue 44: a batch script as written names none); 422 naming the next step
+    where the workspace has none."""
+    if not isinstance(spec, dict) or not names_no_image(spec):
+        return spec
+    want = spec.get("cluster") if isinstance(spec.get("cluster"), str) else None
+    cluster, access = cluster_for(session, caller.workspace.id, caller.workspace.name, want)
+    if not access.default_image:
+        raise ApiError(422, "INVALID", f"spec.task_template.image: the run names no image and workspace "
+                                       f"{caller.workspace.name} has no default image on cluster {cluster.name}: name "
+                                       f"one, or ask an organisation admin to set clusters.{cluster.name}.default_image")
+    return {**spec, "task_template": {**spec["task_template"], "image": access.default_image}}
+
+
 def parse_run_body(body) -> S.RunCreate | None:
     """A run body checked as POST /runs checks it (InvalidBody naming the field), before any lock or statement;
     None when its spec names a template (checked only once the template's fields are merged in, in
@@ -610,7 +631,7 @@ def parse_run_body(body) -> S.RunCreate | None:
     if not isinstance(body, dict):
         raise InvalidBody([{"loc": (), "msg": "the body must be a JSON object", "type": "value_error"}])
     spec = body.get("spec")
-    if isinstance(spec, dict) and spec.get("template"):
+    if isinstance(spec, dict) and (spec.get("template") or names_no_image(spec)):
         return None
     try:
         return S.RunCreate.model_validate(body)
@@ -630,6 +651,7 @@ def submit_run_body(session: Session, caller: Caller, body: dict, at: float, ori
         if not isinstance(body, dict):
             raise InvalidBody([{"loc": (), "msg": "the body must be a JSON object", "type": "value_error"}])
         spec, t = resolve_template(session, caller, body.get("spec"))
+        spec = with_default_image(session, caller, spec)
         merged = dict(body, spec=spec)
         if t is not None:
             meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}

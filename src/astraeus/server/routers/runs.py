@@ -14,7 +14,7 @@ from sqlalchemy import select
 from astraeus import spec as S
 from astraeus.server import answers as A
 from astraeus.server import bodies as B
-from astraeus.server import services, submits, whatif
+from astraeus.server import loop, services, submits, whatif
 from astraeus.server.asgi import read_request, replay
 from astraeus.server.db import Cluster, Machine
 from astraeus.server.routers.deps import CP, Base, Sess, WsCaller, machine_names, now, tx, ws_caller
@@ -171,6 +171,24 @@ def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None,
 @router.get("/runs/{name}", response_model=A.RunOut, response_model_exclude_unset=True)
 def get_run(name: str, c: WsCaller, s: Sess, base: Base):
     run = services.get_run(s, c, name)
+    return services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base,
+                             services.run_history(s, run), machine_names(s), c.role)
+
+
+class RunUpdate(S.Strict):
+    """PATCH /runs/{name}: what `scontrol update` changes; a field left out stays as it is."""
+
+    priority: Annotated[int, S.Field(ge=-(2**31), lt=2**31)] | None = None
+    time_limit_seconds: Annotated[int, S.Field(gt=0, le=365 * 86400)] | None = None
+
+
+@router.patch("/runs/{name}", response_model=A.RunOut, response_model_exclude_unset=True)
+def update_run(name: str, body: RunUpdate, c: WsCaller, s: Sess, cp: CP, base: Base):
+    """A live run's priority (within the workspace's maximum) and/or time limit (null: none); editors."""
+    with tx(s):
+        run = services.update_run(s, c, name, {k: getattr(body, k) for k in body.model_fields_set}, now())
+    loop.forget_spec(run.uid)  # its spec changed: the loop reads it again (it keeps specs, which never changed before)
+    cp.notifier.wake_scheduler()  # a full read: the queue's order or a deadline may have changed
     return services.run_view(run, c.org, c.workspace, s.get(Cluster, run.cluster_id), base,
                              services.run_history(s, run), machine_names(s), c.role)
 

@@ -73,6 +73,7 @@ from astraeus.server.services.runs import (  # noqa: F401
     name_taken,
     parse_label_selector,
     run_history,
+    update_run,
 )
 from astraeus.server.services.transactions import (  # noqa: F401
     STEP_ASIDE_MAX,

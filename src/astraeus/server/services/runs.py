@@ -129,6 +129,48 @@ def delete_run(session: Session, caller: Caller, name: str, at: float) -> tuple[
     return run, machines
 
 
+def update_run(session: Session, caller: Caller, name: str, changes: dict, at: float) -> Run:
+    """PATCH $API/runs/{name} (`scontrol update`): a live run's `priority` and/or `time_limit_seconds` (None: no
+    limit). Priority: within the workspace's maximum on the run's cluster, as at submit; the scheduler reads the
+    column at its next full read. Time limit: the spec, and the deadline of each worker placed or running (counted
+    from its start, or from its placement before it started), as lifecycle.placed/running set it."""
+    if changes.get("priority", 0) is None:
+        raise ApiError(422, "INVALID", "priority: give a whole number (null is not a priority)")
+    if not changes:
+        raise ApiError(422, "INVALID", "give priority and/or time_limit_seconds (null: no time limit)")
+    require(caller, "editor")
+    run = get_run(session, caller, name)
+    if run.state in lifecycle.RUN_ENDED or run.deleting:
+        raise ApiError(409, "RUN_ENDED", f"run {name} has ended ({run.state}) or is being deleted: its priority and "
+                                         "time limit can no longer change")
+    spec = dict(run.spec)
+    said = []
+    if "priority" in changes:
+        p = changes["priority"]
+        access = session.scalar(select(Access).where(Access.workspace_id == caller.workspace.id,
+                                                     Access.cluster_id == run.cluster_id))
+        maximum = access.max_priority if access is not None else 0
+        if not S.priority_allowed(p, maximum):
+            raise ApiError(403, "PRIORITY_NOT_ALLOWED",
+                           f"priority {p} is above namespace {caller.workspace.ns}'s maximum of {maximum}: give "
+                           f"{maximum} or less (an organisation admin can raise the maximum)")
+        run.priority = p
+        spec["priority"] = p
+        said.append(f"priority {p}")
+    if "time_limit_seconds" in changes:
+        limit = changes["time_limit_seconds"]
+        spec["task_template"] = {**spec["task_template"], "time_limit_seconds": limit}
+        for w in run.workers:
+            if w.state in lifecycle.ACTIVE:
+                since = w.started_at if w.started_at is not None else w.placed_at
+                w.deadline = since + limit if limit and since is not None else None
+        said.append(f"time limit {limit} s" if limit else "no time limit")
+    run.spec = spec
+    if said:
+        lifecycle.event(session, run.workspace_id, "RunUpdated", name, f"run {name} updated: {', '.join(said)}", at)
+    return run
+
+
 def get_worker(session: Session, caller: Caller, name: str) -> Worker:
     w = session.scalar(select(Worker).join(Run).where(Run.workspace_id == caller.workspace.id, Worker.name == name,
                                                       Run.live_key == ""))

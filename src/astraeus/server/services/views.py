@@ -107,6 +107,6 @@ def event_view(e: Event) -> dict:
 
 def access_view(c: Cluster, a: Access) -> dict:
     return {"name": c.name, "max_priority": a.max_priority, "weight": a.weight, "host_paths": a.host_paths or [],
-            "host_network": bool(a.host_network), "preemption": c.preemption, "pools": list(a.pools) if a.pools is not None else None,
+            "host_network": bool(a.host_network), "default_image": a.default_image, "preemption": c.preemption, "pools": list(a.pools) if a.pools is not None else None,
             "quota": {"gpus": a.quota_gpus, "cpu_cores": a.quota_cpu_cores, "memory_bytes": a.quota_memory_bytes,
                       "workers": a.quota_workers}}

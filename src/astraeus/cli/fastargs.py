@@ -1,0 +1,200 @@
+"""A light argument layer for `astra`'s most used commands: they run without click's parsing.
+
+Typer checks each option's value through a pydantic TypeAdapter, so that any command costs pydantic's import and
+the whole command tree's build. For the commands in HOT this module reads the same options (from the commands'
+own signatures: their names, types and defaults) and calls the command's function itself. Anything it does not
+read exactly as click would (--help, an unknown option, a value of the wrong type, a bound, a missing argument,
+short options run together) goes to typer as before, so that help and usage errors stay typer's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+HOT = (("astraeus", "run"), ("astraeus", "runs"), ("astraeus", "logs"), ("slurm", "sbatch"), ("slurm", "squeue"))
+
+
+class Fallback(Exception):
+    """Leave this command line to typer."""
+
+
+class Context:
+    """What a command taking typer.Context reads of it here: the arguments it did not declare."""
+
+    def __init__(self, args: list[str]):
+        self.args = args
+
+
+def _command(group: Any, name: str) -> Any | None:
+    """The CommandInfo named `name` in a typer app (its name, or its function's with - for _)."""
+    for info in group.registered_commands:
+        shown = info.name or info.callback.__name__.replace("_", "-")
+        if shown == name:
+            return info
+    return None
+
+
+def _group(app: Any, name: str) -> Any | None:
+    for info in app.registered_groups:
+        if info.name == name:
+            return info.typer_instance
+    return None
+
+
+class _Param:
+    def __init__(self, name: str, kind: str, base: Any, many: bool, required: bool, info: Any):
+        self.name, self.kind, self.base, self.many, self.required, self.info = name, kind, base, many, required, info
+
+
+def _params(fn: Callable[..., Any]) -> list[_Param]:
+    """The command's parameters as typer reads them: Annotated[T, typer.Option(...)] or typer.Argument(...)."""
+    from typer import Context as TyperContext
+    from typer.models import ArgumentInfo, OptionInfo
+
+    hints = typing.get_type_hints(fn, include_extras=True)
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        hint = hints.get(p.name, Any)
+        info = None
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *extra = typing.get_args(hint)
+            info = next((x for x in extra if isinstance(x, OptionInfo | ArgumentInfo)), None)
+        if hint is TyperContext:
+            out.append(_Param(p.name, "context", None, False, False, None))
+            continue
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+            hint = args[0]
+        many = typing.get_origin(hint) is list
+        base = typing.get_args(hint)[0] if many else hint
+        if base not in (str, int, float, bool):
+            raise Fallback
+        if info is not None and (info.callback or info.is_eager or info.envvar or getattr(info, "prompt", False)
+                                 or getattr(info, "min", None) is not None and base is not int
+                                 or getattr(info, "max", None) is not None):
+            raise Fallback  # typer's own handling
+        required = p.default is inspect.Parameter.empty
+        kind = "argument" if isinstance(info, ArgumentInfo) or (info is None and required) else "option"
+        if kind == "option" and required:
+            raise Fallback  # a required option: typer says it is missing
+        out.append(_Param(p.name, kind, base, many, required, info))
+    return out
+
+
+def _convert(param: _Param, value: str) -> Any:
+    try:
+        v = param.base(value)
+    except ValueError:
+        raise Fallback from None  # typer says which option and why
+    low = getattr(param.info, "min", None)
+    if low is not None and v < low:
+        raise Fallback
+    return v
+
+
+def parse(fn: Callable[..., Any], argv: Sequence[str], settings: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `fn` for `argv`, as click would give them; Fallback where it cannot tell."""
+    params = _params(fn)
+    names: dict[str, tuple[_Param, bool | None]] = {}  # option name → its parameter, and a flag's value
+    for p in params:
+        if p.kind != "option":
+            continue
+        decls = list(p.info.param_decls or ()) if p.info is not None else []
+        if p.info is not None and p.info.default is not ...:  # in Annotated, Option's first argument is a name
+            decls.insert(0, p.info.default)
+        if not decls:
+            decls = ["--" + p.name.replace("_", "-")]
+        for decl in decls:
+            for i, n in enumerate(decl.split("/")):
+                names[n.strip()] = (p, (i == 0) if p.base is bool else None)
+    extra_ok = settings.get("allow_extra_args") and settings.get("ignore_unknown_options")
+    interspersed = settings.get("allow_interspersed_args", True)
+    help_names = settings.get("help_option_names", ["--help"])
+    has_args = any(p.kind == "argument" for p in params)
+    values: dict[str, Any] = {}
+    positionals: list[str] = []
+    extras: list[str] = []
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if tok == "--":
+            positionals += argv[i:]
+            break
+        if tok in help_names:
+            raise Fallback
+        if tok.startswith("-") and tok != "-":
+            name, eq, inline = tok.partition("=") if tok.startswith("--") else (tok, "", "")
+            if name not in names:
+                if extra_ok:
+                    extras.append(tok)
+                    continue
+                raise Fallback  # unknown (or run together, -ojson): typer's answer
+            p, flag = names[name]
+            if flag is not None:
+                if eq:
+                    raise Fallback
+                values[p.name] = flag
+                continue
+            if not eq:
+                if i >= len(argv):
+                    raise Fallback
+                inline = argv[i]
+                i += 1
+            v = _convert(p, inline)
+            if p.many:
+                values.setdefault(p.name, []).append(v)
+            else:
+                values[p.name] = v
+            continue
+        # a command without arguments of its own keeps the rest in ctx.args, in order, as click does
+        rest = extras if extra_ok and not has_args else positionals
+        rest.append(tok)
+        if not interspersed:
+            rest += argv[i:]
+            break
+    for p in params:
+        if p.kind == "context":
+            values[p.name] = Context(extras)
+        elif p.kind == "argument":
+            if p.many:
+                got = [_convert(p, x) for x in positionals]
+                positionals = []
+                if not got and p.required:
+                    raise Fallback  # a required argument missing
+                if got:
+                    values[p.name] = got
+            elif positionals:
+                values[p.name] = _convert(p, positionals.pop(0))
+            elif p.required:
+                raise Fallback
+    if positionals:
+        if not extra_ok:
+            raise Fallback
+        ctx = next((values[p.name] for p in params if p.kind == "context"), None)
+        if ctx is None:
+            raise Fallback
+        ctx.args += positionals
+    return values
+
+
+def run(app: Any, argv: Sequence[str]) -> bool:
+    """Run `argv` when it is one of the HOT commands that this layer reads whole; False: leave it to typer."""
+    if len(argv) < 2 or (argv[0], argv[1]) not in HOT:
+        return False
+    group = _group(app, argv[0])
+    info = _command(group, argv[1]) if group is not None else None
+    if info is None:
+        return False
+    settings = info.context_settings or {}
+    try:
+        kwargs = parse(info.callback, argv[2:], settings)
+    except Fallback:
+        return False
+    info.callback(**kwargs)
+    return True

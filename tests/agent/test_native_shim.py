@@ -7,7 +7,6 @@ user) is what tests/agent and tests/faults assert of every isolated worker: with
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from astraeus.agent.runtime import native
 from astraeus.agent.runtime.base import EXITED, RUNNING
 from tests.agent.conftest import started, wait_for
+from tests.agent.test_supervisor_contract import _read, _shim
 
 LONG = "import time\nwhile True: time.sleep(0.1)\n"
 
@@ -24,16 +24,6 @@ def _native_or_skip() -> None:
         pytest.skip("the C supervisor is for isolated workers: the agent must run as root")
     if not os.access(native.BINARY, os.X_OK):
         pytest.skip(f"{native.BINARY} is not built (`make install` builds it with cc)")
-
-
-def _shim(rt, worker: str) -> int:
-    with open(os.path.join(rt.dir(worker, 1), "shim.json")) as f:
-        return json.load(f)["shim_pid"]
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def test_an_isolated_worker_gets_the_c_supervisor(tmp_path, make_rt, assignment):

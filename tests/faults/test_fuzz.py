@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from astraeus.server import loop as sched_loop
-from tests.api.test_openapi_responses import strict
+from tests.api.test_openapi_responses import _token_for, strict
+from tests.api.test_openapi_responses import seeded as openapi_seeded  # noqa: F401 (a fixture, found by this name)
 
 EXAMPLES = 50
 # The one default check left out: "schema-valid data is accepted". Some rules cannot be written in JSON Schema
@@ -21,42 +22,13 @@ EXAMPLES = 50
 EXCLUDED = [schemathesis.checks.positive_data_acceptance]
 
 
-@pytest.fixture(scope="module")
-def fuzz_app(tmp_path_factory):
-    from fastapi.testclient import TestClient
-
-    from astraeus.app import create_app
-    from astraeus.main import bootstrap
-    from astraeus.server.core import ControlPlane
-    from astraeus.settings import ServerSettings
-
-    home = tmp_path_factory.mktemp("fuzz")
-    settings_ = ServerSettings(home=home)
-    cp = ControlPlane.open(settings_)
-    boot = bootstrap(cp, "acme", "vision", "main", ["/data/astraeus"])
-    app = create_app(settings_, cp, run_loop=False)
-    with TestClient(app) as c:
-        r = c.post("/api/v1/agent/register", headers={"Authorization": f"Bearer {boot['machine_token']}"},
-                   json={"name": "gpu-01", "gpus": 8, "cpu_cores": 64, "memory_bytes": 1 << 40})
-        boot["machine_credential"] = r.json()["credential"]  # gpu-01's own: the rest of the agent API
-        yield app, boot
-    cp.engine.dispose()
-
-
-def _token_for(path: str, boot: dict) -> str:
-    if path.startswith("/api/v1/agent"):
-        return boot["machine_token"] if path.endswith("/register") else boot["machine_credential"]
-    if "/w/" in path:
-        return boot["token"]
-    return boot["admin_token"]
-
-
 @pytest.mark.faults
-def test_openapi_fuzz_no_5xx_and_schema_conformance(fuzz_app):
-    """Every operation of /openapi.json, examples drawn from its schema, every default check (no 5xx, status
-    codes, content types, response bodies conforming to the schema, ...). The answer models are closed for it
+def test_openapi_fuzz_no_5xx_and_schema_conformance(openapi_seeded):  # noqa: F811 (the fixture imported above)
+    """Every operation of /openapi.json, examples drawn from its schema, against an app with one object of every
+    kind (tests/api/test_openapi_responses.seeded), every default check (no 5xx, status codes, content types,
+    response bodies conforming to the schema, ...). The answer models are closed for it
     (tests/api/test_openapi_responses.strict): a key that no model of astraeus.server.answers names fails."""
-    app, boot = fuzz_app
+    app, boot = openapi_seeded
     served = schemathesis.openapi.from_asgi("/openapi.json", app).raw_schema  # as /openapi.json serves it
     api = schemathesis.openapi.from_dict(strict(served))
     api.app = app

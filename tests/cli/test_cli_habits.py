@@ -174,3 +174,50 @@ def test_the_light_argument_layer_reads_as_typer_does(tmp_path):
         fast = bare(*line)
         slow = bare(*line, env={"ASTRA_NO_FASTARGS": "1"})
         assert (fast.returncode, fast.stdout, fast.stderr) == (slow.returncode, slow.stdout, slow.stderr), line
+
+
+def test_the_hot_commands_answer_alike_through_the_entry_module_and_typer(c, tmp_path):
+    """`astra` (astraeus.cli.main: the hot commands without typer) and typer's app (ASTRA_NO_FASTARGS=1) give the
+    same output and exit code against a cluster: a submit, runs, logs, sbatch, squeue, and their refusals."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\n#SBATCH --container-image={IMAGE}\necho hi\n")
+    ok(astra(c, "astraeus", "run", "--name", "entry-logs", "--image", IMAGE, "--", "python3", "-c", "print(1)"))
+    c.wait_for(lambda: astra(c, "astraeus", "logs", "entry-logs").stdout == "1\n", timeout=60, what="its output")
+    try:
+        for how, line in (
+            ("submit", ["astraeus", "run", "--name", "entry-{}", "--image", IMAGE, "--", "true"]),
+            ("submit", ["slurm", "sbatch", "--job-name=entry-sb-{}", str(script)]),
+            ("same", ["astraeus", "runs", "--limit", "3"]),
+            ("same", ["astraeus", "runs", "-o", "json", "-l", "nope=1"]),
+            ("same", ["astraeus", "logs", "entry-logs", "--tail", "1"]),
+            ("same", ["astraeus", "logs", "entry-missing"]),
+            ("same", ["slurm", "squeue", "-j", "entry-logs"]),
+            ("same", ["slurm", "squeue", "--bogus"]),
+        ):
+            fast = astra(c, *[x.format("fast") for x in line])
+            slow = astra(c, *[x.format("slow") for x in line], env={"ASTRA_NO_FASTARGS": "1"})
+            if how == "submit":  # each submits its own run: the same line but for the name
+                fast_out = fast.stdout.replace("entry-fast", "entry-slow").replace("entry-sb-fast", "entry-sb-slow")
+                assert (fast.returncode, fast_out, fast.stderr) == (slow.returncode, slow.stdout, slow.stderr), line
+                assert fast.returncode == 0, fast.stderr
+            else:
+                assert (fast.returncode, fast.stdout, fast.stderr) == (slow.returncode, slow.stdout, slow.stderr), line
+    finally:
+        cleanup(c, "entry-logs", "entry-fast", "entry-slow", "entry-sb-fast", "entry-sb-slow")
+
+
+def test_the_entry_module_runs_hot_commands_without_typer(tmp_path):
+    """A hot command through astraeus.cli.main imports neither typer, click, rich nor pydantic; hot_table (the
+    options it reads them by) is what fastargs derives from typer's app today."""
+    code = ("import sys; sys.argv = ['astra', 'slurm', 'sbatch', '--dry-run', '--wrap', 'true', '--container-image', "
+            "'i']\nfrom astraeus.cli import main\nmain.app()\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'click', 'rich', 'pydantic'}), "
+            "file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "ASTRAEUS_CONFIG": "/nonexistent"})
+    assert r.returncode == 0 and r.stderr.splitlines()[-1] == "[]", r.stderr
+    from astraeus.cli import fastargs, hot_table
+    from astraeus.cli.astra import app
+
+    # if this fails: python -m astraeus.cli.make_hot_table > src/astraeus/cli/hot_table.py
+    assert fastargs.render_table(app) == Path(hot_table.__file__).read_text()

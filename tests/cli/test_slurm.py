@@ -238,9 +238,11 @@ def test_a_script_without_sbatch_lines():
 # --- refusals --------------------------------------------------------------------------------------------------
 
 UNSUPPORTED = [
-    "--container-mounts=/data:/data", "--begin=now+1hour", "--nodelist=gpu-01", "--wait", "--priority=10",
-    "--deadline=now", "--parsable", "--hold", "--export=PATH", "--bb=x", "--tmp=10G",
+    "--container-mounts=/data:/data", "--begin=now+1hour", "--nodelist=gpu-01", "--priority=10",
+    "--deadline=now", "--hold", "--export=PATH", "--bb=x", "--tmp=10G",
 ]
+# The command line's alone (astra slurm sbatch acts on them there), refused in a script's #SBATCH lines.
+CLI_ONLY = ["--wait", "--parsable", "--test-only", "--dry-run"]
 
 
 @pytest.mark.parametrize("opt", UNSUPPORTED)
@@ -251,7 +253,7 @@ def test_unsupported_option_on_command_line_is_refused_by_name(opt):
     assert str(e.value).startswith(f"sbatch: option {name} is not supported by astra slurm")
 
 
-@pytest.mark.parametrize("opt", UNSUPPORTED)
+@pytest.mark.parametrize("opt", UNSUPPORTED + CLI_ONLY)
 def test_unsupported_option_in_sbatch_line_is_refused_by_name(opt):
     name = opt.split("=")[0]
     script = f"#!/bin/bash\n#SBATCH --container-image=img\n#SBATCH {opt}\necho\n"
@@ -267,7 +269,7 @@ def test_exclusive_without_gpus_names_the_next_step():
     assert "add --gpus-per-node=N with the machines' GPU count" in str(e.value)
 
 
-@pytest.mark.parametrize("opt", ["-w", "-H", "-W", "-b", "-F", "-i", "-I", "-S"])
+@pytest.mark.parametrize("opt", ["-w", "-H", "-b", "-F", "-i", "-I", "-S"])
 def test_unsupported_short_options(opt):
     with pytest.raises(SbatchError) as e:
         parse_command_line([opt, "v", "x.sh"])
@@ -533,3 +535,8 @@ def test_a_workspace_default_image_lets_a_script_name_none():
         job(["x.sh"], script)
     j = build_job(parse_command_line(["x.sh"]), script, "x.sh", default_image=True)
     assert "image" not in tt_of(j)
+
+
+def test_wait_and_parsable_are_taken_on_the_command_line():
+    cmd = parse_command_line(["-W", "--parsable", "x.sh"])
+    assert cmd.options.values["wait"] is True and cmd.options.values["parsable"] is True and cmd.script == "x.sh"

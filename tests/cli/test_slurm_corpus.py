@@ -48,12 +48,12 @@ def test_most_scripts_are_accepted_as_written_and_the_rest_say_what_to_change():
         assert f"of {name}" in message, (name, message)  # the #SBATCH line it is about
 
 
-@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+ACCEPTED = [p for p in SCRIPTS if outcome(p) is None]  # the refused ones: the test above
+
+
+@pytest.mark.parametrize("path", ACCEPTED, ids=lambda p: p.name)
 def test_an_accepted_script_is_a_run_the_api_takes(path):
-    try:
-        job = parse(path)
-    except SbatchError:
-        pytest.skip("refused with a next step (checked above)")
+    job = parse(path)
     for body in job.bodies():
         body["spec"]["task_template"].setdefault("image", SITE_IMAGE)
         run = RunCreate.model_validate(body)  # the API's own body model: every field as the server reads it

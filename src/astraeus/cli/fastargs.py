@@ -9,7 +9,6 @@ short options run together) goes to typer as before, so that help and usage erro
 
 from __future__ import annotations
 
-import inspect
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -45,13 +44,30 @@ def _group(app: Any, name: str) -> Any | None:
     return None
 
 
+_BASES = {"str": str, "int": int, "float": float, "bool": bool}
+
+
 class _Param:
-    def __init__(self, name: str, kind: str, base: Any, many: bool, required: bool, info: Any):
-        self.name, self.kind, self.base, self.many, self.required, self.info = name, kind, base, many, required, info
+    def __init__(self, name: str, kind: str, base: Any, many: bool, required: bool, names: dict[str, bool | None],
+                 low: Any):
+        # names: an option's names, each with the value it gives a flag (None: it takes a value); low: its min
+        self.name, self.kind, self.base, self.many, self.required, self.names, self.low = (
+            name, kind, base, many, required, names, low)
+
+    def row(self) -> tuple:
+        return (self.name, self.kind, self.base.__name__ if self.base else None, self.many, self.required,
+                tuple(self.names.items()), self.low)
+
+    @classmethod
+    def from_row(cls, row: tuple) -> _Param:
+        name, kind, base, many, required, names, low = row
+        return cls(name, kind, _BASES.get(base), many, required, dict(names), low)
 
 
 def _params(fn: Callable[..., Any]) -> list[_Param]:
     """The command's parameters as typer reads them: Annotated[T, typer.Option(...)] or typer.Argument(...)."""
+    import inspect
+
     from typer import Context as TyperContext
     from typer.models import ArgumentInfo, OptionInfo
 
@@ -64,7 +80,7 @@ def _params(fn: Callable[..., Any]) -> list[_Param]:
             hint, *extra = typing.get_args(hint)
             info = next((x for x in extra if isinstance(x, OptionInfo | ArgumentInfo)), None)
         if hint is TyperContext:
-            out.append(_Param(p.name, "context", None, False, False, None))
+            out.append(_Param(p.name, "context", None, False, False, {}, None))
             continue
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
@@ -81,7 +97,17 @@ def _params(fn: Callable[..., Any]) -> list[_Param]:
         kind = "argument" if isinstance(info, ArgumentInfo) or (info is None and required) else "option"
         if kind == "option" and required:
             raise Fallback  # a required option: typer says it is missing
-        out.append(_Param(p.name, kind, base, many, required, info))
+        names: dict[str, bool | None] = {}
+        if kind == "option":
+            decls = list(info.param_decls or ()) if info is not None else []
+            if info is not None and info.default is not ...:  # in Annotated, Option's first argument is a name
+                decls.insert(0, info.default)
+            if not decls:
+                decls = ["--" + p.name.replace("_", "-")]
+            for decl in decls:
+                for i, n in enumerate(decl.split("/")):
+                    names[n.strip()] = (i == 0) if base is bool else None
+        out.append(_Param(p.name, kind, base, many, required, names, getattr(info, "min", None)))
     return out
 
 
@@ -90,27 +116,14 @@ def _convert(param: _Param, value: str) -> Any:
         v = param.base(value)
     except ValueError:
         raise Fallback from None  # typer says which option and why
-    low = getattr(param.info, "min", None)
-    if low is not None and v < low:
+    if param.low is not None and v < param.low:
         raise Fallback
     return v
 
 
-def parse(fn: Callable[..., Any], argv: Sequence[str], settings: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of `fn` for `argv`, as click would give them; Fallback where it cannot tell."""
-    params = _params(fn)
-    names: dict[str, tuple[_Param, bool | None]] = {}  # option name → its parameter, and a flag's value
-    for p in params:
-        if p.kind != "option":
-            continue
-        decls = list(p.info.param_decls or ()) if p.info is not None else []
-        if p.info is not None and p.info.default is not ...:  # in Annotated, Option's first argument is a name
-            decls.insert(0, p.info.default)
-        if not decls:
-            decls = ["--" + p.name.replace("_", "-")]
-        for decl in decls:
-            for i, n in enumerate(decl.split("/")):
-                names[n.strip()] = (p, (i == 0) if p.base is bool else None)
+def parse(params: list[_Param], argv: Sequence[str], settings: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments for `argv`, as click would give them; Fallback where it cannot tell."""
+    names = {n: (p, flag) for p in params for n, flag in p.names.items()}  # option → its parameter, a flag's value
     extra_ok = settings.get("allow_extra_args") and settings.get("ignore_unknown_options")
     interspersed = settings.get("allow_interspersed_args", True)
     help_names = settings.get("help_option_names", ["--help"])
@@ -193,8 +206,49 @@ def run(app: Any, argv: Sequence[str]) -> bool:
         return False
     settings = info.context_settings or {}
     try:
-        kwargs = parse(info.callback, argv[2:], settings)
+        kwargs = parse(_params(info.callback), argv[2:], settings)
     except Fallback:
         return False
     info.callback(**kwargs)
     return True
+
+
+def table(app: Any) -> dict[str, Any]:
+    """What parse() needs of each HOT command, as plain data: astraeus.cli.hot_table keeps a copy, so that
+    astraeus.cli.main reads the hot commands without typer (tests/cli/test_cli_habits.py checks the copy)."""
+    out: dict[str, Any] = {}
+    for group_name, name in HOT:
+        info = _command(_group(app, group_name), name)
+        settings = {k: v for k, v in (info.context_settings or {}).items() if k in _SETTINGS}
+        try:
+            rows = [p.row() for p in _params(info.callback)]
+        except Fallback:
+            rows = None  # always typer's
+        out[f"{group_name} {name}"] = {"callback": info.callback.__name__, "settings": settings, "params": rows}
+    return out
+
+
+_SETTINGS = ("allow_extra_args", "ignore_unknown_options", "allow_interspersed_args", "help_option_names")
+
+
+def run_cached(tables: dict[str, Any], argv: Sequence[str], functions: Any) -> bool:
+    """As run(), from table()'s copy and the module holding the commands' functions: no typer."""
+    entry = tables.get(" ".join(argv[:2])) if len(argv) >= 2 else None
+    if entry is None or entry["params"] is None:
+        return False
+    try:
+        kwargs = parse([_Param.from_row(r) for r in entry["params"]], argv[2:], entry["settings"])
+    except Fallback:
+        return False
+    getattr(functions, entry["callback"])(**kwargs)
+    return True
+
+
+def render_table(app: Any) -> str:
+    """The text of astraeus/cli/hot_table.py for `app`."""
+    import pprint
+
+    return ('"""Generated by `python -m astraeus.cli.make_hot_table > src/astraeus/cli/hot_table.py`: fastargs.table() of\n'
+            "astra's typer app, for astraeus.cli.main; tests/cli/test_cli_habits.py checks that it is current.\"\"\"\n\n"
+            "TABLES = " + pprint.pformat(table(app), width=116, sort_dicts=True) + "\n")
+

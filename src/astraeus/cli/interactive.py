@@ -44,8 +44,9 @@ def _open(path: str, params: list[tuple[str, str]]):
         raise ApiError(f"cannot reach the control plane at {url.split('?')[0]}: {e}") from None
 
 
-def _session(run: str, worker: int, command: list[str], tty: bool) -> int:
-    """Stream a command's session: this terminal's input to it, its output here; its exit code back."""
+def _session(run: str, worker: int, command: list[str], tty: bool, stdin: bool = True) -> int:
+    """Stream a command's session: this terminal's input to it (`stdin`: else none), its output here; its exit code
+    back."""
     from websockets.exceptions import ConnectionClosed
 
     params = [("worker", str(worker)), ("tty", "true" if tty else "false")] + [("command", c) for c in command]
@@ -85,7 +86,10 @@ def _session(run: str, worker: int, command: list[str], tty: bool) -> int:
             send(json.dumps({"type": "resize", "cols": s.columns, "rows": s.lines}))
 
         signal.signal(signal.SIGWINCH, on_resize)
-    threading.Thread(target=stdin_pump, daemon=True).start()
+    if stdin:
+        threading.Thread(target=stdin_pump, daemon=True).start()
+    elif not tty:  # no input for it (srun's tasks past the first): its input ends at once
+        send(json.dumps({"type": "eof"}))
     code, error = None, None
     try:
         for msg in ws:

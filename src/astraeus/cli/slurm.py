@@ -515,6 +515,8 @@ OPTIONS: list[Option] = [
     Option("wrap", None, "required", "wrap", lambda v: _nonempty(v, "--wrap"), cli_only=True),
     Option("dry-run", None, "none", "dry_run", lambda v: True, cli_only=True),  # astra's own: print the spec
     Option("test-only", None, "none", "test_only", lambda v: True, cli_only=True),  # what-if: submit nothing
+    Option("wait", "W", "none", "wait", lambda v: True, cli_only=True),  # wait for the end, exit with its code
+    Option("parsable", None, "none", "parsable", lambda v: True, cli_only=True),  # print the job's name alone
 ]
 _LONG = {o.long: o for o in OPTIONS}
 _SHORT = {o.short: o for o in OPTIONS if o.short}
@@ -528,8 +530,6 @@ _HINTS = {
     "--nodelist": "name the machines' pool with --partition, or their labels with --constraint",
     "--deadline": "give a --time limit instead",
     "--hold": "submit the job when it may start, or give it a --dependency",
-    "--wait": "follow the run with astra astraeus logs -f NAME-0",
-    "--parsable": "the job's name is the word after 'Submitted batch job'",
     "--batch": "name the machines' labels with --constraint",
     "--acctg-freq": "Astraeus measures each worker's use itself",
     "--profile": "Astraeus measures each worker's use itself",
@@ -552,7 +552,7 @@ _HINTS = {
     "--tres-bind": "each worker sees only its own GPUs",
     "--nodes-per-array": "give --nodes",
 }
-_REFUSED_SHORT = {"w": "--nodelist", "H": "--hold", "W": "--wait", "b": "--begin", "F": "--nodefile",
+_REFUSED_SHORT = {"w": "--nodelist", "H": "--hold", "b": "--begin", "F": "--nodefile",
                   "i": "--input", "I": "--immediate", "S": "--core-spec"}
 # Every long option a word may abbreviate (as Slurm's getopt does) or be mistaken for.
 _KNOWN = sorted({*_LONG, *(h[2:] for h in _HINTS), "immediate", "help", "usage"})

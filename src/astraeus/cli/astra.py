@@ -83,7 +83,7 @@ schedules_app = _app(help="Schedules: a cron line and a run to make at each tick
                           "per tick).")
 groups_app = _app(help="Replica groups: keep N runs of one spec alive (evaluation workers, inference servers); "
                        "an ended or deleted replica is replaced.")
-slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, squeue, scancel, sinfo, sacct, scontrol.")
+slurm_app = _app(help="Slurm-style commands over Astraeus: sbatch, srun, salloc, squeue, scancel, sinfo, sacct, scontrol.")
 pools_app = _App(pretty_exceptions_enable=False, add_completion=False, invoke_without_command=True,
                  help="Pools: named groups of a cluster's machines. Without a command: the pools your workspace may "
                       "use. create/delete: organisation admins (ASTRAEUS_ADMIN_TOKEN, or an admin's token).")

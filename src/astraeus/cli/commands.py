@@ -520,19 +520,13 @@ def sbatch(ctx: typer.Context) -> None:
         if job.array is not None:
             _submit_array(c, job, cmd.options.values)
             return
-        base = job.name
-        for attempt in range(2, 102):  # Slurm allows many jobs of one name: a resubmitted script gets NAME-2, …
-            try:
-                created = c.post("runs", job.spec)
-                break
-            except ApiError as e:
-                if e.code == "ALREADY_EXISTS" and attempt < 101:
-                    job = job.renamed(f"{base[:63 - len(str(attempt)) - 1].rstrip('-')}-{attempt}")
-                    continue
-                if e.status is not None:
-                    raise SbatchError(f"sbatch: error: Batch job submission failed: {_hint(e.message)}") from None
-                raise
-    name = ((created if isinstance(created, dict) else {}).get("metadata") or {}).get("name") or job.name
+        from astraeus.cli import slurm_interactive
+
+        try:  # a resubmitted script gets NAME-2, …
+            job = slurm_interactive.submit(c, job, "sbatch", "Batch job submission failed: {}")
+        except SbatchError as e:
+            raise SbatchError(_hint(str(e))) from None
+    name = job.name
     from astraeus.cli import slurm_interactive  # the line (or --parsable's name), the notes; --wait
 
     slurm_interactive.submitted(name, job.notes, cmd.options.values)

@@ -173,8 +173,9 @@ def build(cmd: CommandLine, command: list[str], default_name: str, what: str) ->
     return job
 
 
-def submit(c: Client, job: SbatchJob, what: str) -> SbatchJob:
-    """POST the run; a name in use gets -2, -3, … as sbatch does. The job under the name it got."""
+def submit(c: Client, job: SbatchJob, what: str, refused: str = "Unable to allocate resources: {}") -> SbatchJob:
+    """POST the run; a name in use gets -2, -3, … as Slurm allows many jobs of one name (sbatch, srun and salloc
+    alike). The job under the name it got; a refusal is `what: error: ` + `refused` with the API's message."""
     base = job.name
     for attempt in range(2, 102):
         try:
@@ -185,7 +186,7 @@ def submit(c: Client, job: SbatchJob, what: str) -> SbatchJob:
                 job = job.renamed(f"{base[:63 - len(str(attempt)) - 1].rstrip('-')}-{attempt}")
                 continue
             if e.status is not None:
-                raise SbatchError(f"{what}: error: Unable to allocate resources: {e.message}") from None
+                raise SbatchError(f"{what}: error: " + refused.format(e.message)) from None
             raise
     raise AssertionError("unreachable")
 

@@ -14,7 +14,8 @@ STAMP := $(VENV)/.installed
 # userspace NFS client (libnfs-utils: nfs-cp, nfs-ls), since the kernel of CI machines may have no NFS client.
 DEMO_DEPS := unshare:util-linux jq:jq curl:curl ip:iproute2 nft:nftables
 TEST_DEPS := $(DEMO_DEPS) chromium:chromium runc:runc skopeo:skopeo umoci:umoci docker-registry:docker-registry busybox:busybox-static mmdebstrap:mmdebstrap htpasswd:apache2-utils \
-	ganesha.nfsd:nfs-ganesha /usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so:nfs-ganesha-vfs nfs-cp:libnfs-utils
+	ganesha.nfsd:nfs-ganesha /usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so:nfs-ganesha-vfs nfs-cp:libnfs-utils \
+	node:nodejs npm:npm
 
 define apt_for
 	@missing=""; for pair in $(1); do c=$${pair%%:*}; p=$${pair#*:}; \

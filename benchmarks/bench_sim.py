@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plot")
     ap.add_argument("--json")
     ap.add_argument("--variants", action="store_true", help="also run with each rule off and compare")
+    ap.add_argument("--victims", action="store_true",
+                    help="also run with least-work-lost victims and compare the GPU-hours lost to preemption")
     a = ap.parse_args(argv)
     if a.constrained:
         a.tasks = str(Path(a.tasks).with_name("openb_pod_list_gpuspec33.csv"))
@@ -61,6 +63,11 @@ def main(argv: list[str] | None = None) -> None:
     report = simulate_main(a.machines, a.tasks, "alibaba", plot=a.plot, json_out=a.json, **common)
     print(f"\nwhole run, reading the trace included: {time.perf_counter() - t0:.1f}s "
           f"({time.process_time() - c0:.1f}s CPU)")
+    if a.victims:
+        least = simulate_main(a.machines, a.tasks, "alibaba", quiet=True, victims="least-work-lost", **common)
+        print("\nGPU-hours lost to preemption, by the victims stopped first among equal priorities:")
+        for label, r in (("recent", report), ("least-work-lost", least)):
+            print(f"  {label:<16}{r['gpu_hours_lost']:>9.1f} GPU-h lost{r['preemptions']:>7} preemptions")
     if not a.variants:
         return
     rows = [("all rules", report)]

@@ -117,6 +117,9 @@ def save(epoch, step):
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                 "epoch": epoch, "step": step, "global_step": global_step}, tmp)
     os.replace(tmp, ckpt_path)  # atomic: the old checkpoint stays whole until here
+    if os.environ.get("ASTRAEUS_CHECKPOINT_FILE"):  # tells Astraeus when the last checkpoint was saved
+        with open(os.environ["ASTRAEUS_CHECKPOINT_FILE"], "w") as f:
+            f.write(f"global step {global_step}\n")
 
 
 for epoch in range(start_epoch, EPOCHS):

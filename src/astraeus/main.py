@@ -61,8 +61,11 @@ def bootstrap(cp, org: str, workspace: str, cluster: str, host_paths: list[str],
         for p in host_paths:
             if p not in (acc.host_paths or []):
                 acc.host_paths = list(acc.host_paths or []) + [p]
-        _, admin = services.create_token(s, o, "org_admin")
-        _, editor = services.create_token(s, o, "user", ws, "editor")
+        from astraeus.server.services.users import ensure_user  # both tokens are the user `admin`'s (issue 45)
+
+        owner = ensure_user(s, o, "admin", org_admin=True, display_name="Organisation admin", roles={ws: "admin"})
+        _, admin = services.create_token(s, o, "org_admin", user=owner)
+        _, editor = services.create_token(s, o, "user", ws, "editor", user=owner)
         _, machine = services.create_token(s, o, "machine", cluster=c)
         return {"org": org, "workspace": workspace, "ns": ws.ns, "cluster": cluster, "admin_token": admin,
                 "token": editor, "machine_token": machine}

@@ -219,11 +219,17 @@ class Assignment(Answer):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     gpu_indices: list[int] = Field(default_factory=list)
+    gpu_fraction: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        None, description="Issue 46: the share of its one GPU (gpu_indices[0]) the worker has; the agent runs it as a "
+        "CUDA MPS client with that compute share and memory limit (docs/gpu-sharing.md). None: its GPUs whole")
     cpu_cores: float | None = None
     memory_bytes: int | None = None
     mounts: list[Mount] = Field(default_factory=list)
     configs: list[ConfigFile] = Field(default_factory=list)
     time_limit_seconds: float | None = None
+    signal: dict | None = Field(
+        None, description="The spec's task_template.signal ({name, seconds_before_limit, batch_only}): the worker's "
+        "supervisor sends it that long before time_limit_seconds, counted from the command's start")
     ephemeral_storage_bytes: Annotated[int, Field(ge=1, le=INT64)] | None = Field(
         None, description="The most disk the worker may use (its work folder, its container's writable layer, its "
         "own /tmp and /dev/shm), measured by the agent: over it the worker is stopped, and its end is reported with "
@@ -268,6 +274,34 @@ class WorkerReport(Body):
     finished_at: float | None = None
     oom_limit_bytes: Annotated[int, Field(ge=0, le=INT64)] | None = Field(
         None, description="Set when the kernel OOM-killed the worker at its memory limit: that limit")
+    progress_at: Annotated[float, Field(allow_inf_nan=False)] | None = Field(
+        None, description="When the worker last touched its ASTRAEUS_PROGRESS_FILE (None: never, this attempt)")
+    progress_text: Annotated[str, Field(max_length=200)] | None = Field(
+        None, description="What that file says (\"step 1234\"), its first line")
+    checkpoint_at: Annotated[float, Field(allow_inf_nan=False)] | None = Field(
+        None, description="When the worker last wrote its ASTRAEUS_CHECKPOINT_FILE (after a checkpoint's save)")
+
+
+class GpuFault(Body):
+    """A GPU's fault as its agent sees it (agent/health.py; issue 47). A fatal one quarantines the GPU until an admin
+    clears it; a slowdown (thermal, power) is shown only."""
+
+    index: Annotated[int, Field(ge=0, le=4095)]
+    what: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        description='In words: "XID 79", "uncorrectable ECC errors (2)", "row remap pending", "not answering", …')
+    xid: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    fatal: bool = True
+
+
+class HealthCheck(Body):
+    """The site health-check command's last result (ASTRAEUS_HEALTH_CHECK_COMMAND): a failure drains the machine."""
+
+    ok: bool
+    output: Annotated[str, Field(max_length=500)] = Field("", description="Its first line of output, trimmed")
+
+
+# WorkerReport fields an agent leaves out when None: a control plane older than them takes the report without them
+WORKER_REPORT_OPTIONAL = ("progress_at", "progress_text", "checkpoint_at")
 
 
 class Report(Body):
@@ -279,6 +313,8 @@ class Report(Body):
         default=None, description="The last log lines of attempts this report says ended, when they fit one request: "
         "stored (as POST /logs stores them) before the states, in the same transaction")
     disk: Disk | None = Field(None, description="Its state dir's filesystem now (None: from an older agent)")
+    gpu_faults: list[GpuFault] | None = Field(None, description="Its GPUs' faults now (None: from an older agent)")
+    health_check: HealthCheck | None = Field(None, description="The site health check's last result (None: none)")
 
 
 class Ack(Answer):

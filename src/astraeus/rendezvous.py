@@ -109,3 +109,20 @@ def environments(run: str, nodes: list[Node], port: int) -> list[dict[str, str]]
         if nd.worker_address:
             out[-1]["ASTRAEUS_WORKER_ADDR"] = nd.worker_address
     return out
+
+
+def hosts_file(base: str, names: list[str], addresses: list[str]) -> str:
+    """A worker's /etc/hosts: `base` (the machine's own) without lines naming the job's machines, then each machine
+    name of SLURM_JOB_NODELIST at its address in ASTRAEUS_NODE_ADDRS (rank order, the two lists paired), so that
+    `head=$(scontrol show hostnames | head -n1)` reaches rank 0. The names are the machines' names, which the
+    site's resolver need not know, and with networks of their own the workers' addresses are not the machines':
+    a file of the job's own is the one place both hold. A name given twice keeps its first address."""
+    pairs: dict[str, str] = {}
+    for name, addr in zip(names, addresses, strict=False):
+        if name and addr and name not in pairs:
+            pairs[name] = addr
+    kept = [line for line in base.splitlines()
+            if not set(line.split("#", 1)[0].split()[1:]) & set(pairs)]
+    out = "\n".join(kept).rstrip("\n")
+    job = "\n".join(f"{addr}\t{name}" for name, addr in pairs.items())
+    return (out + "\n" if out else "") + "# the job's machines (Astraeus)\n" + job + "\n"

@@ -211,6 +211,9 @@ class ServerSettings(HomeSettings):
         10.0, "Crash-loop backoff: a failed worker that restarts waits this many seconds, doubling with each "
         "failure in a row up to 5 minutes (10 s, 20 s, 40 s, …); the count starts again once an attempt has run "
         "for 10 minutes. A preemption never waits.", "a number of seconds from 0 to 300", ge=0, le=300)
+    audit_retention_days: float = setting(
+        365.0, "How long the audit log keeps an entry (who changed what, allowed or refused), in days; older "
+        "entries are trimmed, nothing else ever removes one.", "a number of days from 1 to 36500", ge=1, le=36500)
     max_body_bytes: int = setting(
         4 * 1024 * 1024, "The largest request body the control plane reads, in bytes (every route, before "
         "authentication); a larger one is answered 413 before it is read. A run's configs may hold 1 MiB.",
@@ -327,6 +330,14 @@ class AgentSettings(HomeSettings):
         30.0, "Seconds between SIGTERM and SIGKILL when this machine stops a worker (0: at once). Declared to the "
         "control plane, which counts it when it promises when a run starts.",
         "a number of seconds >= 0", ge=0, le=86400)
+    health_check_command: str | None = setting(
+        None, "A site health check (as Slurm's HealthCheckProgram), run by `sh -c` every "
+        "ASTRAEUS_HEALTH_CHECK_INTERVAL seconds: a non-zero exit drains this machine with the command's first line of "
+        "output as the reason; passing again resumes a drain it made (never an admin's). Unset: none (docs/health.md).",
+        "a shell command line")
+    health_check_interval: float = setting(
+        300.0, "Seconds between two runs of ASTRAEUS_HEALTH_CHECK_COMMAND (each may take at most this long).",
+        "a number of seconds from 1 to 86400", ge=1, le=86400)
     worker_pids_max: int = setting(
         4096, "The most processes and threads one worker may have at once (its cgroup's pids.max; a fork bomb "
         "stops there). 0: no limit.", "a whole number >= 0", ge=0, le=4194304)
@@ -583,6 +594,12 @@ WORKER_ENV = {
                                  "\"requested_at\": 1764400000.5}` (`/run/astraeus/stop-reason` in a container; "
                                  "docs/api.md, \"What a worker gets\")",
     "SLURM_JOB_NAME": "the run's name, for scripts written for Slurm",
+    "ASTRAEUS_PROGRESS_FILE": "a file the worker touches (or writes `step 1234` to) as it makes progress: a run with "
+                              "`progress.stall_seconds` is caught when it stops (docs/progress.md)",
+    "ASTRAEUS_CHECKPOINT_FILE": "a file the worker writes after each checkpoint's save: least-work-lost preemption "
+                                "reads its time (docs/progress.md)",
+    "ASTRAEUS_GPU_FRACTION": "a worker that shares one GPU: its share (`0.5`), beside the CUDA MPS variables "
+                             "(docs/gpu-sharing.md)",
     "ASTRAEUS_NODE_RANK": "a gang of two workers or more (astraeus.rendezvous, docs/fleet.md): this worker's rank, its "
                           "index (also `PET_NODE_RANK`, `NODE_RANK`, `SLURM_NODEID`)",
     "ASTRAEUS_NUM_NODES": "a gang: its number of workers (also `PET_NNODES`, `SLURM_NNODES`, `SLURM_JOB_NUM_NODES`)",

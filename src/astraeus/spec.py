@@ -9,7 +9,7 @@ import posixpath
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 # Limits, documented in docs/api.md. They keep one run's row and one agent's assignment small.
 MAX_CONFIG_BYTES = 1024 * 1024  # all configs of a run together: 1 MiB (a script, a small config file)
@@ -37,7 +37,8 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by Astraeus for every worker; a spec cannot override them.
 RESERVED_ENV = frozenset({"ASTRAEUS_JOB_NAME", "ASTRAEUS_RUN_NAME", "ASTRAEUS_WORKER_NAME", "ASTRAEUS_WORKER_INDEX",
                           "ASTRAEUS_NUM_WORKERS", "ASTRAEUS_GPU_COUNT", "ASTRAEUS_ATTEMPT", "ASTRAEUS_WORKER_ID",
-                          "CUDA_VISIBLE_DEVICES", "SLURM_JOB_NAME"})
+                          "CUDA_VISIBLE_DEVICES", "SLURM_JOB_NAME", "ASTRAEUS_PROGRESS_FILE",
+                          "ASTRAEUS_CHECKPOINT_FILE"})
 
 
 def check_dns_label(value: str, what: str = "name") -> str:
@@ -142,6 +143,47 @@ class GpuRequests(Strict):
     # `--gres=gpu:<type>:<n>` and `--gpus=<type>:<n>`.
     model: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$")] | None = None
     min_per_machine: Annotated[int, Field(ge=1, le=64)] | None = None
+    # Issue 46: part of one GPU (count 1), shared with other workers under CUDA MPS limits (docs/gpu-sharing.md):
+    # a fraction (0.25), or GPU memory (bytes), or a MIG profile of a machine whose GPUs are partitioned.
+    fraction: float | None = None
+    memory_bytes: int | None = None
+    mig: Annotated[str, Field(min_length=1, max_length=32)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # The shared-GPU keys appear only where asked: specs of whole-GPU runs read as before issue 46.
+        out = handler(self)
+        for k in ("fraction", "memory_bytes", "mig"):
+            if isinstance(out, dict) and out.get(k) is None:
+                out.pop(k, None)
+        return out
+
+    @model_validator(mode="after")
+    def _shared(self) -> GpuRequests:
+        asked = [k for k in ("fraction", "memory_bytes", "mig") if getattr(self, k) is not None]
+        if not asked:
+            return self
+        k = asked[0]
+        if len(asked) > 1:
+            raise ValueError(f"gpu_requests: give one of {' or '.join(asked)}, not both")
+        if self.count != 1:
+            raise ValueError(f"gpu_requests.{k} is part of one GPU: set count to 1 (it is {self.count})")
+        if self.min_per_machine is not None:
+            raise ValueError(f"gpu_requests.{k} is part of one GPU: leave out min_per_machine")
+        if self.fraction is not None and not 0 < self.fraction < 1:
+            raise ValueError(f"gpu_requests.fraction must be between 0 and 1 (e.g. 0.25), not {self.fraction}; "
+                             "for whole GPUs leave it out and set count")
+        if self.fraction is not None and round(self.fraction * 1000) < 1:
+            raise ValueError(f"gpu_requests.fraction {self.fraction} is under a thousandth of a GPU: ask 0.001 or more")
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise ValueError(f"gpu_requests.memory_bytes must be more than 0, not {self.memory_bytes}")
+        if self.memory_bytes is not None:
+            raise ValueError("gpu_requests.memory_bytes: no machine reports its GPU memory to the scheduler yet; "
+                             "ask a fraction instead (\"fraction\": 0.25)")
+        if self.mig is not None:
+            raise ValueError(f"gpu_requests.mig {self.mig!r}: no machine of this cluster reports MIG devices; "
+                             "ask a fraction instead (\"fraction\": 0.25)")
+        return self
 
 
 class PerGpu(Strict):
@@ -156,6 +198,21 @@ class NodeSelection(Strict):
     # Revision 0009: only machines of these pools (with any mode); and a reservation the run waits for and runs in.
     pools: list[str] = Field(default_factory=list, max_length=64)
     reservation: str | None = None
+    # Issue 46: a gang's machines all in one network block (or rack): {"same": "block"} (machine labels
+    # topology.astraeus.io/block, /rack; scheduler/topology.py).
+    topology: dict[str, str] | None = None
+
+    @field_validator("topology")
+    @classmethod
+    def _topology(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if not v:
+            return None
+        extra = sorted(set(v) - {"same"})
+        if extra:
+            raise ValueError(f"unknown key {extra[0]!r}: the one key is \"same\", as in {{\"same\": \"block\"}}")
+        if v.get("same") not in ("block", "rack"):
+            raise ValueError(f"\"same\" must be \"block\" or \"rack\", not {v.get('same')!r}")
+        return v
 
     @field_validator("pools")
     @classmethod
@@ -248,6 +305,35 @@ class ConfigFile(Strict):
         return v
 
 
+# The signals a run may ask for before its time limit (Slurm's --signal names; a number 1-64 too)
+SIGNAL_NAMES = ("HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "CONT", "URG", "ALRM", "XCPU", "PWR", "WINCH")
+
+
+class SignalSpec(Strict):
+    """Slurm's `--signal=[B:]SIG@SECS`: the worker's processes (`batch_only`: its main process alone, Slurm's batch
+    shell) get SIG `seconds_before_limit` seconds before its time limit; it then runs on to its end or the limit."""
+
+    name: str = Field(description="USR1, SIGUSR1, or a number from 1 to 64")
+    seconds_before_limit: Annotated[int, Field(ge=0, le=365 * 86400)] = 60
+    batch_only: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        s = v.strip().upper().removeprefix("SIG")
+        if s in SIGNAL_NAMES or (s.isdigit() and 0 < int(s) < 65 and int(s) not in (9, 19)):
+            return s
+        raise ValueError(f"signal {v!r} is not one a worker can be sent before its time limit: give one of "
+                         f"{', '.join(SIGNAL_NAMES)} (or its number)")
+
+
+class InteractiveSpec(Strict):
+    """An interactive run's (srun --pty, salloc): `idle_timeout_seconds`, how long it may run with no exec or shell
+    session attached before it ends (None: as long as its time limit allows)."""
+
+    idle_timeout_seconds: Annotated[int, Field(ge=1, le=365 * 86400)] | None = None
+
+
 class TaskTemplate(Strict):
     image: str = Field(min_length=1, max_length=512)
     command: str = Field(min_length=1, max_length=4096)
@@ -256,6 +342,7 @@ class TaskTemplate(Strict):
     restart_policy: Literal["OnFailure", "Never"] = "OnFailure"
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = DEFAULT_RESTART_BUDGET
     time_limit_seconds: Annotated[int, Field(gt=0, le=365 * 86400)] | None = None
+    signal: SignalSpec | None = None  # sent before time_limit_seconds, which it needs
     requested_resources: RequestedResources = Field(default_factory=RequestedResources)
     datavolume_refs: list[DatavolumeRef] = Field(default_factory=list, max_length=MAX_DATAVOLUME_REFS)
     configs: list[ConfigFile] = Field(default_factory=list, max_length=MAX_CONFIGS)
@@ -324,10 +411,16 @@ class TaskTemplate(Strict):
                 f"requested_resources: gpu_requests.count {gpus} is not machines {rr.machines} × min_per_machine {mpm}"
             )
         machines = worker_count(self)
+        if rr.gpu_requests.fraction is not None and machines != 1:
+            raise ValueError(f"requested_resources: gpu_requests.fraction is part of one GPU for one worker; "
+                             f"leave out machines (it is {machines})")
         if gpus % machines:
             raise ValueError(
                 f"requested_resources: gpu_requests.count {gpus} does not divide evenly over {machines} machines"
             )
+        if self.signal is not None and self.time_limit_seconds is None:
+            raise ValueError(f"signal: SIG{self.signal.name} is sent {self.signal.seconds_before_limit} s before the "
+                             "time limit: give time_limit_seconds too (sbatch --time)")
         paths = [d.mount_path for d in self.datavolume_refs] + [m for c in self.configs for m in c.mounts]
         if len(set(paths)) != len(paths):
             raise ValueError("two drives or configs are mounted at the same path")
@@ -353,6 +446,8 @@ def worker_resources(t: TaskTemplate) -> tuple[int, float, int]:
     rr = t.requested_resources
     n = worker_count(t)
     gpus = rr.gpu_requests.count // n
+    if rr.gpu_requests.fraction is not None:
+        gpus = rr.gpu_requests.fraction  # issue 46: part of one GPU (a float: the scheduler shares a GPU)
     cpu = rr.cpu_cores / n if rr.cpu_cores else None
     mem = rr.memory_bytes // n if rr.memory_bytes else None
     if rr.per_gpu and gpus:
@@ -452,6 +547,34 @@ class DependencySpec(Strict):
         return self
 
 
+def _check_pattern(v: str | None) -> str | None:
+    if v is None:
+        return v
+    try:
+        re.compile(v)
+    except re.error as e:
+        raise ValueError(f"{v!r} is not a regular expression ({e}): write e.g. \"step (\\\\d+)\"") from None
+    return v
+
+
+class ProgressSpec(Strict):
+    """Hung runs (docs/progress.md): without progress for stall_seconds, on_stall decides."""
+
+    stall_seconds: Annotated[int, Field(ge=1, le=30 * 86400)]
+    pattern: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    on_stall: Literal["restart", "fail", "notify"] = "notify"
+
+    _pattern = field_validator("pattern")(classmethod(lambda cls, v: _check_pattern(v)))
+
+
+class CheckpointSpec(Strict):
+    """The least work lost (docs/progress.md): a log line matching `pattern` reports a checkpoint."""
+
+    pattern: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+    _pattern = field_validator("pattern")(classmethod(lambda cls, v: _check_pattern(v)))
+
+
 class RunSpecBody(Strict):
     priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = 0
     start: Literal["Gang", "Independent"] = "Gang"
@@ -460,6 +583,13 @@ class RunSpecBody(Strict):
                                                    "(astraeus.templates): its fields under the run's own")
     array: ArraySpec | None = None
     dependency: DependencySpec | None = None
+    progress: ProgressSpec | None = None  # hung runs (docs/progress.md)
+    checkpoint: CheckpointSpec | None = None  # the least work lost (docs/progress.md)
+    # false (Slurm's --no-requeue): a preempted run is not queued again; it ends Cancelled, its reason says why
+    requeue: bool = True
+    # true (sbatch -H/--hold): submitted held, in the submit's own transaction; `scontrol release` lets it start
+    held: Annotated[bool, Field(strict=True)] = False
+    interactive: InteractiveSpec | None = None
     task_template: TaskTemplate
 
     @field_validator("template")

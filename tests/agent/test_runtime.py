@@ -17,6 +17,7 @@ import pytest
 from astraeus.agent.runtime.base import EXITED, RUNNING, StartFailed
 from astraeus.agent.runtime.images import ImageMap
 from astraeus.agent.runtime.process import ProcessRuntime
+from astraeus.agent.slurm import BIN as SLURM_BIN
 
 from .conftest import both, pid_alive, start_failure, started, wait_for
 
@@ -291,13 +292,15 @@ def test_env_and_image_environment(tmp_path, assignment):
     (envdir / "bin").mkdir(parents=True)
     os.symlink(sys.executable, envdir / "bin" / "python")
     rt = ProcessRuntime(str(tmp_path / "state"), image_map=ImageMap({"pytorch/*": str(envdir)}), stop_grace=1)
-    a = assignment(command="python", args=["-c", "import os; print(os.environ['PATH'].split(':')[0]);"
+    a = assignment(command="python", args=["-c", "import os; print(*os.environ['PATH'].split(':')[:2]);"
                                            "print(os.environ['ASTRAEUS_WORKER_ID']); print(os.environ['FOO'])"],
                    env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "3"})
     st = rt.start(a)
     assert st.environment == str(envdir)
     wait_for(lambda: rt.status(a["worker"], 1).final)
-    assert [ln.text for ln in rt.logs(a["worker"], 1)] == [str(envdir / "bin"), rt.marker(a["worker"], 1), "bar"]
+    # Astraeus' srun and scontrol first (astraeus.agent.slurm), then the image's environment
+    assert [ln.text for ln in rt.logs(a["worker"], 1)] == [f"{SLURM_BIN} {envdir / 'bin'}", rt.marker(a["worker"], 1),
+                                                           "bar"]
     other = assignment(command="true", image="ubuntu:24.04")
     assert rt.start(other).environment == sys.prefix  # the default: the agent's own environment
 

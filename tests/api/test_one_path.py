@@ -36,9 +36,9 @@ def body(name: str, priority: int = 0, gpus: int = 1, **tt) -> dict:
 
 
 def answer_of(status: int, out: dict) -> tuple[int, dict]:
-    """An answer without what differs from one submit to the next (the run's uid and creation time)."""
+    """An answer without what differs from one submit to the next (the run's uid, job id and creation time)."""
     if isinstance(out, dict) and isinstance(out.get("metadata"), dict):
-        out = {**out, "metadata": {k: v for k, v in out["metadata"].items() if k not in ("uid", "created_at")}}
+        out = {**out, "metadata": {k: v for k, v in out["metadata"].items() if k not in ("uid", "job_id", "created_at")}}
     return status, out
 
 

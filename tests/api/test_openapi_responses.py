@@ -30,7 +30,7 @@ ORG_API = "/api/v1/o/acme"
 # Seeded names, by the path template's parameters (the `{name}` of each resource).
 SEEDED = {"runs": "finetune", "templates": "tpl", "schedules": "nightly", "replica-groups": "web",
           "workers": "finetune-0", "drives": "ft-ckpt", "workspaces": "vision", "clusters": "main", "pools": "p1",
-          "reservations": "res1"}
+          "reservations": "res1", "users": "admin"}
 
 
 def _h(tok: str) -> dict:
@@ -75,6 +75,9 @@ def seeded(tmp_path_factory):
         _ok(c.post(WS_API + "/replica-groups", headers=ed, json={"metadata": {"name": "web"}, "spec": {
             "replicas": 1, "run": {"task_template": tt}}}))
         _ok(c.put(WS_API + "/registries/ghcr.io", headers=ed, json={"username": "u", "password": "p"}))
+        _ok(c.put(ORG_API + "/sso", headers=adm, json={  # single sign-on: never contacted by a GET
+            "issuer": "http://127.0.0.1:9", "client_id": "console", "client_secret": "s", "cli_client_id": "cli",
+            "roles": {"eng": {"vision": "editor"}}}))
         sched_loop.cycle(cp)
         cred = _h(boot["machine_credential"])
         got = _ok(c.get("/api/v1/agent/assignments", headers=cred, params={"machine": "gpu-01", "wait": 0}))

@@ -48,7 +48,7 @@ def test_reserve_machines_by_name_list_get_and_end(app):
     v = _reserve(app, name="launch", machines=["gpu-2", "gpu-1"], start=FAR, end=FAR_END)
     assert v == {"name": "launch", "cluster": "main", "workspaces": ["vision"], "machines": ["gpu-2", "gpu-1"],
                  "pool": None, "count": None, "start": FAR, "end": FAR_END, "state": "Scheduled",
-                 "created_at": v["created_at"]}
+                 "created_at": v["created_at"], "created_by": "admin", "updated_by": "admin"}
     now = _reserve(app, name="now", machines=["gpu-3"])  # start: now; no end
     assert now["state"] == "Active" and now["end"] is None
     assert [x["name"] for x in app.client.get(RES, headers=_admin(app)).json()["items"]] == ["now", "launch"]

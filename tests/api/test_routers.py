@@ -11,7 +11,7 @@ import pytest
 from fastapi import APIRouter
 
 ROUTERS = ("workspace", "runs", "templates", "workers", "drives", "registries", "events", "machines", "admin", "agent", "health",
-           "schedules", "replica_groups", "pools", "reservations")
+           "schedules", "replica_groups", "pools", "reservations", "usage")
 
 
 @pytest.mark.parametrize("name", ROUTERS)
@@ -77,11 +77,21 @@ def test_every_url_keeps_its_tag(app):
         f"PUT {ws}/registries/{{host}}": ["workspace"], f"GET {ws}/registries": ["workspace"],
         f"GET {ws}/registries/{{host}}": ["workspace"], f"DELETE {ws}/registries/{{host}}": ["workspace"],
         f"GET {ws}/events": ["workspace"], f"GET {ws}/machines": ["workspace"],
+        f"GET {ws}/usage": ["workspace"], f"GET {ws}/usage/records": ["workspace"], f"GET {org}/usage": ["organisation"],
+        f"GET {org}/sso": ["organisation"], f"PUT {org}/sso": ["organisation"], f"DELETE {org}/sso": ["organisation"],
+        f"GET {org}/sso/cli": ["organisation"], f"POST {org}/sso/token": ["organisation"],
+        f"GET {org}/users": ["organisation"], f"POST {org}/users": ["organisation"],
+        f"GET {org}/users/{{name}}": ["organisation"], f"PATCH {org}/users/{{name}}": ["organisation"],
+        f"DELETE {org}/users/{{name}}": ["organisation"], f"POST {org}/users/{{name}}/tokens": ["organisation"],
+        f"GET {org}/audit": ["organisation"],
         f"GET {org}/workspaces": ["organisation"], f"POST {org}/workspaces": ["organisation"],
         f"GET {org}/workspaces/{{name}}": ["organisation"], f"PATCH {org}/workspaces/{{name}}": ["organisation"],
         f"GET {org}/clusters": ["organisation"], f"POST {org}/clusters": ["organisation"],
         f"GET {org}/clusters/{{name}}": ["organisation"], f"PATCH {org}/clusters/{{name}}": ["organisation"],
         f"GET {org}/clusters/{{name}}/machines": ["organisation"],
+        f"POST {org}/machines/{{name}}/{{action}}": ["organisation"],
+        f"POST {org}/machines/{{name}}/gpus/{{index}}/fault": ["organisation"],
+        f"DELETE {org}/machines/{{name}}/gpus/{{index}}/fault": ["organisation"],
         f"POST {org}/tokens": ["organisation"], f"GET {org}/tokens": ["organisation"],
         f"DELETE {org}/tokens/{{token_id}}": ["organisation"],
         "POST /api/v1/agent/register": ["agent"], "GET /api/v1/agent/assignments": ["agent"],

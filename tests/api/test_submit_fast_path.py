@@ -22,11 +22,11 @@ def post(app, api: str, b, headers: dict, content_type: str = "application/json"
 
 
 def same_run(a: dict, b: dict, a_name: str, b_name: str) -> None:
-    """Two answers for two runs submitted alike: the same but for the run's name, uid and time."""
+    """Two answers for two runs submitted alike: the same but for the run's name, uid, job id and time."""
     import json
 
     def strip(r: dict, name: str) -> str:
-        meta = {k: v for k, v in r["metadata"].items() if k not in ("uid", "created_at")}
+        meta = {k: v for k, v in r["metadata"].items() if k not in ("uid", "job_id", "created_at")}
         return json.dumps({**r, "metadata": meta}, sort_keys=True).replace(f'"{name}', '"NAME').replace(
             f"/{name}", "/NAME")
     assert strip(a, a_name) == strip(b, b_name)

@@ -109,7 +109,7 @@ def test_runs_wide_yaml_and_state(c):
         assert lines[0].split() == ["NAME", "CLUSTER", "STATE", "PRIORITY", "GPUS", "USER", "AGE", "REASON"]
         rows = {ln.split()[0]: ln.split() for ln in lines[1:]}
         assert rows["habit-hog"][1:3] == ["main", "Running"] and rows["habit-waits"][2] == "Pending"
-        assert rows["habit-hog"][4] == "8" and rows["habit-hog"][5] == "vision"
+        assert rows["habit-hog"][4] == "8" and rows["habit-hog"][5] == "admin"  # USER: who submitted it
         assert rows["habit-hog"][6][-1] in "sm"  # an age: 5s, 1m3s
         data = yaml.safe_load(ok(astra(c, "astraeus", "runs", "-o", "yaml")))
         assert {r["metadata"]["name"] for r in data["items"]} >= {"habit-hog", "habit-waits"}

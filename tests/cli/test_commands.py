@@ -168,7 +168,7 @@ def test_sbatch_squeue_scancel(c, tmp_path):
 
         out = ok(astra(c, "slurm", "squeue")).splitlines()
         assert out[0] == "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)"
-        assert re.fullmatch(r" {10}finetune {6}main finetune {3}vision  R +\d+:\d\d {6}1 gpu-01", out[1]), out[1]
+        assert re.fullmatch(r" {10}finetune {6}main finetune {4}admin  R +\d+:\d\d {6}1 gpu-01", out[1]), out[1]
 
         # Asking for more than the workspace's maximum priority (0): the server's 403, one line, exit 1.
         r = astra(c, "slurm", "sbatch", "--nice=-60", "-J", "too-high", "finetune.sbatch", cwd=tmp_path)
@@ -199,8 +199,8 @@ def test_sbatch_squeue_scancel(c, tmp_path):
 
 def test_unsupported_sbatch_option_is_refused(c, tmp_path):
     (tmp_path / "job.sbatch").write_text(FINETUNE)
-    err = one_line_error(astra(c, "slurm", "sbatch", "--hold", "job.sbatch", cwd=tmp_path))
-    assert err.startswith("sbatch: option --hold is not supported by astra slurm: submit the job when it may start, or give it a --dependency")
+    err = one_line_error(astra(c, "slurm", "sbatch", "--deadline=now", "job.sbatch", cwd=tmp_path))
+    assert err.startswith("sbatch: option --deadline is not supported by astra slurm: give a --time limit instead")
     assert _gone(c, "job")
 
 

@@ -96,9 +96,9 @@ def test_sbatch_dry_run(tmp_path):
 def test_sbatch_refuses_unsupported_options_by_name(tmp_path):
     p = tmp_path / "a.sbatch"
     p.write_text(SCRIPT)
-    r = invoke(["slurm", "sbatch", "--hold", str(p)])
+    r = invoke(["slurm", "sbatch", "--deadline=now", str(p)])
     assert r.exit_code == 1
-    assert r.stderr.startswith("sbatch: option --hold is not supported by astra slurm")
+    assert r.stderr.startswith("sbatch: option --deadline is not supported by astra slurm")
     p.write_text(SCRIPT.replace("#SBATCH --gres=gpu:8", "#SBATCH --nodelist=gpu-01"))
     r = invoke(["slurm", "sbatch", str(p)])
     assert r.exit_code == 1 and r.stderr.startswith("sbatch: option --nodelist is not supported by astra slurm")

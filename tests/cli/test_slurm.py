@@ -239,7 +239,7 @@ def test_a_script_without_sbatch_lines():
 
 UNSUPPORTED = [
     "--container-mounts=/data:/data", "--begin=now+1hour", "--nodelist=gpu-01", "--priority=10",
-    "--deadline=now", "--hold", "--export=PATH", "--bb=x", "--tmp=10G",
+    "--deadline=now", "--export=PATH", "--bb=x", "--tmp=10G",
 ]
 # The command line's alone (astra slurm sbatch acts on them there), refused in a script's #SBATCH lines.
 CLI_ONLY = ["--wait", "--parsable", "--test-only", "--dry-run"]
@@ -269,7 +269,7 @@ def test_exclusive_without_gpus_names_the_next_step():
     assert "add --gpus-per-node=N with the machines' GPU count" in str(e.value)
 
 
-@pytest.mark.parametrize("opt", ["-w", "-H", "-b", "-F", "-i", "-I", "-S"])
+@pytest.mark.parametrize("opt", ["-w", "-b", "-F", "-i", "-I", "-S"])
 def test_unsupported_short_options(opt):
     with pytest.raises(SbatchError) as e:
         parse_command_line([opt, "v", "x.sh"])
@@ -456,15 +456,18 @@ def test_noted_options_say_what_astraeus_does_instead(opt, says):
     assert len(notes) == 1 and notes[0].startswith("sbatch: note: --")
 
 
-def test_signal_requeue_and_export_are_noted():
+def test_signal_and_no_requeue_go_into_the_spec():
     script = ("#!/bin/bash\n#SBATCH --container-image=img\n#SBATCH --signal=B:USR1@90\n#SBATCH --requeue\n"
-              "#SBATCH --export=ALL\necho\n")
+              "#SBATCH --time=10\n#SBATCH --export=ALL\necho\n")
     j = job(["x.sh"], script)
-    assert [n for n in j.notes if "--signal=B:USR1@90" in n and "SIGUSR1 90 s" in n and "trap TERM" in n]
-    assert not [n for n in j.notes if "requeue" in n or "export" in n]  # Astraeus' defaults: nothing to say
+    assert tt_of(j)["signal"] == {"name": "USR1", "seconds_before_limit": 90, "batch_only": True}
+    assert "requeue" not in j.spec["spec"]  # Astraeus' default
+    assert not [n for n in j.notes if "signal" in n or "requeue" in n or "export" in n]
+    j = job(["--signal=USR2", "x.sh"], IMG)  # no time limit: nothing to send it before, and the job says so
+    assert "signal" not in tt_of(j) and [n for n in j.notes if "--signal=USR2" in n and "--time" in n]
     j = job(["--no-requeue", "x.sh"], IMG)
-    assert tt_of(j)["restart_policy"] == "Never"
-    assert [n for n in j.notes if n.startswith("sbatch: note: --no-requeue")]
+    assert tt_of(j)["restart_policy"] == "Never" and j.spec["spec"]["requeue"] is False
+    assert not [n for n in j.notes if "requeue" in n]
 
 
 def test_exclusive_holds_the_machines_gpus():

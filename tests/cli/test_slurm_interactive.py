@@ -34,7 +34,7 @@ def test_sbatch_wait_and_parsable_exit_with_the_jobs_code(c):
               timeout=120)
     try:
         assert r.returncode == 3, r
-        assert r.stdout == "waited\n", r
+        assert r.stdout == f"{c.run('waited')['metadata']['job_id']}\n", r  # the numeric job id, as Slurm prints
         assert state(c, "waited") == "Failed"
     finally:
         with c.client() as h:

@@ -76,7 +76,7 @@ def test_scontrol_show_job_is_the_runs_record(c):
     out = ok(astra(c, "slurm", "scontrol", "show", "job", "vlong"))
     fields = dict(kv.split("=", 1) for line in out.splitlines() for kv in line.split() if "=" in kv)
     assert fields["JobId"] == "vlong" and fields["JobName"] == "vlong"
-    assert fields["UserId"] == rec["metadata"]["workspace"]
+    assert fields["UserId"] == rec["metadata"]["created_by"] == "admin"  # who submitted it (issue 45)
     assert fields["JobState"] == "RUNNING" and fields["Priority"] == str(rec["spec"].get("priority", 0))
     assert fields["TimeLimit"] == "00:30:00"
     assert fields["SubmitTime"] == sv.stamp(rec["metadata"]["created_at"])
@@ -101,7 +101,7 @@ def test_scontrol_update_priority_and_time_limit(c):
     assert "has ended" in err
     assert "invalid TimeLimit='soon'" in one_line_error(
         astra(c, "slurm", "scontrol", "update", "JobId=vlong", "TimeLimit=soon"))
-    assert "not supported yet: hold" in one_line_error(astra(c, "slurm", "scontrol", "hold", "vlong"))
+    assert "not supported yet: suspend" in one_line_error(astra(c, "slurm", "scontrol", "suspend", "vlong"))
     with c.client() as h:  # the route itself: only these two fields, and at least one of them
         for body in ({"bogus": 1}, {}, {"priority": None}):
             assert h.patch("/runs/vlong", json=body).status_code == 422, body

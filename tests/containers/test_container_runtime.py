@@ -76,7 +76,7 @@ def test_the_worker_runs_in_its_image_as_the_workspaces_user(crt, box):
     lines = out.splitlines()
     assert "200007" in lines  # ASTRAEUS_WORKER_UID_BASE + the workspace's number, never root
     assert "/work" in lines  # the image's WorkingDir
-    assert "PATH=/bin:/usr/bin" in lines  # the image's Env
+    assert "PATH=/opt/astraeus/bin:/bin:/usr/bin" in lines  # the image's Env, after Astraeus' srun and scontrol
     assert "pid=2" in lines  # its own PID namespace: PID 1 is the reaper, the command PID 2
     assert any(ln.startswith("CapEff:") and ln.split()[1] == "0000000000000000" for ln in lines)
     assert st.environment == f"container {box('')['image']}"

@@ -1,5 +1,7 @@
-"""exec, shell and port-forward into a running worker, through a real `astraeus up` (process runtime): the CLI's
-WebSocket to the control plane, the agent's back to it, the command inside the worker's own view."""
+"""exec, shell and port-forward into a running worker, through a real `astraeus up`: the CLI's WebSocket to the
+control plane, the agent's back to it, the command inside the worker's own view. The key tests (exit code, a shell on
+a terminal, port-forward) run on both runtimes (tests/runtimes.py: `runc exec` in a container); the rest on the
+process runtime."""
 
 from __future__ import annotations
 
@@ -12,37 +14,59 @@ import pytest
 
 from tests.conftest import VENV_BIN, start_cluster, wait_for
 from tests.faults.conftest import sleeper_run
+from tests.runtimes import KINDS, container_skip_reason, runtime_env
 
 pytestmark = pytest.mark.timeout(240)
 
 ASTRA = str(VENV_BIN / "astra")
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """A cluster with one running worker `box-0` (a python sleeper) and a worker serving HTTP, `web-0`."""
-    c = start_cluster(tmp_path_factory.mktemp("exec") / "home")
+def _cluster(tmp_path_factory, kind: str, containers=None):
+    """A cluster of this runtime with one running worker `box-0` (a python sleeper) and a worker serving HTTP,
+    `web-0`."""
+    image = containers.image if containers is not None else "python:3.11"
+    c = start_cluster(tmp_path_factory.mktemp(f"exec-{kind}") / "home", env=runtime_env(kind, containers))
     try:
         with c.client() as cl:
-            assert cl.post("/runs", json=sleeper_run("box")).status_code == 201
-            web = sleeper_run("web", code="import http.server, os\nos.chdir(os.environ.get('HOME', '/tmp'))\n"
-                                          "open('index.html', 'w').write('hello from the worker\\n')\n"
-                                          "http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, "
-                                          "port=8765, bind='127.0.0.1')\n")
+            assert cl.post("/runs", json=sleeper_run("box", image=image)).status_code == 201
+            web = sleeper_run("web", image=image,
+                              code="import http.server, os\nos.chdir(os.environ.get('HOME', '/tmp'))\n"
+                                   "open('index.html', 'w').write('hello from the worker\\n')\n"
+                                   "http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, "
+                                   "port=8765, bind='127.0.0.1')\n")
             assert cl.post("/runs", json=web).status_code == 201
             for w in ("box-0", "web-0"):
-                wait_for(lambda w=w: cl.get(f"/workers/{w}").json()["state"] == "Running", 60, what=f"{w} running")
+                wait_for(lambda w=w: cl.get(f"/workers/{w}").json()["state"] == "Running", 120, what=f"{w} running")
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """The process runtime's cluster."""
+    yield from _cluster(tmp_path_factory, "process")
+
+
+@pytest.fixture(scope="module")
+def live_container(tmp_path_factory, request):
+    if (why := container_skip_reason()) is not None:
+        pytest.skip(why)
+    yield from _cluster(tmp_path_factory, "container", request.getfixturevalue("containers"))
+
+
+@pytest.fixture(params=KINDS)
+def any_live(request):
+    """Each runtime's cluster in turn."""
+    return request.getfixturevalue("live" if request.param == "process" else "live_container")
 
 
 def astra(c, *args, timeout=60, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([ASTRA, "astraeus", *args], env=c.env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def test_exec_passes_output_and_exit_code(live):
-    r = astra(live, "exec", "box", "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+def test_exec_passes_output_and_exit_code(any_live):
+    r = astra(any_live, "exec", "box", "--", "sh", "-c", "echo out; echo err >&2; exit 7")
     assert r.returncode == 7, r
     assert r.stdout == "out\n" and r.stderr == "err\n", r
 
@@ -60,15 +84,16 @@ def test_exec_stdin_reaches_the_command(live):
     assert r.returncode == 0 and r.stdout == "piped in\n", r
 
 
-def test_shell_on_a_real_terminal(live):
+def test_shell_on_a_real_terminal(any_live):
     pexpect = pytest.importorskip("pexpect")
-    child = pexpect.spawn(ASTRA, ["astraeus", "shell", "box"], env=live.env, timeout=30, encoding="utf-8")
+    child = pexpect.spawn(ASTRA, ["astraeus", "shell", "box"], env=any_live.env, timeout=30, encoding="utf-8")
     child.setwinsize(30, 100)
-    child.expect(r"\$ ")  # the prompt: the shell is reading its terminal
+    child.expect(r"[$#] ")  # the prompt: the shell is reading its terminal
     child.sendline("tty; echo HOME=$HOME; stty size")
     child.expect(r"/dev/pts/\d+")
     child.expect(r"HOME=(/\S+)")
-    assert child.match.group(1) != "/root"
+    if "exec-process" in str(any_live.home):  # the worker's own home (a container's is its image's, as runc gives it)
+        assert child.match.group(1) != "/root"
     child.expect("30 100")
     child.sendline("sleep 30")
     time.sleep(1)
@@ -99,9 +124,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_port_forward_serves_the_workers_page(live):
+def test_port_forward_serves_the_workers_page(any_live):
     local = _free_port()
-    p = subprocess.Popen([ASTRA, "astraeus", "port-forward", "web", f"{local}:8765"], env=live.env,
+    p = subprocess.Popen([ASTRA, "astraeus", "port-forward", "web", f"{local}:8765"], env=any_live.env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "Forwarding from" in p.stdout.readline()

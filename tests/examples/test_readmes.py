@@ -256,7 +256,30 @@ def gang_log(f, out, memo):
     assert_equal(out, f"SIGTERM: checkpoint at step {n} written; exiting\nresuming at step {n}\ngang-ft deleted\n")
 
 
+def gpu_health_read(f, out, memo):
+    """Real NVML on a GPU machine (exit 0, or 1 naming the failed GPU first); here, without one, it says so."""
+    lines = out.splitlines()
+    code = lines[-1]
+    if code == "exit 2":
+        assert len(lines) == 2 and lines[0].startswith("no NVML here: "), out
+        return
+    assert code in ("exit 0", "exit 1"), out
+    assert re.fullmatch(r"\d+ GPU\(s\), \d+ with a fatal fault; XIDs watched for 2s \(.*\)", lines[-2]), out
+    assert all(re.match(r"GPU \d+ ", ln) for ln in lines[:-2]), out
+
+
+def gpu_sharing_proof(f, out, memo):
+    """Issue 46: on an NVIDIA machine with MPS it proves the limits (exit 0); here, without MPS, it says so."""
+    lines = out.splitlines()
+    if lines[-1] == "exit 2":
+        assert lines[0].startswith("nvidia-cuda-mps-control not found"), out
+        return
+    assert lines[-1] == "exit 0" and lines[-2].startswith("PROVEN: "), out
+
+
 STORIES = {
+    "gpu_health": [gpu_health_read],
+    "gpu_sharing": [gpu_sharing_proof],
     "finetune": [finetune_alone, cluster_up, finetune_training, finetune_preempted, finetune_cleaned_up],
     "ft-lowprio": [cluster_up, ft_lowprio_code_on_the_drive, ft_lowprio_training,
                    preempted_and_resumed("ft-lowprio", "ft-lowprio-0", r"^SIGTERM: checkpoint at step (\d+) written",

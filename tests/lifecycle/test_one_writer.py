@@ -4,8 +4,8 @@ tuple assignment, an augmented one or a keyword of a row's constructor is found 
 of those fields elsewhere, and on any History line or Event written elsewhere: made as a row, inserted by its
 model or table, or as dicts given to `values`, `execute` and the like.
 
-The scheduler and the simulator are left out: their objects are frozen dataclasses and the simulator's own
-records, never database rows; a test below makes sure they never import the server or SQLAlchemy, so no row
+The scheduler, the simulator and the CLI are left out: their objects are frozen dataclasses, the simulator's own
+records and the API's answers, never database rows; a test below makes sure they never import the server or SQLAlchemy, so no row
 can reach them."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "astraeus"
 WRITER = SRC / "server" / "lifecycle.py"
-NO_ROWS = ("scheduler", "sim")  # packages that never hold a database row (checked below)
+NO_ROWS = ("scheduler", "sim", "cli")  # packages that never hold a database row (checked below)
 WATCHED = {"state", "stop_kind", "stop_reason", "reason", "queue_reason", "restarts", "preemptions",
            "preempted_by", "crash_streak", "restart_at", "desired"}
 ROWS = {"Run", "Worker", "Machine"}
@@ -26,7 +26,8 @@ BULK = {"values", "execute", "executemany", "insert", "update"}
 ALLOWED: dict[tuple[str, str], set[str]] = {}
 # setattr with a computed name, where the object is known not to be a row that has a watched field:
 # (module, function) -> the model it writes, checked below to have no watched column.
-COMPUTED_SETATTR = {("server/services/bootstrap.py", "set_access"): "Access"}
+COMPUTED_SETATTR = {("server/services/bootstrap.py", "set_access"): "Access",
+                    ("server/services/sso.py", "set_config"): "SsoProvider"}
 
 
 def writes(source: str, module: str = "") -> list[tuple[int, str]]:

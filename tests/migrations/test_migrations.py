@@ -433,13 +433,26 @@ def test_0002_is_a_no_op_where_the_release_already_added_the_column(tmp_path):
 
 
 # Columns that revisions after 0001 add, with the value an existing row gets.
-ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvous": None},
+ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvous": None,
+                                "progress_at": None, "progress_text": None, "checkpoint_at": None, "stalled_at": None,
+                                "gpu_milli": 0},
+                    "clusters": {"preemption_victims": "recent", "gpu_sharing": "workspace",
+                                 "placement": "bestfit"},
                     "tokens": {"machine_id": None},
                     "runs": {"template": None, "template_version": None, "schedule_id": None, "group_id": None,
-                             "array_job": None, "array_index": None, "array_max_running": None},
+                             "array_job": None, "array_index": None, "array_max_running": None,
+                             "held": False},
                     "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None,
-                                 "disk_path": None, "disk_free_bytes": None, "disk_total_bytes": None},
-                    "access": {"pools": None, "host_network": False, "default_image": None}}
+                                 "disk_path": None, "disk_free_bytes": None, "disk_total_bytes": None,
+                                 "cordon": None, "cordon_reason": None, "cordon_by": None, "cordon_at": None,
+                                 "gpu_faults": None},
+                    "access": {"pools": None, "host_network": False, "default_image": None,
+                               "max_gpus_per_user": None},
+                    "users": {"sso_subject": None}}
+for _table in ("runs", "drives", "templates", "schedules", "replica_groups", "reservations"):  # revision 0018
+    ADDED_SINCE_0001[_table] = {**ADDED_SINCE_0001.get(_table, {}), "created_by": None, "updated_by": None}
+# Revision 0018 gives each existing user or org admin token an owner (a service account, or the user `admin`).
+OWNED_SINCE_0018 = {"tokens": {"user_id": lambda v, old: (v is not None) == (old["kind"] != "machine")}}
 
 
 def test_downgrade_to_0001_keeps_every_row(released, tmp_path):
@@ -456,6 +469,8 @@ def test_downgrade_to_0001_keeps_every_row(released, tmp_path):
     up = rows(url)
     for table, old_rows in before.items():
         assert set(up[table]) == set(old_rows), table
+        owned = OWNED_SINCE_0018.get(table, {})
         for id_, old in old_rows.items():
-            assert {k: v for k, v in up[table][id_].items() if k != "deadline"} == \
+            assert all(check(up[table][id_][k], old) for k, check in owned.items()), (table, id_)
+            assert {k: v for k, v in up[table][id_].items() if k != "deadline" and k not in owned} == \
                    {k: v for k, v in old.items() if k != "deadline"} | ADDED_SINCE_0001.get(table, {}), (table, id_)

@@ -4,7 +4,8 @@ A cycle has four fast paths (`cycle.Paths`), each with a plain reference it must
   batch          runs behind the head settled in bulk by the queue (`Cycle.settle`) / one run at a time;
   keep_settled   a start keeps the outcomes settled for a workspace without a quota / every start forgets them;
   settle_gangs   a gang behind the head is settled from its outcome like a one-worker run / it is placed again;
-  from_template  why-not lines of restricted runs laid over the per-shape template / made machine by machine.
+  from_template  why-not lines of restricted runs laid over the per-shape template / made machine by machine;
+and share_index (issue 46): a fractional worker's GPU found through the cluster's share index / every machine scored.
 Plans are compared whole: starts, stops, head, shadow time, reasons, why-not lines, quota notes (in order), fails
 and reservation stops, over random queues with gangs, priorities, fair share weights, quotas, pools, reservations,
 job arrays, dependencies, excluded machines and runs already partly running.
@@ -32,7 +33,11 @@ from astraeus.scheduler import (
     WorkerRequest,
     Workspace,
 )
+from astraeus.scheduler import cluster as cluster_module
 from astraeus.scheduler.cycle import FAST, PLAIN, Paths, plan
+from astraeus.scheduler.fragments import POLICIES
+from astraeus.scheduler.gpushare import SHARING
+from astraeus.scheduler.topology import BLOCK
 
 from .builders import GIB, HOUR, NOW
 from .test_constraint_index import snapshots as restricted_snapshots
@@ -136,8 +141,8 @@ def _off(switch: str) -> Paths:
 
 
 def test_production_takes_every_fast_path():
-    assert FAST == Paths() and all(getattr(FAST, s) for s in SWITCHES)
-    assert not any(getattr(PLAIN, s) for s in SWITCHES)
+    assert FAST == Paths() and all(getattr(FAST, s) for s in (*SWITCHES, "share_index"))
+    assert not any(getattr(PLAIN, s) for s in (*SWITCHES, "share_index"))
     assert plan.__defaults__ == (FAST,)
 
 
@@ -168,3 +173,44 @@ def test_why_not_lines_of_restricted_runs_equal_the_machine_by_machine_reference
     assert plan(snap, NOW) == plan(snap, NOW, replace(FAST, from_template=False))
     grouped = replace(snap, why_not_machines=2)
     assert plan(grouped, NOW) == plan(grouped, NOW, replace(FAST, from_template=False))
+
+
+@st.composite
+def shared_queues(draw) -> Snapshot:
+    """`queues` with GPUs shared (issue 46): some one-worker runs ask for a fraction of a GPU, some machines have
+    fractional tenants of one or two workspaces on the GPUs the running work leaves free, some are in network
+    blocks, and the cluster places by one of the placements and shares by one of the sharing settings."""
+    snap = draw(queues())
+    used = {w.machine: set(w.gpu_indices) for u in snap.running for w in u.workers}
+    machines, units = [], list(snap.running)
+    for k, m in enumerate(snap.machines):
+        if draw(st.booleans()):
+            m = replace(m, labels=m.labels + ((BLOCK, draw(st.sampled_from(["b1", "b2"]))),))
+        machines.append(m)
+        for g in sorted(set(range(m.gpus)) - used.get(m.name, set())):
+            for t in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):
+                units.append(RunningUnit(
+                    f"f{k}-{g}-{t}", draw(st.sampled_from(SPACES[:2])), 0, NOW - 60, None,
+                    (PlacedWorker(f"f{k}-{g}-{t}-0", 0, m.name, (g,), 1, GIB, draw(st.sampled_from([250, 300, 500]))),),
+                ))
+    runs = []
+    for run in snap.waiting:
+        if len(run.workers) == 1 and draw(st.integers(0, 2)) == 0:
+            frac = draw(st.sampled_from([0.25, 0.3, 0.5, 0.75]))
+            run = replace(run, workers=(replace(run.workers[0], gpus=frac, cpu_cores=2.0, memory_bytes=8 * GIB),))
+        runs.append(run)
+    return replace(snap, machines=tuple(machines), running=tuple(units), waiting=tuple(runs),
+                   placement=draw(st.sampled_from(POLICIES)), gpu_sharing=draw(st.sampled_from(SHARING)))
+
+
+@pytest.mark.parametrize("scan_at_most", [0, 32], ids=["always-indexed", "lists-up-to-32"])
+@SETTINGS
+@given(snap=shared_queues())
+def test_the_share_index_gives_the_plan_of_scoring_every_machine(scan_at_most, snap):
+    """Fractional workers placed through the share index (best fit, FGD or spread; sharing in one workspace or
+    any) land where scoring every machine puts them, and so does every other run of the plan."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cluster_module, "SCAN_AT_MOST", scan_at_most)
+        fast = plan(snap, NOW)
+        assert fast == plan(snap, NOW, replace(FAST, share_index=False))
+        assert fast == plan(snap, NOW, PLAIN)

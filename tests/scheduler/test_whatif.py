@@ -226,4 +226,4 @@ def test_what_if_for_a_waiting_run_is_what_the_plan_does_with_it(snap, rnd: rand
     p = plan(snap, NOW)
     run = rnd.choice(snap.waiting)
     rest = replace(snap, waiting=tuple(r for r in snap.waiting if r.name != run.name))
-    assert what_if(rest, run, NOW) == answer(p, snap, run.name)
+    assert what_if(rest, run, NOW) == answer(p, snap, run.name, NOW)

@@ -76,9 +76,11 @@ from astraeus.agent.client import agent_bases as agent_bases  # tests and tools 
 from astraeus.agent.disk import EvictionWatch, disk_of, mark_evicted
 from astraeus.agent.exec import ExecSessions
 from astraeus.agent.gpus import discover_gpus, nvml_gpus
+from astraeus.agent.health import HealthWatch
 from astraeus.agent.logs import LOG_BATCH as LOG_BATCH  # benchmarks/bench_logs.py imports these from here
 from astraeus.agent.logs import LOG_POST_BYTES as LOG_POST_BYTES
 from astraeus.agent.logs import LogBatch, LogsDeferred, LogShipper
+from astraeus.agent.mps import MpsDaemons
 from astraeus.agent.reconcile import (
     Actual,
     Adopt,
@@ -95,6 +97,7 @@ from astraeus.agent.reconcile import (
 )
 from astraeus.agent.runtime.base import EXITED, START_FAILED, Runtime, StartFailed, WorkerStatus
 from astraeus.agent.runtime.images import ImageMap
+from astraeus.agent.runtime.progress import mark_progress
 from astraeus.settings import AgentSettings
 
 log = logging.getLogger("astraeus.agent")
@@ -298,6 +301,12 @@ class Agent:
         self.wake_exports = threading.Event()
         self.exporter = None  # astraeus.agent.nfs.Exports, made by the exports thread
         self.nfs_mounts = None  # astraeus.agent.nfs.NfsMounts, made at the first worker with an NFS drive
+        # Issue 46: one CUDA MPS control daemon per shared GPU, while it has tenants (astraeus.agent.mps)
+        self.mps = MpsDaemons(os.path.join(self.state_dir, "mps"), dict(enumerate(self.gpus.memory_bytes)))
+        # GPU faults from NVML and the site health check (agent/health.py), sent in each report
+        hs = env or AgentSettings.load()
+        self.health = HealthWatch(self.gpus.count, self.gpus.source == "nvml", hs.health_check_command,
+                                  hs.health_check_interval, self.wake_report.set)
 
     # ------------------------------------------------------------ the parts' state, for tests and tools that reach in
     @property
@@ -540,6 +549,9 @@ class Agent:
         elif isinstance(act, Report):
             with self.lock:
                 self.last_states.update(act.states)
+            for key, state in act.states:
+                if state[0] in (EXITED, START_FAILED):
+                    self.mps.release(key)  # a shared GPU's daemon stops with its last tenant
             self.wake_report.set()  # with the last lines of what ended (the log thread keeps its own pace)
 
     def _start(self, a: P.Assignment) -> None:
@@ -557,6 +569,7 @@ class Agent:
                     raise StartFailed(str(e)) from None
             own = a.network == "isolated" and getattr(self.runtime, "networks", None) is not None
             a = with_gang_interface(a, self.registered_address, own)
+            a = self.mps.attach(a, type(self.runtime).__name__ == "ContainerRuntime")
             st = self.runtime.start(a)
             log.info("started %s attempt %s: pid %s in %s", key[0], key[1], st.pid, st.environment)
         except StartFailed as e:
@@ -618,11 +631,13 @@ class Agent:
         with self.lock:
             ended = {k for k, st in statuses.items() if st.final and k not in self.reported_final}
         workers = mark_evicted(self.runtime, [st.report() for st in sorted(statuses.values(), key=lambda s: s.key)])
+        workers = mark_progress(self.runtime, workers)
 
         def report(lines: list | None) -> None:
             disk = disk_of(self.state_dir) if self.control_plane.disk_in_report else None
-            self._post(client, "/report", P.Report(machine=self.name, workers=workers, lines=lines, disk=disk),
-                       omit_none=("lines", "disk"))
+            self._post(client, "/report", P.Report(machine=self.name, workers=workers, lines=lines, disk=disk,
+                                                   gpu_faults=self.health.faults, health_check=self.health.check),
+                       omit_none=("lines", "disk", "gpu_faults", "health_check"))
 
         self.shipper.ship_with_report(client, ended, report,
                                       lambda: self._post(client, "/report", P.Report(machine=self.name,
@@ -671,10 +686,13 @@ class Agent:
             t.start()
             self.threads.append(t)
         self.threads.append(EvictionWatch(self).start())  # ephemeral storage limits (agent/disk.py)
+        if self.health.command or self.health.nvml is not None:
+            self.threads.append(self.health.start())
 
     def shutdown(self) -> None:
         """Stop the loops; with stop_workers_on_exit, stop every worker first and report them."""
         self.draining = True
+        self.health.stopping.set()
         if self.stop_workers_on_exit:
             live = [st for st in self.runtime.list() if not st.final]
             if live:

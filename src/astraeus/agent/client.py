@@ -155,6 +155,10 @@ class ControlPlaneClient:
         for k in omit_none:
             if payload.get(k) is None:
                 payload.pop(k, None)
+        for w in payload.get("workers") or ():  # a report's newer worker fields, only when set (issue 47)
+            for k in P.WORKER_REPORT_OPTIONAL:
+                if w.get(k) is None:
+                    w.pop(k, None)
         r = http.post(self.base + path, json=payload)
         if r.status_code in (401, 403, 404, 409):
             if path != "/register":

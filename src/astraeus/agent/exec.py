@@ -5,6 +5,8 @@ the control plane (agents only make outbound connections) and runs the command i
 the process runtime's worker through nsenter (its mount, PID, IPC and network namespaces and root, its cgroup,
 its uid and gid, its environment), a container through `runc exec`. With a TTY the command gets a real
 pseudo-terminal here. A port-forward connects to the port from inside the worker's network namespace.
+When the worker is asked to stop (preempted, deleted, at its time limit), a command's session ends at once with an
+`error` frame that gives the stop's reason, so the user's terminal says why before it closes.
 """
 
 from __future__ import annotations
@@ -71,11 +73,20 @@ def _cgroup_procs(pid: int) -> str | None:
     return None
 
 
+STOP_POLL_SECONDS = 0.2  # how often a session looks for its worker's stop request
+
+
+def stop_message(reason: str | None) -> str:
+    """What a session's user reads when the worker it is in is stopped."""
+    return f"{reason or 'the worker is being stopped'}: the worker is stopping, so this session ends"
+
+
 class Target:
     """Where a session runs: the worker attempt's main process, its user, and (containers) its runc container."""
 
     def __init__(self, runtime, worker: str, attempt: int):
         d = runtime.dir(worker, attempt)
+        self.stop_file = os.path.join(d, "stop.json")  # the agent's stop request (its reason) for this attempt
         started = _read_json(os.path.join(d, "started.json"))
         self.pid = started.get("pid")
         if not self.pid or not os.path.exists(f"/proc/{self.pid}"):
@@ -173,12 +184,37 @@ class Session:
         inbound = threading.Thread(target=self._pump_in, args=(proc, write_in, end_in,
                                                                master if self.info.tty else None), daemon=True)
         inbound.start()
-        rc = proc.wait()
+        stopped = self._wait(proc, target)
+        if stopped is not None:  # the user hears why, then the session's processes go (_pump_in: SIGHUP)
+            self.control(type="error", message=stop_message(stopped))
+            with contextlib.suppress(Exception):
+                self.ws.close()
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGHUP)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            if self.info.tty:
+                os.close(master)
+            return
+        rc = proc.returncode
         for t in readers:
             t.join(timeout=5)
         if self.info.tty:
             os.close(master)
         self.control(type="exit", code=_exit_code(rc))
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen, target: Target) -> str | None:
+        """Until the command ends (None) or its worker is asked to stop (the stop's reason, "" when it gives none)."""
+        while True:
+            try:
+                proc.wait(timeout=STOP_POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+            if os.path.exists(target.stop_file):
+                return _read_json(target.stop_file).get("reason") or ""
+            if proc.returncode is not None:
+                return None
 
     def _pump_out(self, fd: int, stream: int) -> None:
         while True:

@@ -14,6 +14,9 @@ class GpuInventory:
     models: list[str] = field(default_factory=list)
     source: str = "none"  # "nvml", "simulated" or "none"
     driver: str | None = None
+    # Issue 46: per GPU, its memory (bytes; an MPS tenant's limit is its share of it) and its MIG devices' names
+    memory_bytes: list[int] = field(default_factory=list)
+    mig: list[list[str]] = field(default_factory=list)
 
 
 def nvml_gpus() -> GpuInventory | None:
@@ -32,12 +35,17 @@ def nvml_gpus() -> GpuInventory | None:
         for i in range(n):
             name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
             models.append(name.decode() if isinstance(name, bytes) else str(name))
+        memory, mig = [], []
+        for i in range(n):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            memory.append(int(pynvml.nvmlDeviceGetMemoryInfo(h).total))
+            mig.append(mig_devices(pynvml, h))
         try:
             drv = pynvml.nvmlSystemGetDriverVersion()
             drv = drv.decode() if isinstance(drv, bytes) else str(drv)
         except Exception:  # noqa: BLE001
             drv = None
-        return GpuInventory(n, models, "nvml", drv)
+        return GpuInventory(n, models, "nvml", drv, memory, mig)
     except Exception:  # noqa: BLE001
         return None
     finally:
@@ -45,6 +53,25 @@ def nvml_gpus() -> GpuInventory | None:
             pynvml.nvmlShutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def mig_devices(pynvml, h) -> list[str]:
+    """The names of a GPU's MIG devices ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"); [] when MIG is off or unsupported."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(h)
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        out = []
+        for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                d = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            except pynvml.NVMLError:
+                continue  # no MIG device at this slot
+            name = pynvml.nvmlDeviceGetName(d)
+            out.append(name.decode() if isinstance(name, bytes) else str(name))
+        return out
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported on GPUs without MIG
+        return []
 
 
 def discover_gpus(simulated: int | None = None) -> GpuInventory:
@@ -56,7 +83,8 @@ def discover_gpus(simulated: int | None = None) -> GpuInventory:
     n = max(0, int(simulated))
     real = found.models if found else []
     models = [real[i] if i < len(real) else "simulated" for i in range(n)]
-    return GpuInventory(n, models, "nvml" if found and n <= found.count else "simulated", found.driver if found else None)
+    return GpuInventory(n, models, "nvml" if found and n <= found.count else "simulated", found.driver if found else None,
+                        (found.memory_bytes[:n] if found and n <= found.count else []))
 
 
 NVIDIA_NODE = re.compile(r"^nvidia(\d+)$")
@@ -116,3 +144,48 @@ def gpu_deny_rules(assigned: list[int], dev_dir: str = "/dev", minors: dict[int,
         return []
     allowed = {(minors or {}).get(i, i) for i in assigned}
     return [f"c {major}:{minor}" for n, (major, minor) in sorted(nodes.items()) if n not in allowed]
+
+
+def nvlink_islands(pynvml, handles: list) -> list[list[int]]:
+    """The machine's NVLink/NVSwitch islands (GPU indices joined by active NVLinks, `scheduler.topology`), from
+    an initialised pynvml and the GPUs' handles in index order. [] when no GPU has an active NVLink: the
+    machine is one island (PCIe only) and a worker's GPUs may be any of them."""
+    bus = {}
+    for i, h in enumerate(handles):
+        bus[_bus_id(pynvml.nvmlDeviceGetPciInfo(h).busId)] = i
+    parent = list(range(len(handles)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    linked, switched = False, []
+    for i, h in enumerate(handles):
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+                remote = _bus_id(pynvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(h, link).busId)
+            except pynvml.NVMLError:
+                continue  # no such link on this GPU
+            linked = True
+            j = bus.get(remote)
+            if j is not None:  # a peer GPU; an NVSwitch's bus id joins nothing directly
+                parent[root(i)] = root(j)
+            else:  # an NVSwitch: every GPU linked to the machine's switches is one island
+                switched.append(i)
+    if not linked:
+        return []
+    for i in switched[1:]:
+        parent[root(i)] = root(switched[0])
+    islands: dict[int, list[int]] = {}
+    for i in range(len(handles)):
+        islands.setdefault(root(i), []).append(i)
+    return sorted(islands.values())
+
+
+def _bus_id(raw) -> str:
+    s = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return s.lower().lstrip("0")

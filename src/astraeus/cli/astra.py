@@ -126,6 +126,13 @@ from astraeus.cli import interactive  # noqa: E402  exec, shell and port-forward
 
 interactive.register(astraeus_app, handle_errors)
 
+from astraeus.cli import usage as usage_cli  # noqa: E402  usage and sreport: GPU-hours from the usage records
+
+usage_cli.register(astraeus_app, slurm_app, handle_errors, _view_errors, VIEW_CONTEXT)
+from astraeus.cli import users as users_cli  # noqa: E402  audit and users: who did what (docs/users.md)
+
+users_cli.register(astraeus_app, handle_errors)
+
 
 def org_client() -> Client:
     """$ORG_API (the workspace API URL without /w/WS) with ASTRAEUS_ADMIN_TOKEN, or the token in use."""
@@ -140,14 +147,26 @@ def org_client() -> Client:
 def login(
     api: Annotated[str, typer.Option("--api", help="The workspace API URL ($API), http://HOST:PORT/api/v1/o/ORG/w/WS; "
                                                    "several control plane replicas: their URLs comma-separated")],
-    token: Annotated[str, typer.Option("--token", help="An API token", prompt=True, hide_input=True)],
+    token: Annotated[str | None, typer.Option("--token", help="An API token (asked for when not given)")] = None,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the URL and token first")] = True,
+    sso: Annotated[bool, typer.Option("--sso", help="Sign in with the organisation's single sign-on (device flow): "
+                                                    "astra gets a token of yours")] = False,
 ) -> None:
     """Save the API URL and token (in $ASTRAEUS_CONFIG or ~/.config/astraeus/config.json).
 
     ASTRAEUS_API and ASTRAEUS_TOKEN in the environment win over the saved ones."""
-    config = Config(api=api.rstrip("/"), token=token)
+    if sso and token:
+        raise SpecError("--sso gets a token by signing in: give --sso or --token, not both")
     who = ""
+    if sso:
+        from astraeus.cli import sso as sso_cli
+
+        issued = sso_cli.device_login(api, lambda line: typer.echo(line, err=True))
+        token, verify = issued["token"], False
+        who = f" as {issued['user']} to workspace {issued['workspace']} ({issued['role']})"
+    elif token is None:
+        token = typer.prompt("Token", hide_input=True)
+    config = Config(api=api.rstrip("/"), token=token)
     if verify:
         with Client(config) as c:
             ws = c.get("")
@@ -226,10 +245,34 @@ def events(
 @astraeus_app.command()
 @handle_errors()
 def machines(
+    action: Annotated[str | None, typer.Argument(metavar="[cordon|drain|resume]", help=(
+        "cordon: no new work lands on NAME; drain: also stop what runs there (queued again, no restart spent); "
+        "resume: it takes work again. Organisation admins (ASTRAEUS_ADMIN_TOKEN).")
+    )] = None,
+    name: Annotated[str | None, typer.Argument(metavar="[NAME]", help="The machine")] = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (needed to cordon or drain): shown with the "
+                                                               "machine and on the runs a drain stops")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="NAME's cluster, when two have a machine NAME")]
+    = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="json for the API's JSON")] = None,
 ) -> None:
-    """Machines with their GPUs used and free."""
+    """Machines with their GPUs used and free; `machines drain|cordon|resume NAME --reason …` (admins)."""
     as_json = check_output(output)
+    if action is not None:
+        if action not in ("cordon", "drain", "resume") or not name:
+            raise SpecError(f"astra astraeus machines {action} {name or ''}: give cordon, drain or resume, then the "
+                            "machine's name, e.g. `astra astraeus machines drain gpu-07 --reason 'new cables'`")
+        if action != "resume" and not (reason or "").strip():
+            raise SpecError(f"give --reason to {action} {name}: say why (it is shown with the machine)")
+        with org_client() as c:
+            m = c.post(f"machines/{q(name)}/{action}", {"reason": reason} if reason else {},
+                       **({"cluster": cluster} if cluster else {}))
+        if as_json:
+            print_json(m)
+        else:
+            word = {"cordon": "cordoned", "drain": "drained", "resume": "resumed"}[action]
+            typer.echo(fmt.terminal_safe(f"machine {name} {word}" + (f": {reason}" if reason else "")))
+        return
     with list_client() as c:
         data = {"items": every_page(c, "machines")}
     if as_json:
@@ -743,8 +786,12 @@ SCONTROL_USAGE = ("scontrol show job JOB | scontrol update JobId=JOB [Priority=N
 @_view_errors
 def scontrol(ctx: typer.Context) -> None:
     """scontrol show job JOB (Slurm's key=value lines); scontrol update JobId=JOB Priority=N TimeLimit=TIME
-    (a live run's priority, within the workspace's maximum, and time limit: MM, HH:MM:SS, D-HH, UNLIMITED…)."""
+    (a live run's priority, within the workspace's maximum, and time limit: MM, HH:MM:SS, D-HH, UNLIMITED…);
+    scontrol hold JOB (a Pending run waits, never placed, until scontrol release JOB). JOB: a run's name or its
+    numeric job id."""
     from datetime import UTC, datetime
+
+    from astraeus.cli.commands import run_named
 
     args = list(ctx.args)
     if not args:
@@ -763,7 +810,7 @@ def scontrol(ctx: typer.Context) -> None:
                 runs = []
                 for n in names:
                     try:
-                        runs.append(c.get(f"runs/{q(n)}"))
+                        runs.append(c.get(f"runs/{q(run_named(c, n))}"))
                     except ApiError as e:
                         if e.status == 404:
                             raise sv.ViewError(f"scontrol: error: Invalid job id specified: {n} (no run of that "
@@ -772,22 +819,71 @@ def scontrol(ctx: typer.Context) -> None:
         now = datetime.now(UTC)
         typer.echo("".join(sv.show_job(r, now) for r in runs), nl=False)
         return
+    if verb == "update" and any(a.lower().startswith("nodename=") for a in args[1:]):
+        _update_node(args[1:])
+        return
     if verb == "update":
         job, body = _update_body(args[1:])
         with client() as c:
             try:
-                c.patch(f"runs/{q(job)}", body)
+                c.patch(f"runs/{q(run_named(c, job))}", body)
             except ApiError as e:
                 if e.status == 404:
                     raise sv.ViewError(f"scontrol: error: Invalid job id specified: {job} (no run of that name in "
                                        "this workspace)") from None
                 raise
         return
-    if verb in ("hold", "release", "uhold", "suspend", "resume", "requeue"):
-        raise sv.ViewError(f"scontrol: error: not supported yet: {verb} (a held run needs a state the control "
-                           "plane does not have); instead: scontrol update JobId=JOB Priority=-N lets other work go "
-                           "first, scancel JOB and sbatch again later")
+    if verb in ("hold", "uhold", "release"):
+        jobs = [j for arg in args[1:] for j in split_jobs(arg)]
+        if not jobs:
+            raise sv.ViewError(f"scontrol: error: give the job to {verb}: scontrol {verb} JOB (a run's name or job id)")
+        with client() as c:
+            for job in jobs:
+                try:
+                    c.patch(f"runs/{q(run_named(c, job))}", {"held": verb != "release"})
+                except ApiError as e:
+                    if e.status == 404:
+                        raise sv.ViewError(f"scontrol: error: Invalid job id specified: {job} (no run of that name "
+                                           "or job id in this workspace)") from None
+                    if e.status is not None:
+                        raise sv.ViewError(f"scontrol: error: {job}: {e.message}") from None
+                    raise
+        return
+    if verb in ("suspend", "resume", "requeue"):
+        raise sv.ViewError(f"scontrol: error: not supported yet: {verb}; instead: scontrol hold JOB keeps a waiting "
+                           "job from starting, scancel JOB and sbatch again later")
     raise sv.ViewError(f"scontrol: error: invalid command {args[0]!r}: {SCONTROL_USAGE}")
+
+
+# Slurm's node states as Astraeus's (docs/health.md): DRAIN lets running work end (a cordon), DOWN stops it (a drain).
+NODE_ACTIONS = {"drain": "cordon", "down": "drain", "resume": "resume", "undrain": "resume", "idle": "resume"}
+
+
+def _update_node(args: list[str]) -> None:
+    """`NodeName=gpu-07 State=DRAIN Reason="new cables"`: cordon, drain or resume the machine (organisation admins)."""
+    fields: dict[str, str] = {}
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not eq or key.lower() not in ("nodename", "state", "reason"):
+            raise sv.ViewError(f"scontrol: error: invalid node update {arg!r}: astra slurm scontrol update "
+                               "NodeName=NAME State=DRAIN|DOWN|RESUME Reason=WHY")
+        fields[key.lower()] = value
+    node, state = fields.get("nodename", ""), fields.get("state", "").lower()
+    if not node or state not in NODE_ACTIONS:
+        raise sv.ViewError(f"scontrol: error: give NodeName=NAME and State=DRAIN (no new jobs), DOWN (its jobs "
+                           f"stopped and requeued) or RESUME; got State={fields.get('state', '')!r}")
+    action = NODE_ACTIONS[state]
+    reason = fields.get("reason", "").strip()
+    if action != "resume" and not reason:
+        raise sv.ViewError(f"scontrol: error: You must specify a reason when DRAINING or DOWNING a node: "
+                           f"Reason=WHY (scontrol update NodeName={node} State={state.upper()} Reason=...)")
+    with org_client() as c:
+        try:
+            c.post(f"machines/{q(node)}/{action}", {"reason": reason} if reason else {})
+        except ApiError as e:
+            if e.status is not None:
+                raise sv.ViewError(f"scontrol: error: {node}: {e.message}") from None
+            raise
 
 
 def _update_body(args: list[str]) -> tuple[str, dict[str, Any]]:

@@ -11,19 +11,20 @@ uses one at a time, and tries the next when one does not answer: for a GET on a 
 
 from __future__ import annotations
 
-# The standard library's http.client, not httpx: a command starts in a fraction of the time (httpx imports rich and
-# click with it), and one keep-alive connection per replica serves every request of a command.
-import http.client
+# Not httpx: a command starts in a fraction of the time (httpx imports rich and click with it). An http:// API is
+# spoken to by astraeus.cli.wire (HTTP/1.1 on a socket: http.client imports ssl and email, a large part of a
+# command's start); https:// by http.client. One keep-alive connection per replica serves a command's requests.
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 from astraeus import envvars
+from astraeus.cli import wire
 
 NO_CONFIG = ("no Astraeus API configured: run `astra login --api URL --token TOKEN`, "
              "or set ASTRAEUS_API and ASTRAEUS_TOKEN")
@@ -47,8 +48,7 @@ def config_path(env: Mapping[str, str] | None = None) -> Path:
     return Path.home() / ".config" / "astraeus" / "config.json"
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     api: str
     token: str
 
@@ -138,8 +138,7 @@ def not_answering(e: Exception | None, status: int | None, method: str) -> bool:
     return isinstance(e, TransportError) and e.connect
 
 
-@dataclass
-class Response:
+class Response(NamedTuple):
     """An answer read whole: what error_message and the callers need of it."""
 
     status_code: int
@@ -250,13 +249,19 @@ def _ssl_context() -> Any:
     return ssl.create_default_context(cafile=certifi.where())
 
 
+def _errors() -> tuple[type[BaseException], ...]:
+    """What a connection raises when the server or the network fails it (http.client's only once it is in use)."""
+    hc = sys.modules.get("http.client")
+    return (OSError, wire.ProtocolError) + ((hc.HTTPException,) if hc is not None else ())
+
+
 class _Connections:
     """One keep-alive connection per replica (scheme, host, port), opened on first use."""
 
     def __init__(self, headers: dict[str, str], timeout: float):
         self.headers = headers
         self.timeout = timeout
-        self.open: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+        self.open: dict[tuple[str, str, int], Any] = {}  # wire.Connection, or http.client's for https
         self._ssl: Any = None
 
     def close(self) -> None:
@@ -265,7 +270,7 @@ class _Connections:
         self.open.clear()
 
     def _connect(self, scheme: str, host: str, port: int, read_timeout: float | None
-                 ) -> tuple[http.client.HTTPConnection, bool, bool]:
+                 ) -> tuple[Any, bool, bool]:
         """A connected connection, whether it was used before, and whether it goes through a proxy."""
         key = (scheme, host, port)
         conn = self.open.get(key)
@@ -276,20 +281,22 @@ class _Connections:
         if conn is not None:
             conn.close()
         if scheme == "https":
+            import http.client
+
             if self._ssl is None:
                 self._ssl = _ssl_context()
             conn = http.client.HTTPSConnection(*(proxy or (host, port)), timeout=self.timeout, context=self._ssl)
             if proxy:
                 conn.set_tunnel(host, port)
         else:
-            conn = http.client.HTTPConnection(*(proxy or (host, port)), timeout=self.timeout)
+            conn = wire.Connection(*(proxy or (host, port)), timeout=self.timeout)
         self.open[key] = conn
         try:
             conn.connect()
         except TimeoutError as e:
             conn.close()
             raise TransportError(f"timed out connecting: {e}", connect=True, timeout=True) from None
-        except (OSError, http.client.HTTPException) as e:
+        except _errors() as e:
             conn.close()
             raise TransportError(str(e) or type(e).__name__, connect=True) from None
         assert conn.sock is not None
@@ -298,7 +305,7 @@ class _Connections:
         return conn, False, proxy is not None and scheme == "http"
 
     def send(self, method: str, url: str, body: bytes | None, read_timeout: float | None
-             ) -> http.client.HTTPResponse:
+             ) -> Any:
         """Send one request, the answer's headers read (its body is the caller's to read). Raises TransportError."""
         parts = urlsplit(url)
         scheme, host = parts.scheme, parts.hostname or ""
@@ -317,7 +324,7 @@ class _Connections:
             except TimeoutError:
                 conn.close()
                 raise TransportError("timed out", timeout=True) from None
-            except (OSError, http.client.HTTPException) as e:
+            except _errors() as e:
                 conn.close()
                 # A kept-alive connection the server closed meanwhile: once more on a new one (for other than a
                 # GET only when the request could not be sent whole, so it was not applied).
@@ -403,7 +410,7 @@ class Client:
         return ApiError(f"error talking to the Astraeus API at {self.api}: {e}")
 
     def _send(self, method: str, path: str, body: bytes | None, params: dict[str, Any] | None,
-              read_timeout: float | None) -> http.client.HTTPResponse:
+              read_timeout: float | None) -> Any:
         """The answer of the replica in use, moving on as not_answering says. Raises ApiError."""
         self._tried = 0
         while True:
@@ -427,7 +434,7 @@ class Client:
         except TimeoutError:
             self._http.close()
             raise self._transport_error(TransportError("timed out", timeout=True)) from None
-        except (OSError, http.client.HTTPException) as e:
+        except _errors() as e:
             self._http.close()
             raise self._transport_error(TransportError(str(e) or type(e).__name__)) from None
         if r.status_code >= 400:
@@ -476,7 +483,7 @@ class Client:
                     yield text
         except TimeoutError:
             raise self._transport_error(TransportError("timed out", timeout=True)) from None
-        except (OSError, http.client.HTTPException) as e:
+        except _errors() as e:
             raise self._transport_error(TransportError(str(e) or type(e).__name__)) from None
         finally:
             self._http.close()  # a stream's connection is not reused

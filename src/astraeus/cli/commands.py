@@ -18,21 +18,17 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from astraeus import envvars
 from astraeus.cli import format as fmt
-from astraeus.cli import slurm_views as sv
 from astraeus.cli.client import ApiError, Client, q
-from astraeus.cli.slurm import (
-    HelpRequested,
-    SbatchError,
-    SbatchJob,
-    build_job,
-    job_matcher,
-    parse_command_line,
-    split_jobs,
-)
-from astraeus.cli.spec import SpecError, build_run_spec
+from astraeus.cli.errors import HelpRequested, SbatchError, ViewError
+from astraeus.units import UnitError as SpecError
 
 if TYPE_CHECKING:
     import typer
+
+    from astraeus.cli.slurm import SbatchJob
+
+# The Slurm translation (astraeus.cli.slurm), the Slurm views and the spec builder are imported by the commands that
+# use them: each command line pays only for its own.
 
 __all__ = ["Annotated"]  # named in the commands' annotations, which typer evaluates here
 
@@ -164,6 +160,8 @@ def run(
                                  machines=machines, cpus=cpus, mem=mem, time=time_limit, env=env, cluster=cluster,
                                  start=start)
     else:
+        from astraeus.cli.spec import build_run_spec
+
         body = build_run_spec(name=name or "", command=list(command or []), image=image, gpus=gpus,
                               machines=machines, cpus=cpus, mem=mem, time=time_limit, env=env, cluster=cluster,
                               start=start or "Independent")
@@ -184,6 +182,8 @@ def template_run_body(template: str, *, name: str, command: list[str], image: st
     """The body of `astra astraeus run --template T`: only what the options give, so that the template's fields
     apply everywhere else (the server merges them; env by name). Options mean what they mean without a
     template."""
+    from astraeus.cli.spec import build_run_spec
+
     full = build_run_spec(name=name, command=command or ["-"], image=image or "-", gpus=gpus, machines=machines,
                           cpus=cpus, mem=mem, time=time, env=env, cluster=cluster, start=start or "Independent")
     tt = full["spec"]["task_template"]
@@ -475,6 +475,8 @@ Other options are refused by name.
 
 @handle_errors(prefix="sbatch: error: ")
 def sbatch(ctx: typer.Context) -> None:
+    from astraeus.cli.slurm import build_job, parse_command_line
+
     try:
         cmd = parse_command_line(list(ctx.args))
     except HelpRequested:
@@ -517,6 +519,7 @@ def sbatch(ctx: typer.Context) -> None:
         _test_only(job)
         return
     with client() as c:
+        resolve_dependency(c, job.spec)  # afterok:42, a numeric job id: the run's name
         if job.array is not None:
             _submit_array(c, job, cmd.options.values)
             return
@@ -529,7 +532,7 @@ def sbatch(ctx: typer.Context) -> None:
     name = job.name
     from astraeus.cli import slurm_interactive  # the line (or --parsable's name), the notes; --wait
 
-    slurm_interactive.submitted(name, job.notes, cmd.options.values)
+    slurm_interactive.submitted(name, job.notes, cmd.options.values, job_id=job.job_id)
 
 
 def _hint(message: str) -> str:
@@ -542,9 +545,10 @@ def _hint(message: str) -> str:
 def _test_only(job: SbatchJob) -> None:
     """`sbatch --test-only`: what the job would do now (POST $API/runs?dry_run=true), as Slurm prints it; exit 1
     when it would not start. A job array: its first run."""
-    body = job.bodies()[0]
-    name = body["metadata"]["name"]
     with client() as c:
+        resolve_dependency(c, job.spec)
+        body = job.bodies()[0]
+        name = body["metadata"]["name"]
         try:
             answer = c.post("runs", body, dry_run=True)
         except ApiError as e:
@@ -560,13 +564,22 @@ def _test_only(job: SbatchJob) -> None:
 
 def _submit_array(c: Client, job: SbatchJob, values: dict[str, Any] | None = None) -> None:
     """One run per index of the job array (POST /runs each, with spec.array); on a refusal, the runs of the array
-    already submitted are deleted again, so that an array is submitted whole or not at all."""
+    already submitted are deleted again, so that an array is submitted whole or not at all. A resubmitted array
+    (its first run's name taken) gets a new name, NAME-2, NAME-3, … as a single job does."""
     done: list[str] = []
-    for body in job.bodies():
+    base, attempt = job.name, 1
+    bodies = job.bodies()
+    while len(done) < len(bodies):
+        body = bodies[len(done)]
         name = body["metadata"]["name"]
         try:
             c.post("runs", body)
         except (ApiError, KeyboardInterrupt) as e:
+            if isinstance(e, ApiError) and e.code == "ALREADY_EXISTS" and not done and attempt < 100:
+                attempt += 1
+                job = job.renamed(f"{base[:63 - len(str(attempt)) - 1].rstrip('-')}-{attempt}")
+                bodies = job.bodies()
+                continue
             for n in done:
                 try:
                     c.delete(f"runs/{q(n)}")
@@ -592,12 +605,44 @@ def _array_of(run: dict) -> tuple[str | None, int | None]:
 
 
 def _matching(items: list[dict], jobs: list[str], command: str) -> list[tuple[str, list[dict]]]:
-    """For each job given (a run, a job array's name, or `JOB_[0-9]`): the runs it stands for."""
+    """For each job given (a numeric job id, a run, a job array's name, or `JOB_[0-9]`): the runs it stands for
+    (digits: the run of that job id, else the run of that name: slurm_views' rule)."""
+    from astraeus.cli import slurm_views as sv
+    from astraeus.cli.slurm import job_matcher
+
     out = []
     for job in jobs:
-        test = job_matcher(job, command)
+        by_id = sv.runs_with_job_id(items, job)
+        if by_id:
+            out.append((job, by_id))
+            continue
+        test = job_matcher(sv.array_task_job(items, job), command)  # `ID_N`: the array's task by its job id
         out.append((job, [r for r in items if test((r.get("metadata") or {}).get("name"), *_array_of(r))]))
     return out
+
+
+def run_named(c: Client, job: str) -> str:
+    """The name of the run a JOB stands for: a numeric job id (GET runs?job_id=N, the workspace's runs only)
+    where a run has it, else JOB itself, a run's name (slurm_views' rule)."""
+    from astraeus.cli import slurm_views as sv
+
+    if sv.is_job_id(job):
+        found = _items(c.get("runs", job_id=job, limit=1))
+        if found:
+            return str((found[0].get("metadata") or {}).get("name") or job)
+    jid = sv.array_task_id(job)
+    if jid is not None:  # `ID_N`: task N of the array whose job id ID is
+        return sv.array_task_job(_items(c.get("runs", job_id=jid, limit=1)), job)
+    return job
+
+
+def resolve_dependency(c: Client, spec: dict[str, Any]) -> None:
+    """`--dependency=afterok:42`: each numeric job id in the run spec's dependency becomes the run's name."""
+    from astraeus.cli import slurm_views as sv
+
+    dep = (spec.get("spec") or {}).get("dependency")
+    if isinstance(dep, dict) and any(sv.is_job_id(str(j)) for j in dep.get("runs") or []):
+        dep["runs"] = list(dict.fromkeys(run_named(c, str(j)) for j in dep["runs"]))
 
 
 VIEW_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # an unknown option: exit 1, Slurm's
@@ -606,7 +651,7 @@ VIEW_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # an 
 def _no_extra(ctx: typer.Context, command: str) -> None:
     """Slurm's refusal of an option it does not know (exit 1, where click's would be 2)."""
     if ctx.args:
-        raise sv.ViewError(f"{command}: error: unrecognized option or argument {ctx.args[0]!r} (astra slurm {command} "
+        raise ViewError(f"{command}: error: unrecognized option or argument {ctx.args[0]!r} (astra slurm {command} "
                         "--help lists the options)")
 
 
@@ -615,7 +660,7 @@ def _view_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except sv.ViewError as e:
+        except ViewError as e:
             raise fail(str(e), 1) from None
 
     return wrapper  # type: ignore[return-value]
@@ -636,6 +681,9 @@ def squeue(
     workspace; an ended job is shown for ASTRAEUS_SQUEUE_MIN_JOB_AGE seconds (300) after it ended, as Slurm's
     MinJobAge (one named with -j: always)."""
     from datetime import UTC, datetime
+
+    from astraeus.cli import slurm_views as sv
+    from astraeus.cli.slurm import split_jobs
 
     _no_extra(ctx, "squeue")
     min_age = envvars.SQUEUE_MIN_JOB_AGE

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shlex
 from datetime import UTC, datetime
 from typing import Any
 
@@ -80,7 +79,7 @@ def runs_wide_table(runs: list[dict[str, Any]], now: datetime | None = None) -> 
     for run in runs:
         meta, spec, status = run.get("metadata") or {}, run.get("spec") or {}, run.get("status") or {}
         resources = (spec.get("task_template") or {}).get("requested_resources") or {}
-        gpus = (resources.get("gpu_requests") or {}).get("count") or 0
+        gpus = gpus_asked(resources)
         created = parse_time(meta.get("created_at"))
         age = human_duration(max(0.0, (now - created).total_seconds())) if created else ""
         priority = spec.get("priority")
@@ -216,6 +215,8 @@ def squeue_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str
         nodes = resources.get("machines") or len(status.get("workers") or []) or 1
         machines = _machines_of(run)
         reason = terminal_safe(status.get("reason") or "")
+        if status.get("held") and state == "Pending":
+            reason = "JobHeldUser"  # scontrol hold, in Slurm's word
         if st == "PD" or not machines:
             where = f"({reason})" if reason else "(None)"
         else:
@@ -223,7 +224,8 @@ def squeue_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str
         name = terminal_safe(meta.get("name", ""))
         job = terminal_safe((spec.get("array") or {}).get("job") or name)  # a job array's runs: JOBID job_3, NAME job
         values = (name, terminal_safe(meta.get("cluster") or spec.get("cluster") or ""), job,
-                  terminal_safe(meta.get("workspace") or ""), terminal_safe(st), slurm_elapsed(run_elapsed(run, now)),
+                  terminal_safe(meta.get("created_by") or meta.get("workspace") or ""), terminal_safe(st),
+                  slurm_elapsed(run_elapsed(run, now)),
                   terminal_safe(nodes))
         cells = [v.rjust(w) if i == 0 else v[:w].rjust(w) for i, (v, (_, w)) in enumerate(
             zip(values, SQUEUE_FIELDS, strict=True))]
@@ -377,10 +379,19 @@ def _num(v: Any) -> str:
 # --- describe ----------------------------------------------------------------------------------------------------
 
 
+def gpus_asked(resources: dict[str, Any]) -> int | float:
+    """The GPUs a run asks for in all: its count, or its fraction of one GPU (issue 46: GPUS 0.5)."""
+    gr = resources.get("gpu_requests") or {}
+    return gr.get("fraction") or gr.get("count") or 0
+
+
 def resources_summary(resources: dict[str, Any]) -> str:
     parts = []
     gpus = (resources.get("gpu_requests") or {}).get("count")
-    if gpus:
+    fraction = (resources.get("gpu_requests") or {}).get("fraction")
+    if fraction:
+        parts.append(f"{fraction:g} of one GPU (shared)")
+    elif gpus:
         parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
         per_machine = (resources.get("gpu_requests") or {}).get("min_per_machine")
         if per_machine:
@@ -421,6 +432,8 @@ def describe_run(run: dict[str, Any]) -> str:
         ("Template", f"{meta['template'].get('name')} (version {meta['template'].get('version')})"
          if isinstance(meta.get("template"), dict) else None),
         ("Created", show_time(meta.get("created_at")) or None),
+        ("Created by", meta.get("created_by")),
+        ("Changed by", meta.get("updated_by") if meta.get("updated_by") != meta.get("created_by") else None),
         ("State", status.get("state")),
         ("Reason", status.get("reason")),
         ("Console", status.get("console_url")),
@@ -433,7 +446,7 @@ def describe_run(run: dict[str, Any]) -> str:
         fields.append(("Environment", ", ".join(environments) + " (where the image runs on this cluster)"))
     command = [tt.get("command")] + list(tt.get("args") or []) if tt.get("command") else list(tt.get("args") or [])
     fields += [
-        ("Command", shlex.join(str(c) for c in command) if command else None),
+        ("Command", _shell_words(command) if command else None),
         ("Resources", resources_summary(tt.get("requested_resources") or {})),
         ("Time limit", human_duration(tt.get("time_limit_seconds")) or "none"),
         ("Restart policy", tt.get("restart_policy")),
@@ -500,3 +513,8 @@ def replica_groups_table(items: list[dict[str, Any]]) -> str:
                      _num(run.get("priority", 0)), run.get("template") or "", note])
     return table(["NAME", "REPLICAS", "ALIVE", "RUNNING", "PRIORITY", "TEMPLATE", "NOTE"], rows)
 
+
+def _shell_words(command: list) -> str:
+    import shlex  # describe's alone: not on every command's start
+
+    return shlex.join(str(c) for c in command)

@@ -114,7 +114,10 @@ def _session(run: str, worker: int, command: list[str], tty: bool, stdin: bool =
             termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved)
         with contextlib.suppress(Exception):
             ws.close()
-    if error:
+    if error:  # e.g. the worker was preempted: why, on a line of its own after the shell's last output
+        if tty:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
         raise ApiError(error)
     if code is None:
         raise ApiError("the session ended before the command did (the control plane or the worker's machine went "

@@ -16,16 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from astraeus.cli.errors import HelpRequested, SbatchError  # noqa: F401 - defined apart for the shared error handler
+
 MIB = 1024**2
 SCRIPT_DIR = "/astraeus/slurm"
-
-
-class SbatchError(ValueError):
-    """A user-facing refusal; the message is printed as it is (it starts with `sbatch: `)."""
-
-
-class HelpRequested(Exception):
-    """`--help` among sbatch's options."""
 
 
 def unsupported(option: str, hint: str | None = None, where: str | None = None) -> SbatchError:
@@ -105,10 +99,33 @@ def _gpu_type(text: str, option: str, whole: str) -> str:
     return text
 
 
-def _gpu_count(text: str, option: str) -> tuple[int, str | None]:
+# Issue 46: `--gres=shard:N` asks N of a GPU's SHARDS_PER_GPU shards (Slurm's shards are a site's count per GPU;
+# here a fixed 8): a fraction N/8 of one GPU (docs/gpu-sharing.md). `--gpus=0.5` asks that fraction directly.
+SHARDS_PER_GPU = 8
+
+
+def _fraction(text: str, option: str) -> float | None:
+    """`0.5` (or `TYPE:0.5`'s count) → 0.5 where `option` is --gpus and the count is a fraction, else None."""
+    s = text.strip()
+    if option != "--gpus" or "." not in s:
+        return None
+    try:
+        f = float(s)
+    except ValueError:
+        return None
+    if not 0 < f < 1:
+        raise SbatchError(f"sbatch: error: invalid {option}={text!r}: a part of one GPU is between 0 and 1 (e.g. "
+                          "--gpus=0.5); whole GPUs are a whole number (--gpus=2)")
+    return f
+
+
+def _gpu_count(text: str, option: str) -> tuple[int | float, str | None]:
     """`N` or `TYPE:N` → (count, type or None); the type is matched, case-insensitively, as part of the machines'
-    GPU model (`a100` matches NVIDIA A100-SXM4-80GB)."""
+    GPU model (`a100` matches NVIDIA A100-SXM4-80GB). `--gpus=0.5`: a fraction of one GPU (a float)."""
     parts = text.strip().split(":")
+    f = _fraction(parts[-1], option)
+    if f is not None and len(parts) <= 2:
+        return f, (_gpu_type(parts[0], option, text) if len(parts) == 2 else None)
     if len(parts) == 2:
         return _positive_int(parts[1], option, allow_zero=True), _gpu_type(parts[0], option, text)
     if len(parts) != 1:
@@ -121,6 +138,13 @@ def _gres(text: str) -> tuple[int, str | None]:
     """`--gres=gpu`, `gpu:N`, `gpu:TYPE`, `gpu:TYPE:N` → (count, type or None); other resources are refused."""
     total = 0
     types: set[str] = set()
+    first = text.strip().split(":")
+    if first[0] in ("shard", "gres/shard"):
+        n = first[1] if len(first) == 2 else ""
+        if not n.isdigit() or not 0 < int(n) < SHARDS_PER_GPU or "," in text:
+            raise SbatchError(f"sbatch: error: invalid --gres={text!r}: give --gres=shard:N with N from 1 to "
+                              f"{SHARDS_PER_GPU - 1} (N/{SHARDS_PER_GPU} of one GPU); whole GPUs are --gres=gpu:N")
+        return int(n) / SHARDS_PER_GPU, None
     for item in text.split(","):
         parts = item.strip().split(":")
         if parts[0] not in ("gpu", "gres/gpu"):
@@ -476,6 +500,7 @@ OPTIONS: list[Option] = [
     Option("exclusive", None, "optional", "exclusive", lambda v: v or "node"),
     Option("requeue", None, "none", "requeue", lambda v: True),  # Astraeus' default: a preempted run is queued again
     Option("no-requeue", None, "none", "requeue", lambda v: False),
+    Option("hold", "H", "none", "held", lambda v: True),  # submitted held: scontrol release starts it
     Option("signal", None, "required", "signal", _signal),
     Option("export", None, "required", "export", _export),
     _noted("account", "A", "Astraeus has no accounts: the workspace's quota and weight apply"),
@@ -529,7 +554,6 @@ _HINTS = {
     "--begin": "submit the job when it should start, or use astra astraeus schedules for a time of day",
     "--nodelist": "name the machines' pool with --partition, or their labels with --constraint",
     "--deadline": "give a --time limit instead",
-    "--hold": "submit the job when it may start, or give it a --dependency",
     "--batch": "name the machines' labels with --constraint",
     "--acctg-freq": "Astraeus measures each worker's use itself",
     "--profile": "Astraeus measures each worker's use itself",
@@ -552,7 +576,7 @@ _HINTS = {
     "--tres-bind": "each worker sees only its own GPUs",
     "--nodes-per-array": "give --nodes",
 }
-_REFUSED_SHORT = {"w": "--nodelist", "H": "--hold", "b": "--begin", "F": "--nodefile",
+_REFUSED_SHORT = {"w": "--nodelist", "b": "--begin", "F": "--nodefile",
                   "i": "--input", "I": "--immediate", "S": "--core-spec"}
 # Every long option a word may abbreviate (as Slurm's getopt does) or be mistaken for.
 _KNOWN = sorted({*_LONG, *(h[2:] for h in _HINTS), "immediate", "help", "usage"})
@@ -732,6 +756,7 @@ class SbatchJob:
     partition: str | None = None  # the pools given (comma-separated), as --test-only names the partition
     processors: int = 1  # CPU cores in all (Slurm's "processors"; 1 per task unless asked)
     job_name: str | None = None  # the job name as the script wrote it (SLURM_JOB_NAME)
+    job_id: int | None = None  # once submitted: the run's numeric job id (metadata.job_id; `sbatch --parsable`)
 
     def renamed(self, name: str) -> SbatchJob:
         """The same job under another run name (a resubmitted script: `llama-train-2`); the script's mount path and
@@ -910,7 +935,14 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
                               "shows it)")
         notes.append(f"sbatch: note: {merged.written['exclusive']}: the job holds {per_machine or gpu_count} GPU(s) "
                      "per machine, the machine's GPUs; other runs may still use its spare CPU cores and memory")
-    if gpu_count:
+    if isinstance(gpu_count, float):
+        if nodes != 1:
+            raise SbatchError(f"sbatch: error: a part of one GPU ({gpu_count:g}) is for one node: drop --nodes={nodes}")
+        gpu_count, per_machine = 1, None
+        resources["gpu_requests"] = {"count": 1, "fraction": float(v["gpus"][1])}
+        if gpu_model:
+            resources["gpu_requests"]["model"] = gpu_model
+    elif gpu_count:
         gpu_req: dict[str, Any] = {"count": gpu_count}
         if gpu_model:
             gpu_req["model"] = gpu_model
@@ -1004,12 +1036,15 @@ def build_job(cmd: CommandLine, script_text: str, script_label: str = "the scrip
                        f"astraeus logs {first}-0")
     if "signal" in v:
         flags, sig, secs = v["signal"]
-        notes.append(f"sbatch: note: {merged.written['signal']}: Astraeus does not send SIG{sig} {secs} s before the "
-                     "time limit; at the limit (or on preemption) the worker gets SIGTERM, then SIGKILL after its "
-                     "grace period: trap TERM to save a checkpoint")
-    if v.get("requeue") is False:
-        notes.append("sbatch: note: --no-requeue: the job is not restarted when it fails; a preempted job is still "
-                     "queued again, as Astraeus always does")
+        if template.get("time_limit_seconds"):  # sent by the worker's supervisor SECS before the limit
+            template["signal"] = {"name": sig, "seconds_before_limit": secs, "batch_only": "B" in flags}
+        else:
+            notes.append(f"sbatch: note: {merged.written['signal']}: the job has no time limit, so SIG{sig} is never "
+                         "sent; give --time=... for it to come that long before the limit")
+    if v.get("requeue") is False:  # a preempted run ends instead of being queued again
+        spec["requeue"] = False
+    if v.get("held"):  # held in the submit's own transaction: no plan sees it before the hold
+        spec["held"] = True
     if "export" in v and v["export"] != "ALL":
         notes.append(f"sbatch: note: {merged.written['export']}: the worker's environment is the run's env and "
                      "Astraeus' own variables; none of this shell's")

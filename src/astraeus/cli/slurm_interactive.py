@@ -31,6 +31,7 @@ from astraeus.cli.slurm import (
     SbatchJob,
     build_job,
     parse_options,
+    parse_time,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ The options are astra slurm sbatch's (-N, -G/--gpus, --gpus-per-node, -c, --mem,
 --template, …: astra slurm sbatch --help). CMD's output is streamed here and srun exits with its exit code; Ctrl-C
 deletes the run. The run is deleted when it ends.
   --pty        CMD on a terminal inside the job (e.g. srun --pty bash): the job holds its allocation until CMD ends
+  --idle-timeout=TIME  with --pty: the job ends once no shell or exec session has been attached for TIME (Slurm's
+               time formats: 30 is 30 minutes, 0:30 is 30 seconds); its reason says so
 Inside `astra slurm salloc` (SLURM_JOB_ID set), srun runs CMD in the allocation's workers instead (-N: the first N).
 """
 
@@ -63,6 +66,8 @@ SALLOC_HELP = """Hold an allocation and work in it: astra slurm salloc [OPTIONS]
 The options are astra slurm sbatch's. salloc submits a run that holds the allocation, waits until it runs, then
 starts your shell (or CMD) here with SLURM_JOB_ID, SLURM_JOB_NAME and SLURM_NNODES set: in it, astra slurm srun CMD
 runs CMD in the allocation. The allocation is deleted when the shell (or CMD) exits; salloc exits with its code.
+  --idle-timeout=TIME  the allocation ends once no srun or shell session has run in it for TIME (Slurm's time
+               formats: 30 is 30 minutes, 0:30 is 30 seconds); its reason says so
 """
 
 
@@ -105,10 +110,13 @@ def wait_for_end(c: Client, names: list[str]) -> int:
     return worst
 
 
-def submitted(name: str, notes: list[str], values: dict[str, Any], runs: list[str] | None = None) -> None:
-    """What sbatch says once the job is submitted: `Submitted batch job NAME` (with --parsable: NAME alone), its
-    notes; with --wait, it waits for the job (each run of an array) to end and exits with its exit code."""
-    echo(fmt.terminal_safe(name if values.get("parsable") else f"Submitted batch job {name}"))
+def submitted(name: str, notes: list[str], values: dict[str, Any], runs: list[str] | None = None,
+              job_id: int | None = None) -> None:
+    """What sbatch says once the job is submitted: `Submitted batch job NAME` (with --parsable: its numeric job id
+    alone, as Slurm prints it; a job array, which has no one id: its name), its notes; with --wait, it waits for
+    the job (each run of an array) to end and exits with its exit code."""
+    parsable = str(job_id) if job_id is not None else name
+    echo(fmt.terminal_safe(parsable if values.get("parsable") else f"Submitted batch job {name}"))
     for note in notes:  # after the outcome, so that a refusal stays one line
         echo(note, err=True)
     if values.get("wait"):
@@ -136,6 +144,35 @@ def split_flags(argv: list[str], flags: set[str]) -> tuple[list[str], set[str]]:
             return argv, found
         found.add(argv[at])
         argv = argv[:at] + argv[at + 1 :]
+
+
+IDLE = "--idle-timeout"
+
+
+def take_idle_timeout(argv: list[str], command: str) -> tuple[list[str], int | None]:
+    """Take `--idle-timeout=TIME` (or `--idle-timeout TIME`) out of the options part of `argv`: seconds, or None."""
+    for i, a in enumerate(argv):
+        if a == "--" or not a.startswith("-"):
+            break
+        if a == IDLE or a.startswith(IDLE + "="):
+            value = a.partition("=")[2] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
+            rest = argv[:i] + argv[i + (1 if "=" in a else 2):]
+            try:
+                seconds = parse_time(value, IDLE) if value.strip() else None
+            except SbatchError:
+                seconds = None
+            if not seconds:
+                raise SbatchError(f"{command}: error: invalid {IDLE}={value!r}: give how long the job may wait with "
+                                  "no session attached, e.g. --idle-timeout=30 (minutes) or --idle-timeout=0:30 "
+                                  "(seconds)")
+            return rest, seconds
+    return argv, None
+
+
+def with_idle_timeout(job: SbatchJob, seconds: int | None) -> SbatchJob:
+    if seconds:
+        job.spec["spec"]["interactive"] = {"idle_timeout_seconds": seconds}
+    return job
 
 
 def parse(argv: list[str], command: str, flags: set[str] = frozenset()) -> tuple[CommandLine, list[str], set[str]]:
@@ -179,7 +216,8 @@ def submit(c: Client, job: SbatchJob, what: str, refused: str = "Unable to alloc
     base = job.name
     for attempt in range(2, 102):
         try:
-            c.post("runs", job.spec)
+            answer = c.post("runs", job.spec)
+            job.job_id = (answer.get("metadata") or {}).get("job_id") if isinstance(answer, dict) else None
             return job
         except ApiError as e:
             if e.code == "ALREADY_EXISTS" and attempt < 101:
@@ -228,13 +266,17 @@ def _command_name(command: list[str]) -> str:
 # --- srun ---------------------------------------------------------------------------------------------------------
 
 def srun(argv: list[str]) -> int:
+    argv, idle = take_idle_timeout(list(argv), "srun")
     cmd, command, flags = parse(argv, "srun", {"--pty"})
+    if idle and "--pty" not in flags:
+        raise SbatchError(f"srun: error: {IDLE} is for an interactive job: add --pty (srun --pty {IDLE}=30 bash), "
+                          "or use astra slurm salloc")
     if not command:
         raise SbatchError("srun: error: give a command: astra slurm srun [OPTIONS] CMD [ARGS]")
     if envvars.get("SLURM_JOB_ID"):
         return _srun_in_allocation(envvars.get("SLURM_JOB_ID"), cmd, command, "--pty" in flags)
     if "--pty" in flags:
-        return _srun_pty(cmd, command)
+        return _srun_pty(cmd, command, idle)
     job = build(cmd, shlex.join(command), _command_name(command), "srun")
     with Client.from_env() as c:
         job = submit(c, job, "srun")
@@ -275,12 +317,12 @@ def _follow(c: Client, name: str, what: str) -> int:
     return wait_for_end(c, [name])
 
 
-def _srun_pty(cmd: CommandLine, command: list[str]) -> int:
+def _srun_pty(cmd: CommandLine, command: list[str], idle: int | None = None) -> int:
     """`srun --pty CMD`: a run that holds the allocation, CMD on a terminal inside its first worker; the run is
     deleted when CMD ends."""
     from astraeus.cli import interactive
 
-    job = build(cmd, HOLD, _command_name(command), "srun")
+    job = with_idle_timeout(build(cmd, HOLD, _command_name(command), "srun"), idle)
     with Client.from_env() as c:
         job = submit(c, job, "srun")
         try:
@@ -333,8 +375,9 @@ def _srun_in_allocation(alloc: str, cmd: CommandLine, command: list[str], pty: b
 # --- salloc -------------------------------------------------------------------------------------------------------
 
 def salloc(argv: list[str]) -> int:
+    argv, idle = take_idle_timeout(list(argv), "salloc")
     cmd, command, _ = parse(argv, "salloc")
-    job = build(cmd, HOLD, _command_name(command) if command else "interactive", "salloc")
+    job = with_idle_timeout(build(cmd, HOLD, _command_name(command) if command else "interactive", "salloc"), idle)
     with Client.from_env() as c:
         job = submit(c, job, "salloc")
         try:

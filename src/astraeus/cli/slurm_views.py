@@ -2,7 +2,8 @@
 show job`, and what `squeue` keeps (its states, users and MinJobAge).
 
 Words: a partition is a pool (a cluster without pools: one partition named after the cluster, the default `*`); a
-job is a run, its JobID the run's name; a job step is one of its workers (`NAME.INDEX`); the account and the user are
+job is a run, its JobID the run's name, its numeric job id (SLURM_JOB_ID, `sbatch --parsable`) the run's
+`metadata.job_id`; a job step is one of its workers (`NAME.INDEX`); the account and the user are
 the run's workspace. Times are shown in local time as Slurm shows them (2026-12-06T21:08:57).
 """
 
@@ -14,12 +15,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from astraeus.cli.errors import ViewError  # noqa: F401 - defined apart for the shared error handler
 from astraeus.cli.format import parse_time, terminal_safe
-
-
-class ViewError(ValueError):
-    """A bad option or value of a view command; str(e) is the one line to print (`sacct: error: …`)."""
-
 
 # --- times -------------------------------------------------------------------------------------------------------
 
@@ -262,6 +259,54 @@ def job_name(run: dict[str, Any]) -> str:
     return str(array_of(run)[0] or name_of(run))
 
 
+# --- numeric job ids ----------------------------------------------------------------------------------------------
+# A JOB given as digits only (`scancel 42`, `--dependency=afterok:42`) is a numeric job id: the run whose
+# metadata.job_id it is. A run may be named with digits only too: such a JOB names it only where no run of the
+# workspace has that job id (the id comes first, as Slurm users type ids).
+
+
+def is_job_id(job: str) -> bool:
+    return job.isascii() and job.isdigit() and len(job) <= 18
+
+
+def job_id_of(run: dict[str, Any]) -> int | None:
+    v = (run.get("metadata") or {}).get("job_id")
+    return v if isinstance(v, int) else None
+
+
+def runs_with_job_id(runs: list[dict[str, Any]], job: str) -> list[dict[str, Any]]:
+    """The run whose numeric job id `job` is ([] where `job` is no number, or no run has it)."""
+    if not is_job_id(job):
+        return []
+    return [r for r in runs if job_id_of(r) == int(job)]
+
+
+_ARRAY_TASK = re.compile(r"(\d{1,18})_(\d+|\[[^\]]*\])")
+
+
+def array_task_id(job: str) -> str | None:
+    """The array's job id in Slurm's `ID_N` / `ID_[1-3]` (an array's tasks by its job id), else None."""
+    m = _ARRAY_TASK.fullmatch(job.strip()) if job.isascii() else None
+    return m.group(1) if m else None
+
+
+def array_task_job(runs: list[dict[str, Any]], job: str) -> str:
+    """`ID_N` with the array's name for ID (`train_3`), where ID is the job id of one of `runs` that belongs to a
+    job array (`sbatch --parsable --array` prints its first task's id); else `job` as given."""
+    jid = array_task_id(job)
+    if jid is None:
+        return job
+    for r in runs_with_job_id(runs, jid):
+        array_job, _ = array_of(r)
+        if array_job:
+            return f"{array_job}{job.strip()[len(jid):]}"
+    return job
+
+
+def held(run: dict[str, Any]) -> bool:
+    return bool(_status(run).get("held")) and _status(run).get("state") == "Pending"
+
+
 # --- squeue: which jobs are shown -------------------------------------------------------------------------------
 
 def state_codes(text: str, command: str = "squeue") -> set[str]:
@@ -339,11 +384,14 @@ def _step_blank(job: Callable[[Row], Any]) -> Callable[[Row], str]:
 # Each field: its name as sacct spells it, its default width, and its value for a job row and a step row.
 SACCT_FIELDS: dict[str, tuple[int, Callable[[Row], str]]] = {
     "JobID": (12, _job_or_step(lambda r: name_of(r.run), lambda r: f"{name_of(r.run)}.{r.worker.get('index', 0)}")),
-    "JobIDRaw": (12, _job_or_step(lambda r: name_of(r.run), lambda r: f"{name_of(r.run)}.{r.worker.get('index', 0)}")),
+    # Slurm's raw id: the numeric job id (the run's name where the API gives none)
+    "JobIDRaw": (12, _job_or_step(lambda r: job_id_of(r.run) or name_of(r.run),
+                                  lambda r: f"{job_id_of(r.run) or name_of(r.run)}.{r.worker.get('index', 0)}")),
     "JobName": (10, _job_or_step(lambda r: job_name(r.run), lambda r: "batch" if r.worker.get("index", 0) == 0 else "step")),
     "Partition": (10, _step_blank(lambda r: partition_of(r.run))),
     "Account": (10, lambda r: str((r.run.get("metadata") or {}).get("workspace") or "")),
-    "User": (9, _step_blank(lambda r: (r.run.get("metadata") or {}).get("workspace") or "")),
+    "User": (9, _step_blank(lambda r: (r.run.get("metadata") or {}).get("created_by")
+                            or (r.run.get("metadata") or {}).get("workspace") or "")),
     "Cluster": (10, lambda r: str((r.run.get("metadata") or {}).get("cluster") or "")),
     "AllocCPUS": (10, _job_or_step(lambda r: cpus(r.run) if started(r.run) else 0,
                                    lambda r: int(math.ceil(r.worker.get("cpu_cores") or 0)) or 1)),
@@ -457,7 +505,7 @@ def show_job(run: dict[str, Any], now: datetime) -> str:
     meta, spec, status = run.get("metadata") or {}, run.get("spec") or {}, _status(run)
     tt = spec.get("task_template") or {}
     state = job_state(run)
-    reason = status.get("reason") or "None"
+    reason = "JobHeldUser" if held(run) else (status.get("reason") or "None")
     pending = status.get("state") == "Pending"
     workers = status.get("workers") or []
     limit = tt.get("time_limit_seconds")
@@ -471,8 +519,9 @@ def show_job(run: dict[str, Any], now: datetime) -> str:
     array_job, array_index = array_of(run)
     lines = [
         f"JobId={name_of(run)} JobName={job_name(run)}"
+        + (f" JobIdRaw={job_id_of(run)}" if job_id_of(run) is not None else "")
         + (f" ArrayJobId={array_job} ArrayTaskId={array_index}" if array_job else ""),
-        f"   UserId={ws} GroupId={ws} Account={ws} Cluster={meta.get('cluster') or ''}",
+        f"   UserId={meta.get('created_by') or ws} GroupId={ws} Account={ws} Cluster={meta.get('cluster') or ''}",
         f"   Priority={spec.get('priority', 0)} Nice=0 QOS=(null)",
         f"   JobState={state} Reason={reason if pending else 'None'} Dependency="
         + _dependency(spec.get("dependency")),

@@ -20,17 +20,18 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.requests import HTTPConnection
 
 from astraeus.server import services
 from astraeus.server.core import ControlPlane
 from astraeus.server.db import ConsoleSession, Token, Workspace
 from astraeus.server.lifecycle import RunState
-from astraeus.server.routers.deps import control_plane, now
+from astraeus.server.routers.deps import control_plane
 from astraeus.server.services import ApiError, Caller
 from astraeus.units import human_bytes, human_duration
 
 HERE = Path(__file__).parent
-COOKIE = "astraeus_session"  # a console session's own secret (never the API token)
+COOKIE = services.CONSOLE_COOKIE  # a console session's own secret (never the API token)
 CSRF_FIELD = "csrf"  # the hidden input every console form carries
 STATES = tuple(s.value for s in RunState)  # the runs page's filter, in the order a run goes through them
 TRANSPORTS = (("Auto", "RDMA when both have it, else TCP"), ("TCP", "TCP"), ("RDMA", "RDMA"))
@@ -96,16 +97,11 @@ def authorization(request: Request) -> str | None:
 
 
 # ------------------------------------------------------------------------------------ console sessions
-def own_origins(request: Request) -> set[str]:
+def own_origins(request: HTTPConnection) -> set[str]:
     """The origins this console is reached at: the request's own (scheme as X-Forwarded-Proto says, else as
     the connection is) and ASTRAEUS_PUBLIC_URL's."""
-    scheme = (request.headers.get("x-forwarded-proto") or request.url.scheme).split(",")[0].strip().lower()
-    out = {f"{scheme}://{request.headers.get('host') or request.url.netloc}".lower()}
-    public = cp_of(request).settings.public_url
-    if public:
-        u = urlsplit(public)
-        out.add(f"{u.scheme}://{u.netloc}".lower())
-    return out
+    return services.own_origins(request.url.scheme, request.headers.get("host") or request.url.netloc,
+                                request.headers.get("x-forwarded-proto"), cp_of(request).settings.public_url)
 
 
 def check_origin(request: Request) -> None:
@@ -128,15 +124,16 @@ def secure_cookie(request: Request) -> bool:
     return public.startswith("https://") or proto == "https"
 
 
+def session_cookie(request: Request, resp: Response, cookie: str, hours: float) -> Response:
+    """The new console session's cookie on `resp`: HttpOnly, SameSite=Lax, Secure over HTTPS; never the token."""
+    resp.set_cookie(COOKIE, cookie, httponly=True, samesite="lax", secure=secure_cookie(request),
+                    max_age=int(hours * 3600), path="/")
+    return resp
+
+
 def console_session(s: Session, request: Request) -> ConsoleSession | None:
     """The signed-in session the cookie names, when it is live (not signed out, not expired)."""
-    secret = request.cookies.get(COOKIE)
-    if not secret:
-        return None
-    cs = s.scalar(select(ConsoleSession).where(ConsoleSession.digest == services.digest(secret)))
-    if cs is None or cs.revoked or cs.expires_at <= now():
-        return None
-    return cs
+    return services.live_console_session(s, request.cookies.get(COOKIE))
 
 
 def token_of(s: Session, request: Request) -> Token:
@@ -148,11 +145,7 @@ def token_of(s: Session, request: Request) -> Token:
         tok = services.authenticate(s, authorization(request))
     else:
         cs = console_session(s, request)
-        if cs is None:
-            raise ApiError(401, "UNAUTHENTICATED", "sign in to the console")
-        tok = s.get(Token, cs.token_id)
-        if tok is None or tok.revoked or (tok.expires_at is not None and tok.expires_at <= now()):
-            raise ApiError(401, "UNAUTHENTICATED", "the token this console signed in with is no longer valid")
+        tok = services.console_token(s, cs)
         if request.method == "POST":
             sent = read_form(request).get(CSRF_FIELD, "")
             if not hmac.compare_digest(sent.encode(), cs.csrf.encode()):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import secrets
 from typing import Any
 from urllib.parse import quote
 
@@ -39,18 +38,19 @@ from astraeus.console.base import (
     read_form,
     render,
     router,
-    secure_cookie,
+    session_cookie,
     token_of,
     ws_page,
 )
 from astraeus.server import admin, services, submits
 from astraeus.server import bodies as B
 from astraeus.server import templates as run_templates
-from astraeus.server.db import Access, Cluster, ConsoleSession, Org, Workspace
+from astraeus.server.db import Access, Cluster, Org, Workspace
 from astraeus.server.pools import list_pools, workspace_pools
 from astraeus.server.routers.deps import machine_names, now
 from astraeus.server.routers.errors import validation_errors, validation_message
-from astraeus.server.services import ApiError, tx
+from astraeus.server.services import ApiError, sso, tx
+from astraeus.server.services.auth import open_console_session
 from astraeus.server.whatif import what_if
 
 
@@ -90,9 +90,10 @@ async def sign_in(request: Request):
     except ApiError as e:
         return render(request, "error.html", None, status=e.status, error=e)
     hours = cp_of(request).settings.console_session_hours
-    cookie = "ast_c_" + secrets.token_urlsafe(32)
+    cookie = ""
 
     def start() -> str | None:
+        nonlocal cookie
         with cp_of(request).sessions() as s:
             try:
                 tok = services.authenticate(s, f"Bearer {secret}")
@@ -100,19 +101,14 @@ async def sign_in(request: Request):
                 return e.message
             if tok.kind == "machine":
                 return "a machine token cannot sign in to the console: use a user or organisation admin token"
-            at = now()
             with tx(s):
-                s.add(ConsoleSession(digest=services.digest(cookie), csrf=secrets.token_urlsafe(32),
-                                     token_id=tok.id, created_at=at, expires_at=at + hours * 3600))
+                cookie = open_console_session(s, tok, hours)
         return None
 
     error = await anyio.to_thread.run_sync(start) if secret else "paste an API token"
     if error:
         return render(request, "sign_in.html", None, status=401, next=nxt, error=error)
-    resp = RedirectResponse(nxt, status_code=303)
-    resp.set_cookie(COOKIE, cookie, httponly=True, samesite="lax", secure=secure_cookie(request),
-                    max_age=int(hours * 3600), path="/")
-    return resp
+    return session_cookie(request, RedirectResponse(nxt, status_code=303), cookie, hours)
 
 
 @router.post("/sign-out")
@@ -129,9 +125,10 @@ def sign_out(request: Request):
                                                      "and sign out from there")
                 with tx(s):
                     cs.revoked = True
+            provider_end = sso.end_session_url(s, cs, base_url(request) + "/sign-in")  # signed in by SSO
         except ApiError as e:
             return render(request, "error.html", None, status=e.status, error=e)
-    resp = RedirectResponse("/sign-in", status_code=303)
+    resp = RedirectResponse(provider_end or "/sign-in", status_code=303)
     resp.delete_cookie(COOKIE, path="/")
     return resp
 
@@ -160,7 +157,8 @@ def runs_rows(request: Request, s: Session, p: Page, state: str | None, label: s
         v = services.run_view(run, p.org, p.ws, clusters[run.cluster_id], base_url(request), None, names, p.role)
         tt = v["spec"]["task_template"]
         rows.append({"v": v, "age": age(run.created_at, at),
-                     "gpus": tt.get("requested_resources", {}).get("gpu_requests", {}).get("count", 0),
+                     "gpus": (tt.get("requested_resources", {}).get("gpu_requests", {}).get("fraction")
+                              or tt.get("requested_resources", {}).get("gpu_requests", {}).get("count", 0)),
                      "url": f"{p.base}/jobs/{v['metadata']['cluster']}/{run.name}"})
     return rows, encode_cursor((runs[-1].created_at, runs[-1].id)) if more else None
 
@@ -293,7 +291,19 @@ def run_page(request: Request, org: str, ws: str, cluster: str, name: str):
     with cp_of(request).sessions() as s:
         p = ws_page(s, request, org, ws)
         ctx = run_ctx(request, s, p, cluster, name)
-        return render(request, "run.html", p, nav="runs", cannot_delete=p.cannot("editor"), **ctx)
+        return render(request, "run.html", p, nav="runs", cannot_delete=p.cannot("editor"),
+                      terminal=terminal_ctx(s, p, name), **ctx)
+
+
+def terminal_ctx(s: Session, p: Page, name: str) -> dict | None:
+    """The Terminal panel, for editors and admins: the exec stream's URL (the API's own WebSocket, signed in by the
+    console's cookie) and the running workers to choose from. With none running the panel is hidden until the live
+    part of the page lists one (terminal.js)."""
+    if p.cannot("editor"):
+        return None
+    run = services.get_run(s, p.caller, name)
+    running = [(w.index, w.name) for w in sorted(run.workers, key=lambda w: w.index) if w.state == "Running"]
+    return {"url": f"/api/v1/o/{p.org.name}/w/{p.ws.name}/runs/{run.name}/exec", "workers": running}
 
 
 @router.get("/o/{org}/w/{ws}/jobs/{cluster}/{name}/live")
@@ -459,7 +469,9 @@ def machines_ctx(s: Session, p: Page) -> dict:
     for m in machines:
         if "pools" not in m:
             m["pools"] = [x["name"] for x in pools if x["cluster"] == m["cluster"] and m["name"] in x["machines"]]
-    return {"machines": machines, "pools": pools}
+    from astraeus.console.usage_pages import machine_sparks  # its GPUs in use over the last 24 h
+
+    return {"machines": machines, "pools": pools, "sparks": machine_sparks(s, machines, now())}
 
 
 @router.get("/o/{org}/w/{ws}/machines")

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from astraeus.console import pages, replica_group_pages, reservation_pages, schedule_pages
+from astraeus.console import (
+    audit_pages,
+    pages,
+    port_pages,
+    replica_group_pages,
+    reservation_pages,
+    schedule_pages,
+    sso_pages,
+    usage_pages,
+)
 from astraeus.console.base import STATIC, router, static_files
 
-PAGES = (pages, replica_group_pages, reservation_pages, schedule_pages)  # imported for their routes
+# imported for their routes
+PAGES = (audit_pages, pages, port_pages, replica_group_pages, reservation_pages, schedule_pages, sso_pages, usage_pages)
 
 
 def include(app: FastAPI) -> None:

@@ -14,8 +14,10 @@ Two views of the room:
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import Counter
 from itertools import filterfalse, islice
 
+from . import fragments, gpushare, topology
 from . import reasons as R
 from .model import Machine, NodeSelection, Placement, Snapshot, WaitingRun, WorkerRequest, placement
 from .reasons import gib, number
@@ -135,14 +137,15 @@ class Fleet:
         self.machines = machines
         self.names = [m.name for m in machines]
         self.index = {m.name: i for i, m in enumerate(machines)}
-        self.cap_g = [m.gpus for m in machines]
+        self.cap_g = [m.gpus - len(m.quarantined_gpus) for m in machines]  # a failed GPU is no room at all
         self.cap_c = [m.cpu_cores for m in machines]
         self.cap_m = [m.memory_bytes for m in machines]
         self.schedulable = [m.schedulable for m in machines]
         # A run stopped at its time limit holds its room for its machine's stop grace too.
         self.max_grace = max((m.stop_grace_seconds for m in machines), default=0.0)
         self.all_schedulable = [i for i, m in enumerate(machines) if m.schedulable]
-        self.gpu_lists = [list(range(cap)) for cap in self.cap_g]  # each cycle copies them as its free GPUs
+        self.gpu_lists = [[g for g in range(m.gpus) if g not in m.quarantined_gpus] if m.quarantined_gpus
+                          else list(range(m.gpus)) for m in machines]  # each cycle copies them as its free GPUs
         self.labels: list[dict[str, str]] | None = None  # per machine, made when a run selects by labels
         self.by_label: dict[tuple[str, str], set[int]] | None = None
         self.with_model: dict[str, frozenset[int]] = {}  # asked GPU model -> the machines that have it
@@ -155,6 +158,7 @@ class Fleet:
                                                                list[int] | None]] = {}
         self.fixed: set[int] = set()
         self.never: dict[tuple, str | None] = {}
+        self.topology_groups: dict[str, list[list[int]]] = {}  # topology label -> its groups (Cluster.topology_groups)
 
 
 _last_fleet: list[Fleet] = []
@@ -170,9 +174,10 @@ def fleet(machines: tuple[Machine, ...]) -> Fleet:
 
 
 class Cluster:
-    def __init__(self, snapshot: Snapshot, now: float = 0.0, usage: dict | None = None):
+    def __init__(self, snapshot: Snapshot, now: float = 0.0, usage: dict | None = None, share_index: bool = True):
         """`usage`: workspace -> `queue.Usage` (a defaultdict), added to with each running worker's room as the
-        room is taken (one pass over the running work for both)."""
+        room is taken (one pass over the running work for both). `share_index`: False to place fractional workers
+        by a scan of every machine (the reference the index is tested against)."""
         self.fleet = f = fleet(snapshot.machines)
         self.machines = machines = f.machines
         self.names = f.names
@@ -191,6 +196,27 @@ class Cluster:
 
         free_g: list[list[int]] = [g[:] for g in f.gpu_lists]
         self.free_g = free_g
+        # Issue 46: machine -> gpu -> [thousandths used, {workspace: tenants}] of each GPU fractional workers share
+        # (such a GPU is not in free_g: whole-GPU workers never take it).
+        self.shared: dict[int, dict[int, list]] = {}
+        self.gpu_sharing = snapshot.gpu_sharing
+        # The share index (made on the first fractional worker, then kept by `commit`): who may share (a workspace,
+        # or None: anyone) -> (whole free GPUs, free thousandths of its shared GPUs) -> the machines with that
+        # room, in index order; per machine its keys there, and per who the machines in its groups.
+        self.share_index = share_index
+        self._share_groups: dict[str | None, dict[tuple, list[int]]] | None = None
+        self._share_keys: dict[int, dict[str | None, tuple]] = {}
+        self._share_members: dict[str | None, set[int]] = {}
+        # Issue 46: the cluster's placement (fragments.POLICIES) and, for fgd, the workload's task sizes (made
+        # when first asked) and the free-GPU counts in the order a whole-GPU worker of each size scans them.
+        self.placement = snapshot.placement
+        self._snapshot = snapshot
+        self._sizes: tuple | None = None
+        self._orders: dict[int, list[int]] = {}
+        self._frag_memo: dict = {}  # fragments.fgd_share's, kept for the cycle
+        self._no_group: set[tuple] = set()  # gang shapes no topology group holds this cycle
+        self._group_sets: dict[int, tuple[list[int], frozenset[int]]] = {}  # a topology group's set, by id
+        self._ranks: dict[int, dict[int, int]] = {}
         self.free_c = free_c = list(self.cap_c)
         self.free_m = free_m = list(self.cap_m)
         index_get = self.index.get
@@ -200,7 +226,7 @@ class Cluster:
             for w in unit.workers:
                 gpu_indices = w.gpu_indices
                 if use is not None:
-                    use.gpus += len(gpu_indices)
+                    use.gpus += gpushare.from_milli(w.gpu_milli) if w.gpu_milli else len(gpu_indices)
                     use.cpu_cores += w.cpu_cores
                     use.memory_bytes += w.memory_bytes
                     use.workers += 1
@@ -208,6 +234,8 @@ class Cluster:
                 if i is None:
                     continue
                 units_on[i].append(unit)
+                if w.gpu_milli and gpu_indices:
+                    self._share(i, gpu_indices[0], w.gpu_milli, unit.workspace)
                 free = free_g[i]
                 n = len(gpu_indices)
                 if n > 1 and gpu_indices == tuple(free[:n]):
@@ -466,6 +494,122 @@ class Cluster:
 
     # ------------------------------------------------------------------------------------------ placement
 
+    def _share(self, i: int, g: int, milli: int, workspace: str) -> None:
+        """Count a fractional tenant of `milli` thousandths on GPU g of machine i."""
+        s = self.shared.setdefault(i, {}).get(g)
+        if s is None:
+            s = self.shared[i][g] = [0, {}]
+        s[0] += milli
+        s[1][workspace] = s[1].get(workspace, 0) + 1
+
+    def best_share(self, milli: int, c: float, m: int, workspace: str, allowed: frozenset[int] | None,
+                   allowed_list: list[int] | None, avoid, view_b: bool) -> tuple[int, int] | None:
+        """(machine, gpu) for a fractional worker: best fit (or FGD) over each GPU's free thousandths (gpushare).
+        The machines scored are one per group of the share index and per free-GPU bucket (the first that fits the
+        worker's CPU and memory: the others of its group score the same and come later by name), and the head's
+        held machines; a short restricted list, or `share_index` off, scores every machine."""
+        if self.share_index and (allowed_list is None or len(allowed_list) > SCAN_AT_MOST):
+            machines = self._share_reps(milli, c, m, workspace, allowed, allowed_list, avoid, view_b)
+        else:
+            machines = allowed_list if allowed_list is not None else (
+                sorted(allowed) if allowed is not None else self.all_schedulable)
+        shared, free_g, sharing = self.shared, self.free_g, self.gpu_sharing
+        cands = []
+        for i in machines:
+            if i in avoid or not self.schedulable[i]:
+                continue
+            fg, fc, fm = self.room(i, view_b)
+            if fc < c or fm < m:
+                continue
+            on = shared.get(i)
+            if not on and fg < 1:
+                continue
+            whole = free_g[i] if fg >= 1 else ()
+            cands.append((i, gpushare.free_milli(self.machines[i].gpus, whole, on or {}, workspace, sharing)))
+        if self.placement == "fgd":
+            return fragments.fgd_share(cands, milli, self.task_sizes(), self._frag_memo)
+        return gpushare.best_fit(cands, milli)
+
+    def _share_reps(self, milli: int, c: float, m: int, workspace: str, allowed, allowed_list, avoid,
+                    view_b: bool) -> list[int]:
+        """The machines `best_share` scores: per share-index group and per free-GPU bucket the first (by name) that
+        the worker may use, and the head's held machines (their room in view B is not what the index keeps)."""
+        if self._share_groups is None:
+            self._share_groups = {}
+            for i in self.shared:
+                self._reshare(i)
+        who = None if self.gpu_sharing == gpushare.ANY_WORKSPACE else workspace
+        held = self.held if view_b else {}
+        free_c, free_m = self.free_c, self.free_m
+        out = [i for i in held if allowed is None or i in allowed]
+        for (k, free), members in self._share_groups.get(who, {}).items():
+            if k or free[-1] >= milli:
+                for i in members:
+                    if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
+                            allowed is None or i in allowed):
+                        out.append(i)
+                        break
+        # Machines without room shared to this worker score by their whole free GPUs alone; under FGD a machine
+        # with shared room is scored by its group instead (its score differs); under best fit either way is right.
+        sharing = self._share_members.get(who, ()) if self.placement == "fgd" else ()
+        buckets = self.buckets if allowed_list is None else self.sub_buckets(allowed_list)
+        for cnt in range(1, len(buckets)):
+            for i in buckets[cnt]:
+                if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and i not in sharing and (
+                        allowed is None or i in allowed):
+                    out.append(i)
+                    break
+        return out
+
+    def _reshare(self, i: int) -> None:
+        """Put machine i in the share-index groups its room is in now (none without shared GPUs)."""
+        groups = self._share_groups
+        if groups is None:
+            return
+        for who, key in self._share_keys.pop(i, {}).items():
+            members = groups[who][key]
+            del members[bisect_left(members, i)]
+            if not members:
+                del groups[who][key]
+            self._share_members[who].discard(i)
+        on = self.shared.get(i)
+        if not on or not self.schedulable[i]:
+            return
+        keys = {who: (len(self.free_g[i]), free)
+                for who, free in gpushare.usable_shares(on, self.gpu_sharing).items()}
+        for who, key in keys.items():
+            insort(groups.setdefault(who, {}).setdefault(key, []), i)
+            self._share_members.setdefault(who, set()).add(i)
+        if keys:
+            self._share_keys[i] = keys
+
+    def task_sizes(self) -> tuple:
+        """The workload FGD scores against: the snapshot's, or its waiting and running workers' requests."""
+        if self._sizes is None:
+            snap = self._snapshot
+            counts = Counter(w.gpus for run in snap.waiting for w in run.workers)
+            counts.update(w.gpu_milli / 1000 if w.gpu_milli else len(w.gpu_indices)
+                          for unit in snap.running for w in unit.workers)
+            self._sizes = snap.task_sizes or fragments.sizes_of_gpus(counts)
+        return self._sizes
+
+    def scan_order(self, g: int) -> range | list[int]:
+        """The free-GPU counts a whole-GPU worker of g GPUs scans, best first (`fragments.whole_order`)."""
+        if self.placement == "bestfit":
+            return range(g, self.top + 1)
+        order = self._orders.get(g)
+        if order is None:
+            order = self._orders[g] = fragments.whole_order(g, self.max_g, self.task_sizes(), self.placement)
+            self._ranks[g] = {cnt: k for k, cnt in enumerate(order)}
+        return order
+
+    def rank(self, g: int, fg: int) -> int:
+        """Where a machine with fg free GPUs comes in a g-GPU worker's scan order (lower: better)."""
+        if self.placement == "bestfit":
+            return fg
+        self.scan_order(g)
+        return self._ranks[g][fg]
+
     def best_machine(
         self, s: Shape, allowed: frozenset[int] | None, allowed_list: list[int] | None, avoid, view_b: bool
     ) -> int | None:
@@ -477,8 +621,8 @@ class Cluster:
                 if i in avoid:
                     continue
                 fg, fc, fm = self.room(i, view_b)
-                if fg >= g and fc >= c and fm >= m and (best is None or (fg, i) < best):
-                    best = (fg, i)
+                if fg >= g and fc >= c and fm >= m and (best is None or (self.rank(g, fg), i) < best):
+                    best = (self.rank(g, fg), i)
             return None if best is None else best[1]
         if allowed_list is None and allowed is not None:
             allowed_list = sorted(allowed)
@@ -491,10 +635,10 @@ class Cluster:
         buckets = self.buckets if allowed_list is None else self.sub_buckets(allowed_list)
         best = None
         free_c, free_m = self.free_c, self.free_m
-        for cnt in range(g, self.top + 1):
+        for cnt in self.scan_order(g):
             for i in buckets[cnt]:
                 if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held:
-                    best = (cnt, i)
+                    best = (self.rank(g, cnt), i)
                     break
             if best is not None:
                 break
@@ -502,8 +646,8 @@ class Cluster:
             if i in avoid or (allowed is not None and i not in allowed):
                 continue
             fg, fc, fm = self.room(i, True)
-            if fg >= g and fc >= c and fm >= m and (best is None or (fg, i) < best):
-                best = (fg, i)
+            if fg >= g and fc >= c and fm >= m and (best is None or (self.rank(g, fg), i) < best):
+                best = (self.rank(g, fg), i)
         return None if best is None else best[1]
 
     def tidy(self) -> None:
@@ -532,15 +676,134 @@ class Cluster:
         return sub
 
     def place(
-        self, workers, allowed, allowed_list, avoid: frozenset[int], view_b: bool
+        self, workers, allowed, allowed_list, avoid: frozenset[int], view_b: bool, workspace: str = "",
+        same: str | None = None,
     ) -> list[tuple[WorkerRequest, int]] | None:
-        """Machines for all `workers` at once (one worker per machine when there are several), or None."""
+        """Machines for all `workers` at once (one worker per machine when there are several), or None.
+        A fractional worker's is (worker, (machine, gpu)): `commit` shares that GPU. A gang's machines come
+        from one network block (`same`: "block" or "rack" requires it; else preferred when the machines are
+        labelled), numbered in topology order."""
+        if len(workers) > 1 and (same is not None or self.topology_groups(topology.BLOCK)):
+            return self._place_by_topology(workers, allowed, allowed_list, avoid, view_b, same)
         if len(workers) == 1:
             w = workers[0]
+            if w.gpus.__class__ is float and gpushare.is_fraction(w.gpus):
+                hit = self.best_share(gpushare.to_milli(w.gpus), w.cpu_cores, w.memory_bytes, workspace, allowed,
+                                      allowed_list, avoid, view_b)
+                return None if hit is None else [(w, hit)]
             if w.gpus > self.max_g:
                 return None
             i = self.best_machine(shape(w), allowed, allowed_list, avoid, view_b)
             return None if i is None else [(w, i)]
+        used = set(avoid)
+        out = []
+        for w in placement_order(workers):
+            i = self.best_machine(shape(w), allowed, allowed_list, used, view_b)
+            if i is None:
+                return None
+            used.add(i)
+            out.append((w, i))
+        return out
+
+    def topology_groups(self, label: str) -> list[list[int]]:
+        """The machines (indices, in order) of each value of a topology label, smallest group first."""
+        cache = self.fleet.topology_groups
+        hit = cache.get(label)
+        if hit is None:
+            by: dict[str, list[int]] = {}
+            for i, labels in enumerate(self.labels):
+                if label in labels:
+                    by.setdefault(labels[label], []).append(i)
+            hit = cache[label] = [ms for _, ms in sorted(by.items(), key=lambda kv: (len(kv[1]), kv[0]))]
+        return hit
+
+    def _groups_allowed(self, same: str, allowed) -> dict[str, list[int]]:
+        label = topology.LEVELS[same]
+        labels = self.labels
+        out = {}
+        for group in self.topology_groups(label):
+            members = group if allowed is None else [i for i in group if i in allowed]
+            if members:
+                out[labels[group[0]][label]] = members
+        return out
+
+    def cannot_have_same(self, same: str, n: int, allowed) -> str | None:
+        """Why a gang of n machines that needs one block (or rack) never runs here, or None."""
+        groups = self._groups_allowed(same, allowed)
+        return topology.cannot_have_same(same, n, {k: len(v) for k, v in groups.items()})
+
+    def largest_group(self, same: str, allowed) -> list[int] | None:
+        """The machines of the largest group (ties: first by name) the run may use: where it frees room as the head."""
+        groups = self._groups_allowed(same, allowed)
+        if not groups:
+            return None
+        return min(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))[1]
+
+    def _place_in(self, workers, members: list[int], avoid, view_b: bool) -> list | None:
+        """A gang's whole-GPU workers on these machines only, one each: best machine by the placement's rank."""
+        used, out = set(avoid), []
+        for w in placement_order(workers):
+            g, c, m = shape(w)
+            best = None
+            for i in members:
+                if i in used or not self.schedulable[i]:
+                    continue
+                fg, fc, fm = self.room(i, view_b)
+                if fg >= g and fc >= c and fm >= m:
+                    k = (self.rank(g, fg), i)
+                    if best is None or k < best:
+                        best = k
+            if best is None:
+                return None
+            used.add(best[1])
+            out.append((w, best[1]))
+        return out
+
+    def _place_by_topology(self, workers, allowed, allowed_list, avoid, view_b: bool, same: str | None):
+        """A gang in the fewest blocks: inside one group (block, or rack when `same` says so) if one holds it,
+        the smallest such group first (big groups stay whole for big gangs); when `same` is None and no group
+        holds it, wherever it fits. Ranks in topology order (block, rack, name) when the workers are alike."""
+        if any(w.gpus.__class__ is float for w in workers):
+            return None if same is not None else self._place_anywhere(workers, allowed, allowed_list, avoid, view_b)
+        label = topology.LEVELS.get(same or "block", topology.BLOCK)
+        chosen = None
+        if same is None:  # the quick way first: best fit anywhere, kept when it lands in one block already
+            chosen = self._place_anywhere(workers, allowed, allowed_list, avoid, view_b)
+            if chosen is None:
+                return None
+            labels = self.labels
+            if len({labels[i].get(label) for _, i in chosen}) == 1:
+                return self._ranked(chosen)
+        # No group held these shapes with this room: none will later in the cycle (free room only shrinks).
+        key = (tuple(sorted(shape(w) for w in workers)), allowed, avoid, view_b, label)
+        if key not in self._no_group:
+            for group in self.topology_groups(label):
+                if allowed is None:  # the group's own free-GPU buckets (its list is kept: `sub_buckets` by id)
+                    found = self._place_anywhere(workers, self._group_set(group), group, avoid, view_b)
+                else:
+                    members = [i for i in group if i in allowed]
+                    found = self._place_in(workers, members, avoid, view_b) if len(members) >= len(workers) else None
+                if found is not None:
+                    return self._ranked(found)
+            self._no_group.add(key)
+        return None if same is not None else self._ranked(chosen)
+
+    def _group_set(self, group: list[int]) -> frozenset[int]:
+        hit = self._group_sets.get(id(group))
+        if hit is None or hit[0] is not group:
+            hit = self._group_sets[id(group)] = (group, frozenset(group))
+        return hit[1]
+
+    def _ranked(self, chosen):
+        """Workers in index order on machines in topology order (block, rack, name), when the workers are alike."""
+        if len({shape(w) for w, _ in chosen}) == 1:
+            labels = self.labels
+            order = sorted((i for _, i in chosen),
+                           key=lambda i: topology.place_of(labels[i], "")[:2] + (i,))
+            chosen = list(zip(sorted((w for w, _ in chosen), key=lambda w: w.index), order, strict=True))
+        return chosen
+
+    def _place_anywhere(self, workers, allowed, allowed_list, avoid, view_b: bool):
         used = set(avoid)
         out = []
         for w in placement_order(workers):
@@ -559,6 +822,9 @@ class Cluster:
         free_g, buckets, held, subs_of = self.free_g, self.buckets, self.held, self._subs_of
         unsorted = self._unsorted
         for w, i in chosen:
+            if i.__class__ is tuple:  # a fractional worker: its share of one GPU
+                out.append(self._commit_share(run, workspace, priority, w, i, ends_before_shadow))
+                continue
             free = free_g[i]
             before = len(free)
             n = w.gpus
@@ -594,10 +860,40 @@ class Cluster:
                 e[2] += w.memory_bytes
             if n:
                 self._note_holder(i, run, workspace, priority, n)
+                if i in self._share_keys:
+                    self._reshare(i)
             out.append(placement(w.index, self.names[i], gpus, w.cpu_cores, w.memory_bytes))
         if len(out) > 1:
             out.sort(key=by_worker_index)
         return tuple(out)
+
+    def _commit_share(self, run: str, workspace: str, priority: int, w: WorkerRequest, at: tuple[int, int],
+                      ends_before_shadow: bool) -> Placement:
+        """Take a fractional worker's share of GPU g on machine i (an empty GPU leaves free_g and its bucket)."""
+        i, g = at
+        milli = gpushare.to_milli(w.gpus)
+        free = self.free_g[i]
+        if g in free:
+            before = len(free)
+            free.remove(g)
+            if self.schedulable[i]:
+                for bs in [self.buckets] + ([sub for sub in self._subs_of[i]] if self._subs_of else []):
+                    b = bs[before]
+                    del b[bisect_left(b, i)]
+                    b = bs[before - 1]
+                    if self._unsorted.pop(id(b), None) is not None:
+                        b.sort()  # a full machines' bucket `commit` appended to: sorted before the insort
+                    insort(b, i)
+        self._share(i, g, milli, workspace)
+        self._reshare(i)
+        self.free_c[i] -= w.cpu_cores
+        self.free_m[i] -= w.memory_bytes
+        if ends_before_shadow and i in self.held:
+            e = self.ending.setdefault(i, [0, 0.0, 0])
+            e[1] += w.cpu_cores
+            e[2] += w.memory_bytes
+        self._note_holder(i, run, workspace, priority, w.gpus)
+        return placement(w.index, self.names[i], (g,), w.cpu_cores, w.memory_bytes, milli)
 
     # ------------------------------------------------------------------------------ could it ever run here
 

@@ -32,7 +32,7 @@ from operator import attrgetter, is_not, itemgetter
 from . import reasons as R
 from .cluster import Cluster, by_worker_index
 from .dependencies import verdict
-from .head import HeadFit, choose_victims, shadow, unit_grace, unit_order_key
+from .head import HeadFit, choose_victims, least_work_lost_order, shadow, unit_grace, unit_order_key
 from .model import (
     Plan,
     QuotaReached,
@@ -44,6 +44,7 @@ from .model import (
     Workspace,
     start_run,
 )
+from .progress import loss_words
 from .queue import Batch, Usage, queue_order
 from .whynot import Unstarted, WhyNot
 
@@ -80,10 +81,13 @@ class Paths:
     settle_gangs: bool = True
     # Why-not lines of restricted runs laid over the per-shape template (`WhyNot`); plain: machine by machine.
     from_template: bool = True
+    # A fractional worker's GPU found through the cluster's share index (`Cluster.best_share`); plain: every machine
+    # scored.
+    share_index: bool = True
 
 
 FAST = Paths()
-PLAIN = Paths(batch=False, keep_settled=False, settle_gangs=False, from_template=False)
+PLAIN = Paths(batch=False, keep_settled=False, settle_gangs=False, from_template=False, share_index=False)
 
 QuotaSpec = tuple  # ((word, formatter, limit), ...) for gpus, cpu cores, memory, workers; limit None: no limit
 
@@ -111,7 +115,7 @@ def _quota_check(spec: QuotaSpec, usage: Usage, workers) -> tuple[str, bool, str
     if found is None:
         in_use = (usage.gpus, usage.cpu_cores, usage.memory_bytes, usage.workers)
         for (word, fmt, limit), a, u in zip(spec, asked, in_use, strict=True):
-            if limit is not None and u + a > limit:
+            if limit is not None and u + a > limit + 1e-9:  # fractions of GPUs add up in floating point
                 found = R.quota_in_use(word, fmt, u, a, limit), False
                 break
     if found is None:
@@ -138,14 +142,15 @@ def plan(snapshot: Snapshot, now: float, paths: Paths = FAST) -> Plan:
 def _plan(snapshot: Snapshot, now: float, paths: Paths = FAST) -> Plan:
     cycle = Cycle(snapshot, now, paths)
     held, place, starts = cycle.held, cycle.place, cycle.starts
+    user_limits = cycle.user_limits
     batch = cycle.batch
     for run in cycle.order_queue():
         if batch is not None and not batch.on and cycle.head is not None and len(cycle.unstarted) >= cycle.keep:
             # From here on the queue may settle runs in bulk (`Cycle.settle`): the head is known and the runs
             # that get why-not lines are all found, so a run that starts nothing changes nothing but its reason.
             batch.on = True
-        if (run.dependency is not None or run.array is not None or run.node_selection.reservation is not None) \
-                and held(run):
+        if (run.dependency is not None or run.array is not None or run.node_selection.reservation is not None
+                or (run.user is not None and run.workspace in user_limits)) and held(run):
             continue  # its dependency is not met, or its job array runs as many as it may: it has its reason
         if run.array is None:
             left = place(run) if cycle.head is None else cycle.behind(run)
@@ -208,7 +213,7 @@ class Cycle:
     def room(self) -> None:
         snapshot = self.snapshot
         self.usage: dict[str, Usage] = defaultdict(Usage)  # counted as the cluster's room is taken
-        self.cluster = cluster = Cluster(snapshot, self.now, self.usage)
+        self.cluster = cluster = Cluster(snapshot, self.now, self.usage, self.paths.share_index)
         self.workspaces = {ws.id: ws for ws in snapshot.workspaces}
         # Per workspace: True when nothing restricts its runs beyond their own node selection (no pools of its
         # own, no reservation of another namespace now or ahead): the fast path of `place`.
@@ -231,6 +236,16 @@ class Cycle:
                         self.run_machines[u.run].add(i)
         for u in compress(running, map(is_not, map(_unit_array, running), repeat(None))):
             self.array_runs[u.workspace, u.array].add(u.run)
+        # Per (workspace, user) with a per-user limit: the GPUs that user's running work holds (all of it, stopping
+        # too: its room is still taken).
+        self.user_limits = {ws.id: ws.max_gpus_per_user for ws in snapshot.workspaces
+                            if ws.max_gpus_per_user is not None}
+        self.user_gpus: dict[tuple[str, str], int] = defaultdict(int)
+        if self.user_limits:
+            for u in running:
+                if u.user is not None and u.workspace in self.user_limits:
+                    self.user_gpus[u.workspace, u.user] += sum(
+                        w.gpu_milli / 1000 if w.gpu_milli else len(w.gpu_indices) for w in u.workers)
         self.quota_specs = {ws_id: _quota_spec(ws) for ws_id, ws in self.workspaces.items()}
         # Per workspace with a quota: group shapes -> _quota_check's answer at the workspace's usage now; cleared
         # whenever that usage changes (same ask, same usage: same answer).
@@ -297,6 +312,19 @@ class Cycle:
             if run.name not in runs and len(runs) >= run.array_max_running:
                 self.reasons[run.name] = R.array_limit(len(runs), run.array, run.array_max_running)
                 return True
+        if run.user is not None and self.user_limits:
+            limit = self.user_limits.get(run.workspace)
+            if limit is not None:
+                in_use = self.user_gpus.get((run.workspace, run.user), 0)
+                asked = sum(w.gpus for w in run.workers)
+                if in_use.__class__ is float or asked.__class__ is float:  # fractions (issue 46): sums of thousandths
+                    in_use, asked = R.number(in_use), R.number(asked)
+                    if float(in_use) + float(asked) > limit + 1e-9:
+                        self.reasons[run.name] = R.waits_for_user_limit(run.user, in_use, asked, limit)
+                        return True
+                elif in_use + asked > limit:
+                    self.reasons[run.name] = R.waits_for_user_limit(run.user, in_use, asked, limit)
+                    return True
         name = run.node_selection.reservation
         if name is not None:
             r = self.cluster.reserved.by_name.get(name)
@@ -364,14 +392,19 @@ class Cycle:
                 if settled is None:
                     settled = self.settled[run.workspace] = {}
                 # One worker: shapes is its (gpus, cpu cores, memory); a gang's key has its sorted shapes.
-                sk = (*shapes, allowed_key, view_b) if len(workers) == 1 else (shapes, allowed_key, view_b)
+                sk = (*shapes, allowed_key, view_b) if len(workers) == 1 else (shapes, allowed_key, view_b,
+                                                                               sel.topology_same)
                 outcome = settled.get(sk)
                 if outcome is not None:
                     return self._waits(run, workers, outcome, allowed_key)
-        nk = (shapes, allowed_key)
+        same = sel.topology_same if len(workers) > 1 else None
+        nk = (shapes, allowed_key, same)
         never = self.never.get(nk, _UNSET)
         if never is _UNSET:
-            never = self.never[nk] = self._never(run, workers, allowed_key, allowed_list)
+            never = self._never(run, workers, allowed_key, allowed_list)
+            if never is None and same is not None:
+                never = self.cluster.cannot_have_same(same, len(workers), allowed)
+            self.never[nk] = never
         if never is not None:
             if settled is not None:
                 settled[sk] = (never, None, None, False)
@@ -396,6 +429,8 @@ class Cycle:
             self._left_waiting(run, waiting, view_b, quota[0], avoid, allowed_key)
             return None
         self._left_waiting(run, waiting, view_b, None, avoid, allowed_key)
+        if same is not None:  # as the head it frees room inside one group: the largest it may use
+            allowed_list = self.cluster.largest_group(same, allowed)
         return waiting, allowed_list, avoid
 
     def behind(self, run: WaitingRun) -> tuple[tuple, list[int] | None, frozenset[int]] | None:
@@ -481,7 +516,7 @@ class Cycle:
             workers = run.workers
             sel = run.node_selection
             if (run.dependency is not None or run.array is not None or run.excluded_machines
-                    or sel.reservation is not None):
+                    or sel.reservation is not None or (run.user is not None and run.workspace in self.user_limits)):
                 break
             if len(workers) != 1 and (run.start != "Gang" or not gangs):
                 break
@@ -562,7 +597,7 @@ class Cycle:
                                                      workers)
         if quota is not None or (self.head is not None and not self.snapshot.backfill):
             return workers, quota  # over quota; or backfill off: nothing behind the head starts
-        chosen = self._fit(workers, shapes, where, avoid, view_b)
+        chosen = self._fit(workers, shapes, where, avoid, view_b, run.workspace, run.node_selection.topology_same)
         if chosen is None:
             return workers, None
         self.starts.append(start_run(run.name, self._take(run, chosen, ends_before), self.head is not None))
@@ -588,25 +623,28 @@ class Cycle:
                     quota = q
                     waiting.extend(workers[k:])
                     break
-            chosen = None if blocked else self._fit((w,), s, where, avoid, view_b)
+            chosen = None if blocked else self._fit((w,), s, where, avoid, view_b, run.workspace)
             if chosen is None:
                 waiting.append(w)
                 continue
             placements.extend(self._take(run, chosen, ends_before))
-            avoid = avoid | {i for _, i in chosen}
+            avoid = avoid | {i if i.__class__ is int else i[0] for _, i in chosen}
         if placements:
             if len(placements) > 1:
                 placements.sort(key=by_worker_index)
             self.starts.append(start_run(run.name, tuple(placements), self.head is not None))
         return tuple(waiting), quota, avoid
 
-    def _fit(self, workers, shapes, where, avoid: frozenset[int], view_b: bool):
+    def _fit(self, workers, shapes, where, avoid: frozenset[int], view_b: bool, workspace: str = "",
+             same: str | None = None):
         """Machines for the workers in the view, or None (remembered: free room only shrinks in a cycle)."""
         allowed_key, allowed, allowed_list = where
-        fk = (shapes, allowed_key, avoid, view_b)
+        fk = (shapes, allowed_key, avoid, view_b, same)
+        if workers[0].gpus.__class__ is float:
+            fk += (workspace,)  # a fractional worker's room on shared GPUs depends on its workspace
         if fk in self.failed:
             return None
-        chosen = self.cluster.place(workers, allowed, allowed_list, avoid, view_b)
+        chosen = self.cluster.place(workers, allowed, allowed_list, avoid, view_b, workspace, same)
         if chosen is None:
             self.failed.add(fk)
         return chosen
@@ -617,6 +655,8 @@ class Cycle:
         use = self.usage[run.workspace]
         for w, _ in chosen:
             use.add(w.gpus, w.cpu_cores, w.memory_bytes, 1)
+        if run.user is not None and run.workspace in self.user_limits:
+            self.user_gpus[run.workspace, run.user] += sum(w.gpus for w, _ in chosen)
         seen = self.quota_seen.get(run.workspace)
         if seen is not None or not self.paths.keep_settled:
             if seen is not None:
@@ -668,7 +708,8 @@ class Cycle:
                 # Inside a reservation's window, runs from outside it never preempt work on its machines.
                 index_get = cluster.index.get
                 running = [u for u in running if not any(index_get(w.machine) in guarded for w in u.workers)]
-            found = choose_victims(fit, head.priority, running)
+            least = self.snapshot.victims == "least-work-lost"
+            found = choose_victims(fit, head.priority, running, least_work_lost_order(now) if least else None)
             if found is not None:
                 victims, chosen = found
                 cluster.held = fit.holds(chosen)
@@ -678,7 +719,8 @@ class Cycle:
                         run=u.run,
                         workers=tuple(w.name for w in u.workers),
                         preempted_by=head.name,
-                        reason=R.preempted_by(R.shown(head.name, head.workspace, u.workspace)),
+                        reason=R.preempted_by(R.shown(head.name, head.workspace, u.workspace))
+                        + (f"; {loss_words(now, u.started_at, u.last_checkpoint)}" if least else ""),
                     )
                     for u in victims
                 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .cluster import Cluster, Shape, placement_order, shape
 from .model import RunningUnit, WorkerRequest
+from .progress import work_lost
 
 
 class HeadFit:
@@ -22,6 +23,9 @@ class HeadFit:
         self.shapes: list[Shape] = sorted({shape(w) for w in self.workers}, key=lambda s: (-s[0], -s[1], -s[2]))
         self.need = [sum(1 for w in self.workers if shape(w) == s) for s in self.shapes]
         self.extra: dict[int, list] = {}  # machine -> [gpus, cpu, memory] that the added units free
+        # Issue 46: (machine, gpu) -> thousandths of a shared GPU its added tenants free; the GPU counts as freed
+        # (one more in `extra`) only once every tenant on it is added: its tenants are victims as units.
+        self.shared_freed: dict[tuple[int, int], int] = {}
         self.dropped: set[int] = set()  # machines the head may no longer start on (a reservation's window nears)
         self.fit: list[set[int]] = [set() for _ in self.shapes]
         for i in machines:
@@ -66,12 +70,23 @@ class HeadFit:
             if i is None or i not in self.machine_set:
                 continue
             e = self.extra.setdefault(i, [0, 0.0, 0])
-            e[0] += sign * len(w.gpu_indices)
+            if w.gpu_milli and w.gpu_indices:
+                e[0] += self._free_share(i, w.gpu_indices[0], sign * w.gpu_milli)
+            else:
+                e[0] += sign * len(w.gpu_indices)
             e[1] += sign * w.cpu_cores
             e[2] += sign * w.memory_bytes
             self._refresh(i)
             touched = True
         return touched
+
+    def _free_share(self, i: int, g: int, milli: int) -> int:
+        """Count `milli` more (or less) of shared GPU g as freed; +1/-1 when that frees (un-frees) the whole GPU."""
+        on = self.cluster.shared.get(i, {}).get(g)
+        used = on[0] if on is not None else milli
+        before = self.shared_freed.get((i, g), 0)
+        after = self.shared_freed[(i, g)] = before + milli
+        return (after >= used) - (before >= used)
 
     def placement(self) -> list[tuple[WorkerRequest, int]] | None:
         for k, n in enumerate(self.need):
@@ -101,7 +116,8 @@ class HeadFit:
         held: dict[int, list] = {}
         for w, i in chosen:
             e = self.extra.get(i, (0, 0.0, 0))
-            h = [max(0, w.gpus - e[0]), max(0.0, w.cpu_cores - e[1]), max(0, w.memory_bytes - e[2])]
+            g = 1 if w.gpus.__class__ is float else w.gpus  # a fractional head waits for a whole free GPU
+            h = [max(0, g - e[0]), max(0.0, w.cpu_cores - e[1]), max(0, w.memory_bytes - e[2])]
             if h[0] or h[1] or h[2]:
                 held[i] = h
         return held
@@ -169,17 +185,28 @@ def shadow(
     return None, {}
 
 
-def choose_victims(fit: HeadFit, priority: int, running) -> tuple[list[RunningUnit], list] | None:
+def least_work_lost_order(now: float):
+    """Lowest priority first, among equals the fewest GPU-seconds lost since the last checkpoint (issue 47)."""
+
+    def key(u: RunningUnit) -> tuple:
+        lost = work_lost(now, u.started_at, u.last_checkpoint, sum(len(w.gpu_indices) for w in u.workers))
+        return (u.priority, lost) + _victim_order(u)[1:]
+
+    return key
+
+
+def choose_victims(fit: HeadFit, priority: int, running, order=None) -> tuple[list[RunningUnit], list] | None:
     """The least running work of strictly lower priority that makes room for the head, or None.
 
-    Lowest priority first, among equals the most recently started; a unit (gang) is taken whole. Then units
+    Lowest priority first, among equals the most recently started (or `order`, a sort key: least_work_lost_order);
+    a unit (gang) is taken whole. Then units
     not needed are dropped: first those with no worker on a machine the head would use, then, in reverse
     order, each one without which the head still fits. What remains is minimal: without any one of it, the
     head does not fit.
     """
     touches = fit.touches
     candidates = [u for u in running if not u.stopping and u.priority < priority and touches(u)]
-    candidates.sort(key=_victim_order)
+    candidates.sort(key=order or _victim_order)
     chosen: list[RunningUnit] = []
     placed = None
     for u in candidates:

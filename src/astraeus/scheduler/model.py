@@ -33,6 +33,7 @@ class Machine:
     # Added for the per-machine "why not" lines: `machine is not schedulable (<this>)`.
     unschedulable_reason: str = "lost"
     gpu_model: str = ""  # the machine's GPU model as its agent reports it ("NVIDIA H100 80GB HBM3"); "" none
+    quarantined_gpus: tuple[int, ...] = ()  # failed GPUs (issue 47): never free, nothing is placed on them
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,7 @@ class Workspace:
     quota: Quota | None = None  # None: no quota on this cluster, share 0
     weight: float = 1.0
     pools: tuple[str, ...] | None = None  # the pools it may use on this cluster; None: every machine
+    max_gpus_per_user: int | None = None  # at most this many GPUs held by one user's runs here; None: no limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ class PlacedWorker:
     gpu_indices: tuple[int, ...]
     cpu_cores: float
     memory_bytes: int
+    gpu_milli: int = 0  # issue 46: thousandths of its one GPU (gpu_indices[0]) it shares; 0: its GPUs whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,9 @@ class RunningUnit:
     stopping: bool = False  # already told to stop (its room is still taken until it is gone)
     preempted_for: str | None = None  # when stopping for a head: that run's name (room held for it)
     array: str | None = None  # the job array the run belongs to (its `array_max_running` counts this run)
+    user: str | None = None  # who submitted the run (its workspace's max_gpus_per_user counts it)
+    # Issue 47: the oldest last checkpoint of its workers this attempt (None: none yet); least-work-lost reads it
+    last_checkpoint: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +115,7 @@ class WorkerRequest:
     """What one waiting worker needs on one machine."""
 
     index: int
-    gpus: int
+    gpus: int | float  # issue 46: 0 < gpus < 1 is a fraction of one GPU shared with others (gpushare)
     cpu_cores: float
     memory_bytes: int
 
@@ -122,6 +128,7 @@ class NodeSelection:
     pools: tuple[str, ...] = ()  # only machines of one of these pools (and of the workspace's pools); () any
     gpu_model: str | None = None  # only machines whose GPU model contains this, case-insensitively ("a100")
     reservation: str | None = None  # only that reservation's machines, inside its window (waits before it)
+    topology_same: str | None = None  # issue 46: "block" or "rack": a gang's machines all in one (topology.py)
 
 
 DependencyType = Literal["afterok", "afterany", "afternotok", "singleton"]
@@ -162,6 +169,7 @@ class WaitingRun:
     array: str | None = None
     array_max_running: int | None = None
     dependency: Dependency | None = None  # held until it is met; failed when it can no longer be
+    user: str | None = None  # who submitted it: its workspace's `max_gpus_per_user` holds it back
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +183,9 @@ class Snapshot:
     backfill: bool = True  # switches for the simulator: turn rules off to see their effect
     fair_share: bool = True
     fifo: bool = False  # order by submission time only (ignores priority and fair share)
+    # Issue 47: among victims of equal priority, "recent" stops the most recently started first (the pages' rule);
+    # "least-work-lost" those that lose the fewest GPU-seconds since their last checkpoint.
+    victims: str = "recent"
     pools: tuple[Pool, ...] = ()
     reservations: tuple[Reservation, ...] = ()  # those not yet ended (an ended one restricts nothing)
     # Added: how many waiting runs (in queue order, not started) get per-machine `why_not` lines. Each line
@@ -185,6 +196,13 @@ class Snapshot:
     # with the most free GPUs (`whynot.EACH`) get a line each, every other machine is counted in one line per
     # reason ("gpu-00012, gpu-00013 and 9,978 more machines"). None: one line per machine whatever the size.
     why_not_machines: int | None = 100
+    # Issue 46: who may share a GPU: "workspace" (tenants of one workspace only) or "any" (gpushare.SHARING).
+    gpu_sharing: str = "workspace"
+    # Issue 46: where a worker's GPUs go (fragments.POLICIES): "bestfit" (today's rule), "fgd" (where the
+    # fragmentation against the workload's task sizes grows least) or "spread". `task_sizes`: that workload as
+    # fragments.Sizes (the control plane's recent history); () makes it from the waiting and running workers.
+    placement: str = "bestfit"
+    task_sizes: tuple = ()
 
 
 # ---------------------------------------------------------------------------------------------- the plan
@@ -197,6 +215,7 @@ class Placement:
     gpu_indices: tuple[int, ...]
     cpu_cores: float
     memory_bytes: int
+    gpu_milli: int = 0  # issue 46: thousandths of gpu_indices[0] the worker shares; 0: its GPUs whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,19 +267,20 @@ class Plan:
 _new = object.__new__
 _set = {cls: tuple(getattr(cls, name).__set__ for name in cls.__dataclass_fields__)
         for cls in (Placement, StartRun)}
-_pl_index, _pl_machine, _pl_gpus, _pl_cpu, _pl_memory = _set[Placement]
+_pl_index, _pl_machine, _pl_gpus, _pl_cpu, _pl_memory, _pl_milli = _set[Placement]
 _st_run, _st_placements, _st_backfilled = _set[StartRun]
 
 
 def placement(worker_index: int, machine: str, gpu_indices: tuple[int, ...], cpu_cores: float,
-              memory_bytes: int) -> Placement:
-    """Placement(worker_index, machine, gpu_indices, cpu_cores, memory_bytes)."""
+              memory_bytes: int, gpu_milli: int = 0) -> Placement:
+    """Placement(worker_index, machine, gpu_indices, cpu_cores, memory_bytes, gpu_milli)."""
     p = _new(Placement)
     _pl_index(p, worker_index)
     _pl_machine(p, machine)
     _pl_gpus(p, gpu_indices)
     _pl_cpu(p, cpu_cores)
     _pl_memory(p, memory_bytes)
+    _pl_milli(p, gpu_milli)
     return p
 
 

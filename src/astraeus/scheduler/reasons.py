@@ -61,6 +61,11 @@ def waits_beyond_quota(detail: str) -> str:
     return f"Waits for more than the namespace's quota allows at all ({detail}): raise the quota or ask for less"
 
 
+def waits_for_user_limit(user: str, in_use: int, asked: int, limit: int) -> str:
+    """A run held by its workspace's max_gpus_per_user (Slurm's QOS MaxTRESPerUser)."""
+    return f"Waits for {user}'s limit: gpus {in_use} in use + {asked} asked > {limit}"
+
+
 def quota_reached(detail: str) -> str:
     return f"Quota reached: {detail}"
 

@@ -12,10 +12,29 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .cycle import plan as make_plan
-from .model import Placement, Plan, Snapshot, WaitingRun
+from .model import Placement, Plan, RunningUnit, Snapshot, WaitingRun
+from .progress import work_lost
 from .reasons import OTHER_NAMESPACE
 
 Outcome = Literal["Starts", "Preempts", "Head", "Queued", "Waits", "Fails"]
+
+
+@dataclass(frozen=True)
+class VictimLoss:
+    """What stopping a victim run of the asker's own namespace throws away (issue 47): its work since its last
+    checkpoint this attempt (`checkpoint_at`; None: none, since its start), in seconds and in GPU-seconds."""
+
+    run: str
+    loses_seconds: float
+    loses_gpu_seconds: float
+    checkpoint_at: float | None
+
+
+def victim_loss(u: RunningUnit, now: float) -> VictimLoss:
+    gpus = sum(len(w.gpu_indices) for w in u.workers)
+    ckpt = u.last_checkpoint if u.last_checkpoint is not None and u.last_checkpoint >= u.started_at else None
+    since = ckpt if ckpt is not None else u.started_at
+    return VictimLoss(u.run, max(0.0, now - since), work_lost(now, u.started_at, ckpt, gpus), ckpt)
 
 
 @dataclass(frozen=True)
@@ -41,15 +60,20 @@ class WhatIf:
     starts_by: float | None = None
     behind: str | None = None
     why_not: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    # least-work-lost (issue 47): (victim run of its own namespace, "loses 3 min of work since its checkpoint at …")
+    losses: tuple[tuple[str, str], ...] = ()
+    # each victim run of its own namespace, whatever the rule: what it loses (answer given `now`)
+    victim_losses: tuple[VictimLoss, ...] = ()
 
 
 def what_if(snapshot: Snapshot, run: WaitingRun, now: float) -> WhatIf:
     snap = replace(snapshot, waiting=snapshot.waiting + (run,))
-    return answer(make_plan(snap, now), snap, run.name)
+    return answer(make_plan(snap, now), snap, run.name, now)
 
 
-def answer(plan: Plan, snapshot: Snapshot, key: str) -> WhatIf:
-    """What `plan` does with the waiting run `key` of `snapshot`."""
+def answer(plan: Plan, snapshot: Snapshot, key: str, now: float | None = None) -> WhatIf:
+    """What `plan` does with the waiting run `key` of `snapshot` (planned at `now`: with it, what each victim of
+    its own namespace loses)."""
     run = next(r for r in snapshot.waiting if r.name == key)
     ws = run.workspace
     why_not = {w: lines for w, lines in plan.why_not.items() if w.rpartition("-")[0] == key}
@@ -75,9 +99,15 @@ def answer(plan: Plan, snapshot: Snapshot, key: str) -> WhatIf:
                 others = True
         if others:
             victims.append(OTHER_NAMESPACE)
+        losses = tuple((s.run, s.reason.split("; loses ", 1)[1]) for s in stops
+                       if own.get(s.run) == ws and "; loses " in s.reason)
+        units = {u.run: u for u in snapshot.running}
+        figures = tuple(victim_loss(units[s.run], now) for s in stops
+                        if now is not None and own.get(s.run) == ws and s.run in units)
         if stops or reason.startswith("Starting: waiting for"):
             return WhatIf("Preempts", reason, placements, backfilled, tuple(victims), n, plan.shadow_time,
-                          why_not=why_not)
+                          why_not=why_not, losses=tuple((r, "loses " + words) for r, words in losses),
+                          victim_losses=figures)
         return WhatIf("Head", reason, placements, backfilled, starts_by=plan.shadow_time, why_not=why_not)
     if plan.head is not None and reason.startswith("Queued behind "):
         head = next((r for r in snapshot.waiting if r.name == plan.head), None)

@@ -35,6 +35,11 @@ def _size_short(s: Shape, gpus: int, cpu_cores: float, memory_bytes: int) -> str
     return None
 
 
+def quarantine_note(gpus: tuple[int, ...]) -> str:
+    """`GPU 3 quarantined`, `GPUs 3, 5 quarantined`: the failed GPUs a machine's GPU line names (issue 47)."""
+    return f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(str(g) for g in sorted(gpus))} quarantined"
+
+
 @dataclass
 class Unstarted:
     """A waiting run (or the workers of it still waiting) at the end of the cycle, as it was judged."""
@@ -96,6 +101,9 @@ class WhyNot:
         ]
         self._unschedulable_idx = [i for i, ok in enumerate(cluster.schedulable) if not ok]
         self._states: list[tuple] | None = None  # per machine (free GPUs, CPU cores, memory)
+        # machine -> its failed GPUs, named in its line when it is short of GPUs (a few machines at most)
+        self._quarantined = {i: quarantine_note(m.quarantined_gpus) for i, m in enumerate(cluster.machines)
+                             if m.quarantined_gpus}
 
     def _holder_items(self, i: int) -> tuple[list, frozenset[str], str, str]:
         """(the first three holders as (workspace, run, "<gpus> held by ", " at priority <p>"), their workspaces,
@@ -271,7 +279,12 @@ class WhyNot:
                 c = self.cluster
                 sizes = self._sizes = list(zip(c.cap_g, c.cap_c, c.cap_m, strict=True))
             line = {size: _size_short(s, *size) for size in set(sizes)}  # machines come in a few sizes
-            hit = self._caps[s] = list(map(line.__getitem__, sizes))
+            hit = list(map(line.__getitem__, sizes))
+            for i, note in self._quarantined.items():  # `machine has 7 GPUs (GPU 3 quarantined), 8 asked`
+                said = f"machine has {self.cluster.cap_g[i]} GPUs, "
+                if hit[i] is not None and hit[i].startswith(said):
+                    hit[i] = f"machine has {self.cluster.cap_g[i]} GPUs ({note}), " + hit[i][len(said):]
+            self._caps[s] = hit
         return hit
 
     def _free_lines(self, s: Shape) -> tuple[list[str | None], dict[int, str], frozenset[int]]:
@@ -285,7 +298,7 @@ class WhyNot:
         out: list[str | None] = []
         short: dict[int, str] = {}
         sched = c.schedulable
-        prefixes = [f"not enough free GPUs: {n} free, {g} asked" for n in range(max(g, 0))]  # by free GPUs
+        prefixes = [f"not enough free GPUs: {n} free, {g} asked" for n in range(max(int(-(-g // 1)), 0))]  # by free GPUs (0.5 asked: one line)
         holders = self.holders
         grouped = self.grouped
         if grouped:
@@ -309,6 +322,9 @@ class WhyNot:
                     line[k] = None
             out = list(map(line.__getitem__, states))
             prefix_of = list(map(gpu_short.__getitem__, states))
+            for i, note in self._quarantined.items():
+                if prefix_of[i] is not None:
+                    out[i] = prefix_of[i] = f"not enough free GPUs: {states[i][0]} free ({note}), {g} asked"
             for i in self._unschedulable_idx:
                 out[i] = prefix_of[i] = None  # never asked: its line says it is not schedulable
             short = dict(compress(enumerate(prefix_of), prefix_of))
@@ -317,7 +333,9 @@ class WhyNot:
                 if not sched[i]:
                     out.append(None)  # never asked: its line says it is not schedulable
                 elif fg < g:
-                    prefix = short[i] = prefixes[fg] if fg >= 0 else f"not enough free GPUs: {fg} free, {g} asked"
+                    note = self._quarantined.get(i)
+                    prefix = short[i] = (f"not enough free GPUs: {fg} free ({note}), {g} asked" if note else
+                                         prefixes[fg] if fg >= 0 else f"not enough free GPUs: {fg} free, {g} asked")
                     out.append(prefix + holders(i, ""))
                 elif fc < cpu:
                     out.append(f"not enough free CPU cores: {number(max(fc, 0))} free, {number(cpu)} asked")

@@ -12,7 +12,7 @@ from astraeus import spec as S
 from astraeus.imageref import ImageRef
 from astraeus.server import pools, services
 from astraeus.server.db import Access, Cluster, Machine, Org, Token, Workspace
-from astraeus.server.services import ApiError, Caller
+from astraeus.server.services import ApiError, Caller, users
 
 
 def _check_name(name: str, what: str) -> None:
@@ -73,6 +73,9 @@ def apply_clusters(s: Session, c: Caller, ws: Workspace, clusters: dict) -> None
         if "pools" in conf:  # the pools it may use; null: every machine of the cluster again
             acc.pools = pools.check_access_pools(s, cl, conf["pools"])
             s.flush()
+        if "max_gpus_per_user" in conf:  # the most GPUs one user's runs hold at once; null: no limit again
+            acc.max_gpus_per_user = conf["max_gpus_per_user"]
+            s.flush()
         if "default_image" in conf:  # the image its runs use when they name none; null or "": none again
             acc.default_image = check_default_image(cname, conf["default_image"])
             s.flush()
@@ -98,7 +101,9 @@ def update_workspace(s: Session, c: Caller, name: str, body: dict) -> dict:
 
 
 def cluster_out(cl: Cluster) -> dict:
-    return {"name": cl.name, "preemption": cl.preemption, "lost_after_seconds": cl.lost_after_seconds}
+    return {"name": cl.name, "preemption": cl.preemption, "lost_after_seconds": cl.lost_after_seconds,
+            "preemption_victims": cl.preemption_victims or "recent", "gpu_sharing": cl.gpu_sharing or "workspace",
+            "placement": cl.placement or "bestfit"}
 
 
 def list_clusters(s: Session, c: Caller) -> list[dict]:
@@ -118,6 +123,12 @@ def create_cluster(s: Session, c: Caller, body: dict) -> dict:
     if s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == name)):
         raise ApiError(409, "ALREADY_EXISTS", f"a cluster named {name} already exists")
     cl = services.ensure_cluster(s, c.org, name, bool(body.get("preemption", True)), body.get("lost_after_seconds"))
+    if body.get("preemption_victims"):
+        cl.preemption_victims = body["preemption_victims"]
+    if body.get("gpu_sharing"):
+        cl.gpu_sharing = body["gpu_sharing"]
+    if body.get("placement"):
+        cl.placement = body["placement"]
     return cluster_out(cl)
 
 
@@ -127,6 +138,12 @@ def update_cluster(s: Session, c: Caller, name: str, body: dict) -> dict:
         cl.preemption = bool(body["preemption"])
     if body.get("lost_after_seconds") is not None:
         cl.lost_after_seconds = float(body["lost_after_seconds"])
+    if body.get("preemption_victims"):
+        cl.preemption_victims = body["preemption_victims"]
+    if body.get("gpu_sharing"):
+        cl.gpu_sharing = body["gpu_sharing"]
+    if body.get("placement"):
+        cl.placement = body["placement"]
     return cluster_out(cl)
 
 
@@ -150,7 +167,9 @@ def issue_token(s: Session, c: Caller, body: dict) -> dict:
             raise ApiError(404, "NOT_FOUND", f"cluster {body.get('cluster')} not found")
     elif kind != "org_admin":
         raise ApiError(422, "INVALID", "kind: must be user, org_admin or machine")
-    tok, secret = services.create_token(s, s.get(Org, c.org.id), kind, ws, role, cl, body.get("expires_in_seconds"))
+    org = s.get(Org, c.org.id)
+    tok, secret = services.create_token(s, org, kind, ws, role, cl, body.get("expires_in_seconds"),
+                                        user=users.owner_for(s, org, kind, ws, role))
     return {"id": tok.id, "kind": kind, "role": role, "token": secret}
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, joinedload
 from astraeus import drives as drive_rules
 from astraeus import protocol as P
 from astraeus.imageref import registry_of
-from astraeus.server import diskfull, heartbeats, lifecycle, registries, services
+from astraeus.server import diskfull, health, heartbeats, lifecycle, progress, registries, services
 from astraeus.server.db import Access, Cluster, Drive, Machine, Org, Run, Token, Worker, Workspace
 from astraeus.server.services import ApiError
 from astraeus.spec import array_env, env_values, granted_root
@@ -176,6 +176,8 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in (w.gpu_indices or [])),
             "SLURM_JOB_NAME": slurm_job_name(run),
         })
+        if w.gpu_milli:  # issue 46: a share of one GPU (the agent adds the MPS variables of that GPU)
+            env["ASTRAEUS_GPU_FRACTION"] = f"{w.gpu_milli / 1000:g}"
         # Slurm's job environment for scripts written for Slurm, where the spec's env gives none (sbatch sets the
         # task layout there); a gang's rendezvous below gives the values of several machines
         for k, v in slurm_env(run, w, m.name).items():
@@ -201,8 +203,8 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             desired=desired, stop_reason=w.stop_reason,
             image=tt["image"], registry_auth=auth, command=tt["command"], args=list(tt.get("args") or []), env=env,
             gpu_indices=list(w.gpu_indices or []), cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
-            mounts=mounts, configs=configs, time_limit_seconds=tt.get("time_limit_seconds"),
-            ephemeral_storage_bytes=(tt.get("requested_resources") or {}).get("ephemeral_storage_bytes")
+            gpu_fraction=w.gpu_milli / 1000 if w.gpu_milli and w.gpu_indices else None, mounts=mounts, configs=configs, time_limit_seconds=tt.get("time_limit_seconds"),
+            signal=tt.get("signal"), ephemeral_storage_bytes=(tt.get("requested_resources") or {}).get("ephemeral_storage_bytes")
             or diskfull.EPHEMERAL_DEFAULT,
             network=tt.get("network") or "isolated", address=(w.rendezvous or {}).get("ASTRAEUS_WORKER_ADDR"),
             peers=_peers(w, addresses),
@@ -379,6 +381,9 @@ def report(cp, authorization: str | None, body: P.Report) -> None:
             told: set[int] = set()  # the machines whose agents must hear now (apply_report)
             changed = apply_report(s, m, body, time.time(), told)
             changed = diskfull.record_disk(m, body.disk) or changed  # disk pressure began or ended: plan again
+            if health.apply_report(s, m, body.gpu_faults, body.health_check, time.time()):  # a GPU failed, a drain
+                told.add(m.id)
+                changed = True
     if told:
         cp.notifier.bump_machines(told)
     if changed:
@@ -412,6 +417,7 @@ def apply_report(session: Session, m: Machine, body: P.Report, at: float, also: 
             if state == "Running":
                 # Starting → Running frees no room and changes no assignment: nothing to wake.
                 lifecycle.running(session, w.run, w, r.pid, r.environment, at)
+                progress.note_report(w, r)
             else:
                 lifecycle.process_seen(w, r.pid, r.environment)
                 lifecycle.starting(session, w.run, w, r.message, at)

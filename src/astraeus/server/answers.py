@@ -60,6 +60,7 @@ class ClusterAccessOut(Out):
     host_paths: list[str]
     host_network: bool
     default_image: str | None = Field(None, description="The image its runs use when they name none")
+    max_gpus_per_user: int | None = Field(None, description="The most GPUs one user's runs hold at once here")
     preemption: bool
     pools: list[str] | None = Field(description="The pools it may use (null: every machine of the cluster)")
     quota: QuotaOut
@@ -116,7 +117,11 @@ class TemplateRef(Out):
 
 
 class RunMeta(Out):
+    created_by: str | None = Field(None, description="Who made it: a user, or service:NAME (null: before users)")
+    updated_by: str | None = Field(None, description="Who changed it last (as created_by)")
     name: str
+    job_id: int | None = Field(None, description="The run's numeric job id (Slurm's JobID, SLURM_JOB_ID in its "
+                                                 "workers): GET runs?job_id=N finds it")
     labels: dict[str, str]
     uid: str
     workspace: str
@@ -143,6 +148,7 @@ class RunStatus(Out):
     finished_at: Time | None
     console_url: str
     console_reason: str | None = Field(None, description="Only while a preempted run waits")
+    held: bool = Field(False, description="Held (scontrol hold): it waits, never placed, until released")
     history: list[HistoryOut] | None = Field(None, description="Only when one run is shown")
 
 
@@ -167,6 +173,13 @@ class Placement(Out):
     gpu_indices: list[int]
 
 
+class WhatIfVictim(Out):
+    run: str
+    loses_seconds: float = Field(description="Seconds of its work since its last checkpoint (else its start)")
+    loses_gpu_seconds: float = Field(description="The same in GPU-seconds (its GPUs, at least one)")
+    checkpoint_at: Time | None = Field(description="Its last checkpoint this attempt (null: none yet)")
+
+
 class WhatIfOut(Out):
     """A dry run's answer (POST /runs?dry_run=true): what the run would do now; nothing is stored."""
 
@@ -180,6 +193,7 @@ class WhatIfOut(Out):
     backfilled: bool
     preempts: list[str]
     preempts_workers: int
+    victims: list[WhatIfVictim] = Field([], description="Each victim run of your workspace and what it loses")
     starts_by: Time | None
     behind: str | None
     why_not: dict[str, list[WhyNot]]
@@ -189,6 +203,8 @@ class WhatIfOut(Out):
 
 
 class DriveMeta(Out):
+    created_by: str | None = Field(None, description="Who made it: a user, or service:NAME (null: before users)")
+    updated_by: str | None = Field(None, description="Who changed it last (as created_by)")
     name: str
     workspace: str
     namespace: str
@@ -242,6 +258,14 @@ class DiskOut(Out):
     free_percent: Num | None
 
 
+class GpuFaultOut(Out):
+    index: int
+    what: str | None
+    xid: int | None
+    fatal: bool | None
+    at: Time | None
+
+
 class MachineOut(Out):
     name: str
     cluster: str | None
@@ -263,6 +287,12 @@ class MachineOut(Out):
     reason: str | None = Field(description="Why it takes no new workers (null: it does, or its state says)")
     disk: DiskOut | None
     last_heartbeat: Time | None
+    # Issue 47 (server/health.py): its cordon (null | cordon | drain), why and by whom, its failed GPUs
+    cordon: str | None = None
+    cordon_reason: str | None = None
+    cordon_by: str | None = None
+    quarantined_gpus: list[int] = Field(default_factory=list)
+    gpu_faults: list[GpuFaultOut] = Field(default_factory=list)
 
 
 class MachinePage(Out):
@@ -274,6 +304,8 @@ class MachinePage(Out):
 
 
 class TemplateMeta(Out):
+    created_by: str | None = Field(None, description="Who made it: a user, or service:NAME (null: before users)")
+    updated_by: str | None = Field(None, description="Who changed it last (as created_by)")
     name: str
     labels: dict[str, str]
     workspace: str
@@ -301,6 +333,8 @@ class TemplateList(Out):
 
 
 class ScheduleMeta(Out):
+    created_by: str | None = Field(None, description="Who made it: a user, or service:NAME (null: before users)")
+    updated_by: str | None = Field(None, description="Who changed it last (as created_by)")
     name: str
     workspace: str
     namespace: str
@@ -352,6 +386,8 @@ class ScheduleList(Out):
 
 
 class GroupMeta(Out):
+    created_by: str | None = Field(None, description="Who made it: a user, or service:NAME (null: before users)")
+    updated_by: str | None = Field(None, description="Who changed it last (as created_by)")
     name: str
     labels: dict[str, str]
     workspace: str
@@ -453,6 +489,8 @@ class WorkspacePoolList(Out):
 
 
 class ReservationOut(Out):
+    created_by: str | None = Field(None, description="Who made it: a user, or service:NAME (null: before users)")
+    updated_by: str | None = Field(None, description="Who changed it last (as created_by)")
     name: str
     cluster: str
     workspaces: list[str]
@@ -488,6 +526,11 @@ class ClusterOut(Out):
     name: str
     preemption: bool
     lost_after_seconds: Num | None
+    gpu_sharing: str | None = None  # issue 46: "workspace" (tenants of one workspace share a GPU) or "any"
+    # issue 47: victims of equal priority stopped first, "recent" or "least-work-lost" (docs/progress.md)
+    preemption_victims: str | None = None
+    # issue 46: how machines and GPUs are chosen, "fgd", "bestfit" or "spread" (docs/gpu-sharing.md)
+    placement: str | None = None
 
 
 class ClusterList(Out):
@@ -530,3 +573,75 @@ class HealthOut(Out):
     epoch: int
     database: str = Field(description="ok | unreachable | cannot write")
     reason: str | None = Field(None, description="Why writes fail (only with \"cannot write\")")
+
+
+# ------------------------------------------------------------------------------------------- usage
+
+
+class UsageTotals(Out):
+    """Usage added up over worker attempts (GPU-hours = GPUs × hours each attempt held its machine)."""
+
+    gpu_hours: Num
+    gpu_seconds: Num
+    cpu_core_hours: Num
+    attempts: int
+    preemptions: int
+    queue_wait_seconds: Num
+
+
+class UsageRow(Out):
+    """One group's usage: the keys asked for in group_by (cluster, workspace, user, run, gpu_model, day), then its
+    totals (as UsageTotals)."""
+
+    cluster: str | None = None
+    workspace: str | None = None
+    user: str | None = None
+    run: str | None = None
+    gpu_model: str | None = None
+    day: str | None = None
+    gpu_hours: Num
+    gpu_seconds: Num
+    cpu_core_hours: Num
+    attempts: int
+    preemptions: int
+    queue_wait_seconds: Num
+
+
+class UsageOut(Out):
+    since: Time
+    until: Time
+    group_by: list[str]
+    items: list[UsageRow]
+    total: UsageTotals
+
+
+class UsageRecordOut(Out):
+    """One worker attempt's usage record."""
+
+    workspace: str
+    cluster: str
+    run: str
+    run_uid: str
+    worker: str
+    attempt: int
+    user: str | None
+    pool: str | None
+    machine: str | None
+    gpu_model: str | None
+    gpus: int
+    cpu_cores: Num
+    memory_bytes: int
+    start: Time
+    end: Time
+    seconds: Num = Field(description="end − start: how long the attempt held its machine")
+    gpu_seconds: Num = Field(description="gpus × seconds")
+    wait_seconds: Num
+    state: str
+    reason: str
+    preempted_by: str | None
+
+
+class UsageRecordList(Out):
+    since: Time
+    until: Time
+    items: list[UsageRecordOut]

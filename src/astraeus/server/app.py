@@ -13,7 +13,9 @@ import anyio
 import anyio.to_thread
 from fastapi import FastAPI
 
+from astraeus.server import services
 from astraeus.server.asgi import replay
+from astraeus.server.audit import Audited
 from astraeus.server.core import ControlPlane
 from astraeus.server.loop import SchedulingLoop
 from astraeus.server.routers import (
@@ -23,6 +25,7 @@ from astraeus.server.routers import (
     errors,
     events,
     health,
+    machine_health,  # cordon, drain, GPU faults (issue 47)
     machines,
     pools,
     registries,
@@ -31,10 +34,14 @@ from astraeus.server.routers import (
     runs,
     schedules,
     templates,
+    usage,
     workers,
     workspace,
 )
+from astraeus.server.routers import audit as audit_router  # the audit log (issue 45)
 from astraeus.server.routers import exec as exec_router  # sessions into running workers
+from astraeus.server.routers import sso as sso_router  # single sign-on (issue 45)
+from astraeus.server.routers import users as users_router  # users and their tokens (issue 45)
 from astraeus.server.services import tx
 from astraeus.settings import ServerSettings
 
@@ -48,7 +55,8 @@ THREADS = 400
 # request is matched against the routers in this order (with many agents, matching past the others was a visible
 # share of the event loop; benchmarks/bench_agents.py). Its paths are its own, so the order changes no answer.
 ROUTERS = (agent, health, workspace, runs, templates, schedules, replica_groups, workers, drives, registries, events,
-           machines, admin, pools, reservations, exec_router)
+           machines, admin, pools, reservations, exec_router, users_router, audit_router, machine_health,
+           usage, sso_router)
 
 
 def mib(n: int) -> str:
@@ -236,6 +244,7 @@ def create_api(settings: ServerSettings | None = None, cp: ControlPlane | None =
     app.add_middleware(RetryConflicts)
     app.add_middleware(runs.PlainSubmits, cp=cp)  # a plain submit: answered here, ahead of routing and dependencies
     app.add_middleware(BodyLimit, limit=cp.settings.max_body_bytes)
+    app.add_middleware(Audited, cp=cp, cookie_name=services.CONSOLE_COOKIE)  # outermost: every change, and refusals
     for module in ROUTERS:
         app.include_router(module.router)
 

@@ -41,6 +41,8 @@ class AccessConf(Loose):
     pools: list[str] | None = None  # the cluster's pools the workspace may use; null: every machine again
     host_network: bool | None = None  # its runs may ask for the machine's own network (`network: host`)
     default_image: str | None = None  # the image its runs use when they name none; "" or null: none
+    # at most this many GPUs held at once by one user's runs (Slurm's MaxTRESPerUser); null: no limit (issue 45)
+    max_gpus_per_user: Annotated[int, Field(ge=0, le=INT32)] | None = None
 
 
 class WorkspaceCreate(Loose):
@@ -56,11 +58,21 @@ class ClusterCreate(Loose):
     name: str
     preemption: bool = True
     lost_after_seconds: Annotated[float, Field(gt=0, le=1e7)] | None = None
+    # Victims of equal priority stopped first: the most recently started (the pages' rule) or those that lose
+    # the fewest GPU-seconds since their last checkpoint (docs/progress.md)
+    preemption_victims: Literal["recent", "least-work-lost"] | None = None
+    # Issue 46: who may share a GPU: tenants of one workspace only (default) or of any (docs/gpu-sharing.md)
+    gpu_sharing: Literal["workspace", "any"] | None = None
+    # Issue 46: how machines and GPUs are chosen: fragmentation-aware (fgd), best fit (default) or spread
+    placement: Literal["fgd", "bestfit", "spread"] | None = None
 
 
 class ClusterPatch(Loose):
     preemption: bool | None = None
     lost_after_seconds: Annotated[float, Field(gt=0, le=1e7)] | None = None
+    preemption_victims: Literal["recent", "least-work-lost"] | None = None
+    gpu_sharing: Literal["workspace", "any"] | None = None
+    placement: Literal["fgd", "bestfit", "spread"] | None = None
 
 
 class TokenCreate(Loose):

@@ -49,6 +49,12 @@ class Cluster(Base):
     name: Mapped[str] = mapped_column(String(63))
     preemption: Mapped[bool] = mapped_column(Boolean, default=True)
     lost_after_seconds: Mapped[float] = mapped_column(Float, default=60.0)
+    # Revision 0020: victims of equal priority stopped first: "recent" (most recently started) or "least-work-lost"
+    preemption_victims: Mapped[str] = mapped_column(String(24), default="recent", server_default="recent")
+    # Revision 0021 (issue 46): who may share a GPU: "workspace" (tenants of one workspace) or "any".
+    gpu_sharing: Mapped[str] = mapped_column(String(16), default="workspace", server_default="workspace")
+    # Revision 0023 (issue 46): how machines and GPUs are chosen: "fgd", "bestfit" or "spread" (scheduler.fragments)
+    placement: Mapped[str] = mapped_column(String(16), default="bestfit", server_default="bestfit")
     __table_args__ = (UniqueConstraint("org_id", "name"),)
 
 
@@ -81,6 +87,8 @@ class Access(Base):
     host_network: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Revision 0015: the image its runs on the cluster use when they name none (a batch script as written).
     default_image: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    # Revision 0018: at most this many GPUs held at once by one user's runs of the workspace here; None: no limit.
+    max_gpus_per_user: Mapped[int | None] = mapped_column(Integer, nullable=True)
     __table_args__ = (UniqueConstraint("workspace_id", "cluster_id"),)
 
 
@@ -98,6 +106,86 @@ class Token(Base):
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     # A machine's own credential (kind "machine") names its machine: it reads and reports for that one only.
     machine_id: Mapped[int | None] = mapped_column(ForeignKey("machines.id"), nullable=True, index=True)
+    # Revision 0018: the user or service account it belongs to (None: a machine's, or a join token). Not a
+    # foreign key: adding one would make SQLite copy `tokens`, which console sessions point at.
+    user_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+
+
+class User(Base):
+    """Revision 0018: a named identity of an organisation: a person (`alice`) or a service account (`service:ci`,
+    kind "service"). Its roles per workspace are UserRole rows; an org admin administers the organisation."""
+
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("orgs.id"))
+    name: Mapped[str] = mapped_column(String(80))
+    kind: Mapped[str] = mapped_column(String(16), default="person")  # person | service
+    display_name: Mapped[str] = mapped_column(String(200), default="")
+    email: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    org_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    sso_subject: Mapped[str | None] = mapped_column(String(255), nullable=True)  # revision 0022: the provider's sub
+    __table_args__ = (UniqueConstraint("org_id", "name"),)
+
+
+class UserRole(Base):
+    """Revision 0018: a user's role in one workspace (viewer | editor | admin)."""
+
+    __tablename__ = "user_roles"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    role: Mapped[str] = mapped_column(String(16))
+    __table_args__ = (UniqueConstraint("user_id", "workspace_id"),)
+
+
+class SsoProvider(Base):
+    """Revision 0022: an organisation's OpenID Connect provider (single sign-on) and how its groups map to roles."""
+
+    __tablename__ = "sso_providers"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("orgs.id"), unique=True)
+    name: Mapped[str] = mapped_column(String(100))  # the sign-in button's "Sign in with NAME"
+    issuer: Mapped[str] = mapped_column(String(500))
+    client_id: Mapped[str] = mapped_column(String(200))
+    client_secret: Mapped[str | None] = mapped_column(String(500), nullable=True)  # never shown back
+    cli_client_id: Mapped[str | None] = mapped_column(String(200), nullable=True)  # `astra login --sso`'s client
+    match_by: Mapped[str] = mapped_column(String(16), default="sub", server_default="sub")  # sub | email
+    groups_claim: Mapped[str] = mapped_column(String(100), default="groups", server_default="groups")
+    roles: Mapped[list] = mapped_column(JSON, default=list)  # [{"group", "workspace", "role"}]
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class SsoLogin(Base):
+    """Revision 0022: a console sign-in sent to the provider and not yet back (its state's digest, PKCE verifier)."""
+
+    __tablename__ = "sso_logins"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    state: Mapped[str] = mapped_column(String(64), unique=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("orgs.id"))
+    verifier: Mapped[str] = mapped_column(String(128))
+    nonce: Mapped[str] = mapped_column(String(64))
+    next: Mapped[str] = mapped_column(String(500))
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class AuditEntry(Base):
+    """Revision 0018: one change asked through the API (or the console, or astra), allowed or refused. Append-only:
+    rows are only added, and trimmed after `audit_retention_days`. Never a secret: the path and object, no body."""
+
+    __tablename__ = "audit"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    org: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    time: Mapped[float] = mapped_column(Float, default=now, index=True)
+    user: Mapped[str | None] = mapped_column(String(80), nullable=True)  # None: the token was not known
+    workspace: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    action: Mapped[str] = mapped_column(String(16))  # create | update | delete | the method
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(500))
+    object: Mapped[str] = mapped_column(String(200), default="")
+    address: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    status: Mapped[int] = mapped_column(Integer)
+    allowed: Mapped[bool] = mapped_column(Boolean)
 
 
 class ConsoleSession(Base):
@@ -136,6 +224,13 @@ class Machine(Base):
     disk_path: Mapped[str | None] = mapped_column(String(4096), nullable=True)
     disk_free_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     disk_total_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Revision 0019 (server/health.py): None | "cordon" (no new work) | "drain" (no new work, what ran was stopped),
+    # why, by whom ("admin" | "health-check") and since when; its failed GPUs {"3": {"what": "XID 79", ...}}.
+    cordon: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cordon_reason: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    cordon_by: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cordon_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_faults: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     last_heartbeat: Mapped[float] = mapped_column(Float, default=now)
     registered_at: Mapped[float] = mapped_column(Float, default=now)
     __table_args__ = (UniqueConstraint("cluster_id", "name"),)
@@ -174,6 +269,9 @@ class Reservation(Base):
     opened: Mapped[bool] = mapped_column(Boolean, default=False)
     closed: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[float] = mapped_column(Float, default=now)
+    # Revision 0018: who made it and who last changed it (a user's name, `service:NAME`; None: before 0018).
+    created_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    updated_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
     __table_args__ = (UniqueConstraint("org_id", "name"),)
 
 
@@ -209,6 +307,11 @@ class Run(Base):
     array_job: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
     array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
     array_max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Revision 0016: `scontrol hold` (PATCH held): a held run stays Pending and is never offered to the scheduler.
+    held: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Revision 0018: who made it and who last changed it (a user's name, `service:NAME`; None: before 0018).
+    created_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    updated_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
     workers: Mapped[list[Worker]] = relationship(back_populates="run", order_by="Worker.index")
     __table_args__ = (UniqueConstraint("workspace_id", "name", "live_key"), Index("ix_runs_state", "state"),
                       # revision 0010: GET $API/runs' keyset pages, newest first, with and without a state
@@ -255,6 +358,13 @@ class Worker(Base):
     crash_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Revision 0006: a multi-machine gang's rendezvous for this attempt (astraeus.rendezvous), set when placed.
     rendezvous: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    # Revision 0020 (issue 47): its last progress (time, text) and checkpoint this attempt; when found stalled.
+    progress_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    progress_text: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    checkpoint_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stalled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Revision 0021 (issue 46): thousandths of its one GPU a fractional worker shares (gpus is then 1); 0: whole.
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     run: Mapped[Run] = relationship(back_populates="workers")
     machine: Mapped[Machine | None] = relationship()
     __table_args__ = (Index("ix_workers_machine", "machine_id"), Index("ix_workers_run", "run_id"),
@@ -314,6 +424,9 @@ class Drive(Base):
     name: Mapped[str] = mapped_column(String(63))
     spec: Mapped[dict] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float, default=now)
+    # Revision 0018: who made it and who last changed it (a user's name, `service:NAME`; None: before 0018).
+    created_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    updated_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
     __table_args__ = (UniqueConstraint("workspace_id", "name"),)
 
 
@@ -330,6 +443,9 @@ class Template(Base):
     version: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[float] = mapped_column(Float, default=now)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
+    # Revision 0018: who made it and who last changed it (a user's name, `service:NAME`; None: before 0018).
+    created_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    updated_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
     __table_args__ = (UniqueConstraint("workspace_id", "name"),)
 
 
@@ -345,6 +461,9 @@ class Schedule(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=now)
     last_tick: Mapped[float | None] = mapped_column(Float, nullable=True)  # the last tick handled (made or skipped)
     next_tick: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Revision 0018: who made it and who last changed it (a user's name, `service:NAME`; None: before 0018).
+    created_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    updated_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
     __table_args__ = (UniqueConstraint("workspace_id", "name"),)
 
 
@@ -377,6 +496,9 @@ class ReplicaGroup(Base):
     failures: Mapped[int] = mapped_column(Integer, default=0)  # replicas failed in a row: the backoff grows with it
     retry_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # no replacement before this
     serial: Mapped[int] = mapped_column(Integer, default=0)  # the last replica number used in a run name
+    # Revision 0018: who made it and who last changed it (a user's name, `service:NAME`; None: before 0018).
+    created_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    updated_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
     __table_args__ = (UniqueConstraint("workspace_id", "name"),)
 
 
@@ -413,6 +535,41 @@ class Lease(Base):
     expires_at: Mapped[float] = mapped_column(Float, default=0.0)
     acquired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     renewed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class UsageRecord(Base):
+    """Revision 0017: one worker attempt's use of a machine (accounting, astraeus.usage), written when the attempt
+    ends (lifecycle.ended). Names are copied and no foreign key points at a run, a worker or a machine: the record is
+    kept after its run is deleted."""
+
+    __tablename__ = "usage_records"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("orgs.id"))
+    workspace_id: Mapped[int] = mapped_column(Integer)
+    workspace: Mapped[str] = mapped_column(String(63))
+    cluster: Mapped[str] = mapped_column(String(63))
+    run_id: Mapped[int] = mapped_column(Integer)
+    run_uid: Mapped[str] = mapped_column(String(32))
+    run: Mapped[str] = mapped_column(String(63))
+    worker: Mapped[str] = mapped_column(String(80))
+    attempt: Mapped[int] = mapped_column(Integer)
+    user: Mapped[str | None] = mapped_column(String(80), nullable=True)  # the run's created_by
+    pool: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    machine: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    cpu_cores: Mapped[float] = mapped_column(Float)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[float] = mapped_column(Float)  # placed on its machine: its GPUs were held from then
+    ended_at: Mapped[float] = mapped_column(Float)
+    wait_seconds: Mapped[float] = mapped_column(Float)  # in the queue before it was placed
+    restart_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # its worker's restart backoff, if any
+    state: Mapped[str] = mapped_column(String(16))  # Succeeded | Failed | Cancelled | Preempted
+    reason: Mapped[str] = mapped_column(Text)
+    preempted_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    __table_args__ = (Index("ix_usage_records_workspace", "workspace_id", "ended_at"),
+                      Index("ix_usage_records_org", "org_id", "ended_at"),
+                      Index("ix_usage_records_run", "run_id", "worker"))
 
 
 # ------------------------------------------------------------------------------------------- the engine

@@ -15,13 +15,15 @@ import asyncio
 import secrets
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from astraeus import protocol as P
 from astraeus.server import lifecycle, services
-from astraeus.server.db import Machine, Worker, Workspace
+from astraeus.server.db import Event, Machine, Run, Worker, Workspace
 from astraeus.server.services import ApiError, tx
 
 AGENT_ANSWER_SECONDS = 20.0  # how long a user's session waits for the worker's machine to open its side
@@ -34,6 +36,7 @@ class Pending:
     machine: str
     agent: asyncio.Future | None = None  # the agent's WebSocket, once it has opened it (made by Hub.add)
     done: asyncio.Event | None = None  # set when the user's side has ended
+    worker_id: int = 0  # the session's worker (its attachment counts for the idle timeout); 0: none
 
 
 class Hub:
@@ -72,6 +75,16 @@ class Hub:
         return [self.sessions[i].info for i in ids if i in self.sessions]
 
 
+async def agent_socket(p: Pending):
+    """The agent's WebSocket for session `p`, once its machine has opened it (the user is told when it does not)."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(p.agent), AGENT_ANSWER_SECONDS)
+    except TimeoutError:
+        raise ApiError(504, "TIMEOUT", f"machine {p.machine} did not open the session within "
+                                       f"{AGENT_ANSWER_SECONDS:g}s: is its agent running and connected to this "
+                                       "control plane? try again") from None
+
+
 def hub_of(app) -> Hub:
     hub = getattr(app.state, "exec_hub", None)
     if hub is None:
@@ -80,11 +93,13 @@ def hub_of(app) -> Hub:
 
 
 def open_session(cp, authorization: str | None, org: str, ws: str, run_name: str, index: int,
-                 command: list[str], tty: bool, cols: int, rows: int, port: int | None) -> Pending:
-    """Check the caller (an editor of the workspace) and the worker (running, placed), record the session as an
-    Event of the workspace, and describe it for the agent. Runs in a worker thread (database calls)."""
+                 command: list[str], tty: bool, cols: int, rows: int, port: int | None,
+                 caller_of: Callable[[Session], services.Caller] | None = None) -> Pending:
+    """Check the caller (an editor of the workspace; by its bearer token, or as `caller_of` finds it: the console's
+    cookie) and the worker (running, placed), record the session as an Event of the workspace, and describe it for
+    the agent. Runs in a worker thread (database calls)."""
     with cp.sessions() as s:
-        caller = services.user_caller(s, authorization, org, ws)
+        caller = caller_of(s) if caller_of is not None else services.user_caller(s, authorization, org, ws)
         what = "port-forward" if port is not None else "shell" if tty and not command else "exec"
         if (caller.role or "viewer") not in ("editor", "admin"):
             raise ApiError(403, "FORBIDDEN", f"{what} into a worker needs the editor role in workspace "
@@ -109,9 +124,37 @@ def open_session(cp, authorization: str | None, org: str, ws: str, run_name: str
         shown = f"port {port}" if port is not None else (shlex.join(command) if command else "a shell")
         who = f"token {caller.token.id}" if caller.token is not None else "the control plane"
         with tx(s):
+            at = time.time()
             lifecycle.event(s, caller.workspace.id, "PortForward" if port is not None else "Exec", w.name,
-                            f"{what} by {who} ({caller.role}) into worker {w.name} on machine {m.name}: {shown}",
-                            time.time())
+                            f"{what} by {who} ({caller.role}) into worker {w.name} on machine {m.name}: {shown}", at)
+            # attached (a port-forward too: a notebook in use): an interactive run's idle timeout waits
+            lifecycle.sessions_changed(run, w, True, at)
         info = P.ExecSession(id=secrets.token_hex(12), worker=P.worker_identity(ns, w.name, run.uid),
                              attempt=w.attempt, command=list(command), tty=tty, cols=cols, rows=rows, port=port)
-        return Pending(info=info, machine_id=m.id, machine=m.name)
+        return Pending(info=info, machine_id=m.id, machine=m.name, worker_id=w.id)
+
+
+def close_session(cp, p: Pending) -> None:
+    """An exec, shell or port-forward session ended: recorded (ExecEnded), and when it was the worker's last one
+    attached (the Exec and PortForward events of its attempt less the ExecEnded ones), its run's idle timeout counts
+    from now. Runs in a worker thread (database calls)."""
+    if not p.worker_id:
+        return
+    with cp.sessions() as s:
+        w = s.get(Worker, p.worker_id)
+        if w is None:
+            return
+        with tx(s):
+            at = time.time()
+            lifecycle.event(s, s.get(Run, w.run_id).workspace_id, "ExecEnded", w.name,
+                            f"session into worker {w.name} ended", at)
+            s.flush()
+            run = s.get(Run, w.run_id)
+            since = w.started_at or 0.0
+            count = {k: n for k, n in s.execute(
+                select(Event.kind, func.count()).where(Event.workspace_id == run.workspace_id, Event.object == w.name,
+                                                       Event.kind.in_(("Exec", "PortForward", "ExecEnded")),
+                                                       Event.time >= since)
+                .group_by(Event.kind))}
+            opened = count.get("Exec", 0) + count.get("PortForward", 0)
+            lifecycle.sessions_changed(run, w, opened > count.get("ExecEnded", 0), at)

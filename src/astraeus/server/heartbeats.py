@@ -18,7 +18,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from astraeus import protocol as P
-from astraeus.server import diskfull, lifecycle, services
+from astraeus.server import diskfull, health, lifecycle, services
 from astraeus.server.db import Machine, Run, Worker, Workspace
 
 
@@ -30,6 +30,8 @@ class Recorded(Protocol):
     pid: int | None
     environment: str | None
     reason: str
+    progress_at: float | None
+    checkpoint_at: float | None
 
 
 def changes_nothing(recorded: Mapping[str, Recorded], reports: Iterable[P.WorkerReport]) -> bool:
@@ -45,6 +47,10 @@ def changes_nothing(recorded: Mapping[str, Recorded], reports: Iterable[P.Worker
             return False
         if (r.pid and r.pid != w.pid) or (r.environment and r.environment != w.environment):
             return False
+        kept_progress, kept_checkpoint = getattr(w, "progress_at", None), getattr(w, "checkpoint_at", None)
+        if (r.progress_at is not None and (kept_progress is None or r.progress_at > kept_progress)) or (
+                r.checkpoint_at is not None and (kept_checkpoint is None or r.checkpoint_at > kept_checkpoint)):
+            return False  # new progress or a new checkpoint (server/progress.py) is written under the lock
         if w.state == lifecycle.WorkerState.STARTING:
             if r.state == "Running":
                 return False
@@ -56,7 +62,7 @@ def changes_nothing(recorded: Mapping[str, Recorded], reports: Iterable[P.Worker
 
 # built once (services._USER_CALLER says why)
 _RECORDED = (select(Workspace.ns, Worker.name, Run.uid, Worker.attempt, Worker.state, Worker.pid, Worker.environment,
-                    Worker.reason)
+                    Worker.reason, Worker.progress_at, Worker.checkpoint_at)
              .join(Run, Worker.run_id == Run.id).join(Workspace, Run.workspace_id == Workspace.id)
              .where(Worker.machine_id == bindparam("machine"), Worker.state.in_(lifecycle.ACTIVE),
                     Worker.name.in_(bindparam("names", expanding=True))))
@@ -74,7 +80,8 @@ def recorded_here(session: Session, m: Machine, identities: set[str]) -> dict[st
 def heartbeat_only(session: Session, m: Machine, body: P.Report, at: float) -> bool:
     """Write the report as a bare heartbeat when that is all it is (see the module); True when done. False: the
     report changes something, or the machine is not Ready; nothing was written, and it goes the usual way."""
-    if m.state != lifecycle.MachineState.READY or diskfull.disk_changed(m, body.disk) or not changes_nothing(
+    if m.state != lifecycle.MachineState.READY or diskfull.disk_changed(m, body.disk) or health.report_changes(
+            m, body.gpu_faults, body.health_check) or not changes_nothing(
             recorded_here(session, m, {r.worker for r in body.workers}), body.workers):
         session.expire(m)  # read before the state lock: the usual way reads it again under the lock
         return False

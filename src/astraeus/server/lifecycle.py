@@ -31,6 +31,7 @@ from enum import StrEnum
 from sqlalchemy import and_, bindparam, case, select, update
 from sqlalchemy.orm import Session
 
+from astraeus.server import accounting
 from astraeus.server.db import Cluster, Event, History, Machine, Run, Worker
 from astraeus.units import fmt_duration, human_bytes
 
@@ -69,6 +70,9 @@ class StopKind(StrEnum):
     TIMELIMIT_GANG = "timelimit_gang"  # a gang mate of a worker past its time limit
     GANG = "gang"  # a gang mate failed: the gang restarts (or fails) together
     RESERVATION = "reservation"  # its machine's reservation opened for other workspaces: queued again, no restart
+    IDLE = "idle"  # an interactive run with no session attached for its idle timeout: it ends, Cancelled
+    MACHINE = "machine"  # its machine was drained or its GPU failed (server/health.py): queued again, no restart
+    STALL = "stall"  # no progress for its run's stall_seconds (server/progress.py): restarted or failed as asked
 
 
 # The words of the stops the control plane asks on its own (a preemption's and a reservation's are the scheduler's).
@@ -76,7 +80,11 @@ STOP_ASKED = {
     StopKind.DELETE: "Stopping: the run was deleted",
     StopKind.TIMELIMIT: "Stopping: time limit of {limit} reached",
     StopKind.GANG: "Stopping: a worker of the gang failed",
+    StopKind.IDLE: "No session attached for {idle}: ended (idle timeout)",
 }
+# The stops after which a run ends Cancelled rather than waiting again: its idle timeout, a preemption with
+# spec.requeue false (Slurm's --no-requeue)
+ENDS_RUN = (StopKind.IDLE.value, StopKind.PREEMPT.value)
 
 
 class Desired(StrEnum):
@@ -185,11 +193,17 @@ class Record:
 SUBMITTED = Record("Submitted", "RunSubmitted", "{name} submitted at priority {priority}", state=R.PENDING.value)
 DELETED_BY_REQUEST = Record("Deleted by request", state=R.STOPPING.value)
 RUN_DELETED = Record(event="RunDeleted", message="{name} deleted")  # once its logs are gone too
+# A person's or service account's delete names who (issue 45): the run's history line and its event.
+DELETED_BY = Record("Deleted by {by}", state=R.STOPPING.value)
+RUN_DELETED_BY = Record(event="RunDeleted", message="Deleted by {by}")
 QUOTA_REACHED = Record("{message}", "QuotaReached")
 PREEMPTED = Record(event="Preempted", message="{reason}")  # a run's workers stopped for other work (or a reservation)
 QUEUED_AGAIN = Record("{said}; queued again", state=R.PENDING.value)  # once a preempted run's workers all ended
 RUN_CHANGED = Record("{reason}")  # refresh_run: a change of the run's state, or a new reason while it stops
 MACHINE_HEARTBEATS_AGAIN = Record(event="MachineReturned", message="machine {machine} heartbeats again")
+# Issue 47 (server/health.py): a machine cordoned, drained or resumed, a GPU failed or cleared; a worker stopped
+# for its machine is queued again with the stop's own words ("GPU 3 of gpu-07 failed (XID 79): queued again …").
+QUEUED_OFF_MACHINE = Record("{said}", state=R.PENDING.value)
 
 
 @dataclass(frozen=True)
@@ -229,7 +243,8 @@ RULES: dict[Transition, Rule] = {r.name: r for r in (
           "Exited with code 0"),
     _rule(T.PREEMPTED, "worker", _ACTIVE, W.CANCELLED,
           "it ended after a preemption: queued again once no worker of its gang still stops"),
-    _rule(T.DELETED, "worker", _ACTIVE, W.CANCELLED, "it ended after its run was deleted", "Deleted"),
+    _rule(T.DELETED, "worker", _ACTIVE, W.CANCELLED, "it ended after its run was deleted (or at its idle timeout)",
+          "Deleted"),
     _rule(T.TIME_LIMIT, "worker", _ACTIVE, W.FAILED, "it ended at its time limit: failed, not restarted",
           "Stopped at its time limit ({limit}); not restarted"),
     _rule(T.TIME_LIMIT_GANG, "worker", _ACTIVE, W.CANCELLED, "it ended with its gang at a mate's time limit",
@@ -401,6 +416,20 @@ def new_worker(**fields) -> Worker:
 # ------------------------------------------------------------------------------------------ run state
 
 
+HELD = "Held by user"  # how a held run's reason begins (scontrol hold)
+
+
+def held_reason(name: str) -> str:
+    return f"{HELD}; waiting for astra slurm scontrol release {name}"
+
+
+def submitted_held(run: Run) -> None:
+    """A run submitted held (sbatch -H): Pending with the held reason from its first row, so no plan ever sees it
+    unheld."""
+    run.held = True
+    run.reason = held_reason(run.name)
+
+
 def _derive(run: Run, at: float) -> tuple[str, str]:
     ws = run.workers
     n = len(ws)
@@ -428,6 +457,11 @@ def _derive(run: Run, at: float) -> tuple[str, str]:
         if said:  # what a machine says it is doing ("Pulling image …")
             return R.STARTING, f"Starting {len(active)} of {n} workers: {said}"
         return R.STARTING, f"Starting {len(active)} of {n} workers"
+    ended_by = next((w for w in ws if w.state == W.CANCELLED and w.stop_kind in ENDS_RUN), None)
+    if ended_by is not None and all(w.state in ENDED for w in ws):  # not queued again: the run ends with it
+        return R.CANCELLED, ended_by.reason
+    if run.held:
+        return R.PENDING, held_reason(run.name)
     if run.preempted_by:
         return R.PENDING, f"Preempted by higher-priority work ({run.preempted_by}); waiting to run again"
     due = restart_due(ws)
@@ -532,6 +566,22 @@ def note_quota(session: Session, run: Run, message: str, at: float) -> None:
     record(session, QUOTA_REACHED, at, run=run, message=message)
 
 
+def stall_noted(session: Session, run: Run, rec: Record, reason: str, on_stall: str, at: float) -> None:
+    """A running run stalled and asks only to be told (server/progress.py, `on_stall: notify`): the record, and
+    the stall as its reason until progress resumes (progress_again) or its state changes."""
+    record(session, rec, at, run=run, reason=f"{reason}; on_stall: {on_stall}")
+    if run.state == R.RUNNING:
+        run.reason = reason
+
+
+def progress_again(session: Session, run: Run, rec: Record, said: str, at: float, still_stalled: bool) -> None:
+    """Progress after a stall the run was told of: the record, and its own reason back unless another of its
+    workers is still stalled."""
+    record(session, rec, at, run=run, said=said)
+    if run.state == R.RUNNING and not still_stalled:
+        run.reason = _derive(run, at)[1]
+
+
 # --------------------------------------------------------------------------------------- worker moves
 
 
@@ -564,8 +614,7 @@ def running(session: Session, run: Run, worker: Worker, pid: int | None, environ
     if allows(T.START, worker.state):
         _move(worker, T.START)
         worker.started_at = at
-        limit = _spec(run).get("time_limit_seconds")
-        worker.deadline = at + limit if limit else None  # the limit counts from the start
+        worker.deadline = deadline(run, worker, at, attached=False)  # the limit counts from the start
     process_seen(worker, pid, environment)
     refresh_run(session, run, at)
 
@@ -620,9 +669,39 @@ def _stoppable(worker: Worker) -> bool:
     return allows(T.STOP, worker.state) and worker.desired != Desired.STOPPED
 
 
+def idle_timeout(run: Run) -> int | None:
+    """An interactive run's idle timeout (spec.interactive.idle_timeout_seconds), or None."""
+    return (run.spec.get("interactive") or {}).get("idle_timeout_seconds")
+
+
+def deadline(run: Run, worker: Worker, at: float, attached: bool) -> float | None:
+    """A running worker's deadline (Worker.deadline, which the loop enforces): its start + its time limit, or, for
+    an interactive run with an idle timeout and no session attached, `at` + that timeout when it comes first."""
+    limit = _spec(run).get("time_limit_seconds")
+    ends = [worker.started_at + limit] if limit and worker.started_at is not None else []
+    idle = idle_timeout(run)
+    if idle and not attached:
+        ends.append(at + idle)
+    return min(ends) if ends else None
+
+
+def sessions_changed(run: Run, worker: Worker, attached: bool, at: float) -> None:
+    """An exec or shell session attached to the worker (`attached`), or its last one went: its idle timeout stops,
+    or starts counting from `at`."""
+    if worker.state == W.RUNNING and idle_timeout(run):
+        worker.deadline = deadline(run, worker, at, attached)
+
+
 def stop_at_time_limit(session: Session, run: Run, worker: Worker, at: float) -> None:
-    """The worker is past its time limit: stop it; it fails, not restarted (and its gang stops with it)."""
-    limit = fmt_duration(_spec(run).get("time_limit_seconds") or 0)
+    """The worker is past its time limit: stop it; it fails, not restarted (and its gang stops with it). Or, for an
+    interactive run before its limit, past its idle timeout: it ends, Cancelled, with its run."""
+    limit_s = _spec(run).get("time_limit_seconds")
+    if idle_timeout(run) and not (limit_s and worker.started_at is not None and worker.started_at + limit_s <= at):
+        said = STOP_ASKED[StopKind.IDLE].format(idle=fmt_duration(idle_timeout(run)))
+        for w in run.workers:  # the whole run ends
+            request_stop(session, run, w, StopKind.IDLE, said, at)
+        return
+    limit = fmt_duration(limit_s or 0)
     request_stop(session, run, worker, StopKind.TIMELIMIT, STOP_ASKED[StopKind.TIMELIMIT].format(limit=limit), at)
 
 
@@ -701,7 +780,11 @@ def ended(session: Session, run: Run, worker: Worker, exit_code: int | None, sig
         how = f"Out of memory (limit {human_bytes(oom_limit_bytes)})"
     if evicted:  # its agent stopped it over its ephemeral storage limit (agent/disk.py)
         how = evicted
+    facts = accounting.attempt_facts(worker)  # before a restart releases its machine
+    by = (_preempted_by(worker) if kind == StopKind.PREEMPT
+          else f"reservation {worker.preempted_for}" if kind == StopKind.RESERVATION else None)
     ON_END[kind](End(session, run, worker, exit_code, how, bool(evicted), _gang(run), at))
+    accounting.attempt_ended(session, run, worker, facts, by, exit_code, bool(evicted), at)  # its usage record
     refresh_run(session, run, at)
 
 
@@ -713,11 +796,17 @@ def _end_unasked(e: End) -> None:
         _failed(e.session, e.run, e.worker, e.how, e.at, e.gang)
 
 
-def _end_preempted(e: End) -> None:
+def _preempted_by(w: Worker) -> str:
     # Another workspace's run is never named: the stop reason already says so when it is one.
-    w = e.worker
     hidden = "a job in another namespace"
-    by = hidden if hidden in (w.stop_reason or "") else (w.preempted_for or "higher-priority work")
+    return hidden if hidden in (w.stop_reason or "") else (w.preempted_for or "higher-priority work")
+
+
+def _end_preempted(e: End) -> None:
+    by = _preempted_by(e.worker)
+    if e.run.spec.get("requeue") is False:  # --no-requeue: it ends here, and the run ends Cancelled
+        _move(e.worker, T.PREEMPTED, f"Preempted by {by}; not queued again (--no-requeue)")
+        return
     _queue_again(e, StopKind.PREEMPT, f"Preempted by {by}", by)
 
 
@@ -726,22 +815,26 @@ def _end_for_reservation(e: End) -> None:
     _queue_again(e, StopKind.RESERVATION, e.worker.stop_reason or "Stopped for a reservation", None)
 
 
-def _queue_again(e: End, kind: StopKind, said: str, preempted_by: str | None) -> None:
+def _queue_again(e: End, kind: StopKind, said: str, preempted_by: str | None, rec: Record = QUEUED_AGAIN) -> None:
     """Stopped for other work: queued again (no backoff) once no worker of its gang stopped so still stops."""
     run = e.run
     _move(e.worker, T.PREEMPTED, said)
     mates = [w for w in run.workers if w.stop_kind == kind] if e.gang else [e.worker]
     if all(w.state not in ACTIVE for w in mates):
-        line = QUEUED_AGAIN.line(said=said)
+        line = rec.line(said=said)
         for w in mates:
             _requeue(w, line)
             w.restart_at = None  # a preemption never waits on backoff
         run.preempted_by = preempted_by
-        record(e.session, QUEUED_AGAIN, e.at, run=run, said=said)
+        record(e.session, rec, e.at, run=run, said=said)
 
 
 def _end_deleted(e: End) -> None:
     _move(e.worker, T.DELETED)
+
+
+def _end_idle(e: End) -> None:
+    _move(e.worker, T.DELETED, e.worker.stop_reason)
 
 
 def _end_at_time_limit(e: End) -> None:
@@ -752,6 +845,17 @@ def _end_at_time_limit(e: End) -> None:
 
 def _end_with_gang_at_time_limit(e: End) -> None:
     _move(e.worker, T.TIME_LIMIT_GANG)
+
+
+def _end_stalled(e: End) -> None:
+    """Stopped without progress: a failure that spends a restart (on_stall restart), or fails for good (fail)."""
+    how = e.worker.stop_reason or "No progress"
+    if (e.run.spec.get("progress") or {}).get("on_stall") == "fail":
+        _move(e.worker, T.FAIL, how=how, spent="")
+        if e.gang:
+            _stop_mates(e.session, e.run, e.worker, StopKind.GANG, STOP_ASKED[StopKind.GANG], e.at)
+    else:
+        _failed(e.session, e.run, e.worker, how, e.at, e.gang)
 
 
 def _end_with_gang(e: End) -> None:
@@ -769,6 +873,10 @@ ON_END = {
     StopKind.TIMELIMIT: _end_at_time_limit,
     StopKind.TIMELIMIT_GANG: _end_with_gang_at_time_limit,
     StopKind.GANG: _end_with_gang,
+    StopKind.IDLE: _end_idle,
+    StopKind.STALL: _end_stalled,
+    StopKind.MACHINE: lambda e: _queue_again(e, StopKind.MACHINE, e.worker.stop_reason or "Stopped off its machine",
+                                             None, QUEUED_OFF_MACHINE),
 }
 
 
@@ -839,11 +947,15 @@ def dependency_never_met(session: Session, run: Run, reason: str, at: float) -> 
     refresh_run(session, run, at)
 
 
-def delete(session: Session, run: Run, at: float) -> None:
+def delete(session: Session, run: Run, at: float, by: str | None = None) -> None:
+    """`by`: who deleted it (None: the control plane, or unknown)."""
     run.deleting = True
     for w in run.workers:
         request_stop(session, run, w, StopKind.DELETE, STOP_ASKED[StopKind.DELETE], at)
-    record(session, DELETED_BY_REQUEST, at, run=run)
+    if by:
+        record(session, DELETED_BY, at, run=run, by=by)
+    else:
+        record(session, DELETED_BY_REQUEST, at, run=run)
     refresh_run(session, run, at)
 
 
@@ -909,3 +1021,30 @@ def machine_lost(session: Session, machine: Machine, workers: list[Worker], at: 
                silent=int(at - machine.last_heartbeat))
     for w in workers:
         lost(session, w.run, w, machine.name, at)
+
+
+def stop_off_machine(session: Session, run: Run, workers: list[Worker], reason: str, at: float) -> None:
+    """Stop these workers of `run` because their machine was drained or their GPU failed (server/health.py): like a
+    preemption for the restart budget (none spent, queued again once they ended) but not counted as one; the
+    worker's reason is `reason` (`GPU 3 of gpu-07 failed (XID 79): queued again elsewhere`)."""
+    for w in workers:
+        request_stop(session, run, w, StopKind.MACHINE, reason, at)
+
+
+def machine_health_event(session: Session, workspace_ids: list[int], kind: str, machine: str, message: str,
+                         at: float) -> None:
+    """An event of each workspace that may use the machine: it was cordoned, drained or resumed, a GPU failed or
+    was cleared."""
+    for wsid in workspace_ids or [None]:
+        event(session, wsid, kind, machine, message, at)
+
+
+def hold(session: Session, run: Run, held: bool, at: float) -> str:
+    """`scontrol hold` (held) / `release` of a Pending run (update_run refuses the others): a held run stays
+    Pending, its reason says so, and the loop offers it to no plan."""
+    run.held = held
+    run.queue_reason = ""  # released: waiting for the scheduler's next word
+    for w in run.workers:
+        set_why_not(w, [])
+    refresh_run(session, run, at)
+    return "held" if held else "released"

@@ -25,8 +25,9 @@ from sqlalchemy.orm import Session, selectinload
 from astraeus import drives as drive_rules
 from astraeus import rendezvous
 from astraeus import scheduler as sched
-from astraeus.server import agents, diskfull, lifecycle
+from astraeus.server import agents, diskfull, health, lifecycle
 from astraeus.server import pools as pool_rules
+from astraeus.server import progress as progress_watch
 from astraeus.server import replica_groups as replica_group_duty
 from astraeus.server import reservations as reservation_duty
 from astraeus.server import schedules as schedule_ticks
@@ -40,7 +41,6 @@ log = logging.getLogger("astraeus.loop")
 CYCLE_SECONDS = Histogram("astraeus_schedule_cycle_seconds", "Time of one scheduling cycle (load, plan, apply)")
 PLAN_SECONDS = Histogram("astraeus_plan_seconds", "Time the pure scheduler takes for one cluster")
 STARTS = Counter("astraeus_workers_placed_total", "Workers placed on machines")
-PREEMPTIONS = Counter("astraeus_preemptions_total", "Units stopped to make room for higher-priority work")
 
 
 class RunKey(str):
@@ -115,7 +115,7 @@ def waiting_of(run: RunRow, key: RunKey, ns: str, offer: Offer, active: bool,
     """The run's waiting workers as the snapshot offers them (None: none to offer): not while a gang still holds
     room (it is queued again only once none of its workers still stops), nor a worker backing off after a failure
     (a gang waits for the latest restart_at of its workers). Shared by the full read and Kept.extend."""
-    if run.deleting:
+    if run.deleting or run.held:  # held (scontrol hold): waits, never placed, until released
         return None
     independent = run.spec.get("start") == "Independent"
     pending = [w for w in run.workers if w.state == lifecycle.WorkerState.PENDING]
@@ -160,12 +160,14 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
 
     pressure = {m.id: diskfull.disk_pressure(m.disk_path, m.disk_free_bytes, m.disk_total_bytes,
                                              diskfull.PRESSURE_BELOW) for m in machines}
+    cordoned = {m.id: health.unschedulable(m) for m in machines}  # drained or cordoned (server/health.py)
     snap_machines = tuple(
         sched.Machine(name=m.name, gpus=m.gpus, cpu_cores=m.cpu_cores, memory_bytes=m.memory_bytes,
                       labels=tuple(sorted((m.labels or {}).items())), stop_grace_seconds=m.stop_grace_seconds,
-                      schedulable=m.state == ready and pressure[m.id] is None,
-                      unschedulable_reason=("lost" if m.state != ready else pressure[m.id] or "lost"),
-                      gpu_model=(m.gpu_models or [""])[0] or "")
+                      schedulable=m.state == ready and pressure[m.id] is None and cordoned[m.id] is None,
+                      unschedulable_reason=("lost" if m.state != ready else pressure[m.id] or cordoned[m.id]
+                                            or "lost"),
+                      gpu_model=(m.gpu_models or [""])[0] or "", quarantined_gpus=health.quarantined(m))
         for m in sorted(machines, key=lambda m: m.name))
     snap_pools = tuple(sched.Pool(name=p.name, machines=tuple(pool_rules.pool_members(p, machines)))
                        for p in pool_rules.cluster_pools(session, cluster.id))
@@ -206,10 +208,14 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
         quota = sched.Quota(gpus=a.quota_gpus, cpu_cores=a.quota_cpu_cores, memory_bytes=a.quota_memory_bytes,
                             workers=a.quota_workers) if has_quota else None
         workspaces.append(sched.Workspace(id=ws.ns, name=ws.name, quota=quota, weight=a.weight or 1.0,
-                                          pools=tuple(a.pools) if a.pools is not None else None))
+                                          pools=tuple(a.pools) if a.pools is not None else None,
+                                          max_gpus_per_user=a.max_gpus_per_user))
     snap = sched.Snapshot(cluster=cluster.name, machines=snap_machines, running=tuple(running),
                           waiting=tuple(waiting), workspaces=tuple(workspaces), preemption=cluster.preemption,
-                          pools=snap_pools, reservations=snap_reservations)
+                          pools=snap_pools, reservations=snap_reservations,
+                          victims=getattr(cluster, "preemption_victims", None) or "recent",
+                          gpu_sharing=getattr(cluster, "gpu_sharing", None) or "workspace",
+                          placement=getattr(cluster, "placement", None) or "bestfit")
     lookups = Lookups(runs={}, machines={m.name: m.id for m in machines}, selections=selections, max_run_id=0,
                       queue_reasons={}, why_not={}, workers={})
     return snap, lookups.plus(runs, keys)
@@ -219,14 +225,20 @@ def running_unit(run: RunRow, key: RunKey, ns: str, group: list[WorkerRow], mby_
     """Workers of `run` holding room that preemption stops as one (a gang's, or one independent worker)."""
     placed = tuple(sched.PlacedWorker(name=w.name, index=w.index, machine=mby_id[w.machine_id].name,
                                       gpu_indices=tuple(w.gpu_indices or ()), cpu_cores=w.cpu_cores,
-                                      memory_bytes=w.memory_bytes) for w in group)
+                                      memory_bytes=w.memory_bytes, gpu_milli=w.gpu_milli or 0) for w in group)
     stopping = any(w.state == lifecycle.WorkerState.STOPPING for w in group)
     return sched.RunningUnit(
         run=key, workspace=ns, priority=run.priority,
         started_at=min(w.placed_at or run.created_at for w in group),
         time_limit_seconds=run.spec["task_template"].get("time_limit_seconds"), workers=placed, stopping=stopping,
         preempted_for=next((w.preempted_for for w in group if w.preempted_for), None) if stopping else None,
-        array=run.array_job)
+        array=run.array_job, last_checkpoint=_last_checkpoint(group), user=run.created_by)
+
+
+def _last_checkpoint(group: list[WorkerRow]) -> float | None:
+    """A unit's last checkpoint: its workers' oldest (a gang resumes from the checkpoint all of them wrote)."""
+    times = [w.checkpoint_at for w in group]
+    return None if not times or None in times else min(times)
 
 
 def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependency: sched.Dependency | None,
@@ -241,17 +253,19 @@ def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependenc
                                     pools=tuple(sel.get("pools") or ()),
                                     gpu_model=(tt.get("requested_resources", {}).get("gpu_requests")
                                                or {}).get("model"),
-                                    reservation=sel.get("reservation"))
+                                    reservation=sel.get("reservation"),
+                                    topology_same=(sel.get("topology") or {}).get("same"))
     selection = selections.setdefault(selection, selection)
     independent = run.spec.get("start") == "Independent"
     return sched.WaitingRun(
         name=key, workspace=ns, priority=run.priority, submitted_at=run.created_at,
-        workers=tuple(sched.WorkerRequest(index=w.index, gpus=w.gpus, cpu_cores=w.cpu_cores,
+        workers=tuple(sched.WorkerRequest(index=w.index, gpus=w.gpu_milli / 1000 if w.gpu_milli else w.gpus,
+                                          cpu_cores=w.cpu_cores,
                                           memory_bytes=w.memory_bytes) for w in pending),
         start="Independent" if independent else "Gang", time_limit_seconds=tt.get("time_limit_seconds"),
         node_selection=selection,
         excluded_machines=tuple(excluded), quota_noted=run.quota_noted,
-        array=run.array_job, array_max_running=run.array_max_running, dependency=dependency)
+        array=run.array_job, array_max_running=run.array_max_running, dependency=dependency, user=run.created_by)
 
 
 class Kept:
@@ -292,7 +306,8 @@ class Kept:
         names = set()
         for run in new:
             ns = self.wss.get(run.workspace_id)
-            if (ns is None or run.deleting or run.state != lifecycle.RunState.PENDING or run.spec.get("dependency")
+            if (ns is None or run.deleting or run.held or run.state != lifecycle.RunState.PENDING
+                    or run.spec.get("dependency")
                     or run.spec["task_template"].get("datavolume_refs") or run.name in self.names
                     or run.name in names or not run.workers
                     or any(w.state != lifecycle.WorkerState.PENDING or w.restart_at for w in run.workers)):
@@ -331,6 +346,8 @@ class WorkerRow(NamedTuple):
     preempted_for: str | None
     restart_at: float | None
     why_not: list | None
+    checkpoint_at: float | None = None  # revision 0020: its last checkpoint this attempt
+    gpu_milli: int = 0  # revision 0021: thousandths of one GPU it shares; 0: whole GPUs
 
 
 class RunRow(NamedTuple):
@@ -348,17 +365,20 @@ class RunRow(NamedTuple):
     quota_noted: bool
     array_job: str | None
     array_max_running: int | None
+    held: bool
+    created_by: str | None  # revision 0018: who submitted it (a workspace's max_gpus_per_user counts it)
     spec: dict
     workers: tuple[WorkerRow, ...]
 
 
 _RUN = (Run.id, Run.workspace_id, Run.name, Run.uid, Run.priority, Run.state, Run.created_at, Run.deleting,
-        Run.queue_reason, Run.quota_noted, Run.array_job, Run.array_max_running)
+        Run.queue_reason, Run.quota_noted, Run.array_job, Run.array_max_running, Run.held, Run.created_by)
 # A worker's two JSON columns are read as their text and decoded here (_json): most are "[]" (a waiting worker has no
 # GPUs, and only the first runs of the queue have why-not lines), decoded without json.loads' cost per row.
 _WORKER = (Worker.id, Worker.run_id, Worker.name, Worker.index, Worker.state, Worker.machine_id,
            cast(Worker.gpu_indices, Text).label("gpu_indices"), Worker.gpus, Worker.cpu_cores, Worker.memory_bytes,
-           Worker.placed_at, Worker.preempted_for, Worker.restart_at, cast(Worker.why_not, Text).label("why_not"))
+           Worker.placed_at, Worker.preempted_for, Worker.restart_at, cast(Worker.why_not, Text).label("why_not"),
+           Worker.checkpoint_at, Worker.gpu_milli)
 
 
 # The full read's statements, built once (the cluster and the last run id bound at each read): building them (their
@@ -408,7 +428,7 @@ def live_runs(session: Session, cluster_id: int, after_id: int = 0) -> list[RunR
     runs = conn.execute(_NEW_RUNS if after_id else _LIVE_RUNS, of).all()
     workers: dict[int, list] = {}
     for row in conn.execute(_NEW_WORKERS if after_id else _LIVE_WORKERS, of):
-        w = WorkerRow(*row[:6], _json(row[6]), *row[7:13], _json(row[13]))
+        w = WorkerRow(*row[:6], _json(row[6]), *row[7:13], _json(row[13]), *row[14:])
         workers.setdefault(w.run_id, []).append(w)
     if after_id:  # read with their specs
         return [RunRow(*r, tuple(workers.get(r[0], ()))) for r in runs]
@@ -578,8 +598,7 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: Lookups, at: float) 
             continue
         touched.update(w.machine_id for w in ws if w.machine_id)
         lifecycle.preempt(session, run, ws, text(stop.preempted_by), text(stop.reason), at)
-        lifecycle.refresh_run(session, run, at)
-        PREEMPTIONS.inc()
+        lifecycle.refresh_run(session, run, at)  # preemptions are counted per workspace by accounting (services/usage.py)
     for stop in plan.reservation_stops:  # others' work on a reservation's machines once its window opened
         run = run_named(stop.run)
         if run is None:
@@ -728,7 +747,14 @@ def _timers(cp: ControlPlane, term: Term, lease: float, at: float) -> set[int]:
             log.exception("schedules: a tick failed this cycle")
     if windows:
         touched |= duty(cp, term, at, reservation_duty.open_and_close, "reservations")
-    return touched
+    return touched | watch_progress(cp, term, at)
+
+
+def watch_progress(cp: ControlPlane, term: Term, at: float) -> set[int]:
+    """Hung runs (server/progress.py): at most once a second, and only while a watched run has a running worker."""
+    with cp.sessions() as session:
+        watched = progress_watch.due(cp, session, at)
+    return duty(cp, term, at, progress_watch.watch, "hung runs") if watched else set()
 
 
 def cycle(cp: ControlPlane, at: float | None = None, term: Term | None = None, kept: dict[int, Kept] | None = None,
@@ -938,6 +964,7 @@ class SchedulingLoop:
             with STATE_LOCK, self.cp.sessions() as session, session.begin():
                 fence(session, term, self.cp.settings.leader_lease_seconds)
                 touched = detect_lost_machines(session, at) | enforce_time_limits(session, at)
+            touched |= watch_progress(self.cp, term, at)  # its own fenced transaction, after the one above
         except NotLeader as e:
             log.warning("applied nothing: %s", e)
             return set()

@@ -20,18 +20,12 @@ from astraeus.server.db import Access, Cluster, Machine, Pool, Reservation, Work
 from astraeus.server.services.auth import Caller
 from astraeus.server.services.errors import ApiError, InvalidBody
 from astraeus.server.services.views import iso
+from astraeus.usage import in_pool
 
 
 def pool_members(pool: Pool, machines: list[Machine]) -> list[str]:
     """The names of `machines` (one cluster's) in the pool: those it names, and those having all its labels."""
-    named = set(pool.machines or [])
-    labels = pool.labels or {}
-    out = []
-    for m in machines:
-        have = m.labels or {}
-        if m.name in named or (labels and all(have.get(k) == v for k, v in labels.items())):
-            out.append(m.name)
-    return sorted(out)
+    return sorted(m.name for m in machines if in_pool(pool.machines, pool.labels, m.name, m.labels))
 
 
 def cluster_machines(s: Session, cluster_id: int) -> list[Machine]:
@@ -49,13 +43,13 @@ def members_by_pool(s: Session, cluster_id: int) -> dict[str, list[str]]:
 
 
 def _gpus_used(s: Session, machine_ids: list[int]) -> dict[int, int]:
-    used: dict[int, int] = {}
+    used: dict[int, set] = {}  # a GPU shared by fractional workers (issue 46) counts once
     if not machine_ids:
-        return used
+        return {}
     for mid, idx in s.execute(select(Worker.machine_id, Worker.gpu_indices).where(
             Worker.state.in_(lifecycle.ACTIVE), Worker.machine_id.in_(machine_ids))):
-        used[mid] = used.get(mid, 0) + len(idx or [])
-    return used
+        used.setdefault(mid, set()).update(idx or [])
+    return {mid: len(g) for mid, g in used.items()}
 
 
 def _counts(s: Session, members: list[Machine]) -> tuple[int, int, list[str]]:

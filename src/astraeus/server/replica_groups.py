@@ -134,7 +134,8 @@ def create_group(session: Session, caller: Caller, body: GroupCreate, at: float)
     check_run(session, caller, name, body.metadata.labels, body.spec.run)
     g = ReplicaGroup(workspace_id=caller.workspace.id, name=name,
                      spec={"labels": body.metadata.labels, "replicas": body.spec.replicas, "run": body.spec.run},
-                     created_at=at, updated_at=at, failures=0, retry_at=None, serial=0)
+                     created_at=at, updated_at=at, failures=0, retry_at=None, serial=0,
+                     created_by=caller.user, updated_by=caller.user)
     session.add(g)
     lifecycle.event(session, caller.workspace.id, "ReplicaGroupCreated", name,
                     f"replica group {name} created: {body.spec.replicas} replica(s)", at)
@@ -156,6 +157,7 @@ def patch_group(session: Session, caller: Caller, name: str, body: GroupPatch, a
     spec["run"] = run_spec
     g.spec = spec
     g.updated_at = at
+    g.updated_by = caller.user
     if body.spec.run is not None:
         g.retry_at = None  # a refused replica may be made at once with the new run
         lifecycle.event(session, caller.workspace.id, "ReplicaGroupChanged", name,
@@ -215,7 +217,7 @@ def group_view(session: Session, g: ReplicaGroup, ws: Workspace, role: str | Non
     }
     return {"metadata": {"name": g.name, "labels": g.spec.get("labels") or {}, "workspace": ws.name,
                          "namespace": ws.ns, "created_at": services.iso(g.created_at),
-                         "updated_at": services.iso(g.updated_at)},
+                         "updated_at": services.iso(g.updated_at), **services.made_by(g)},
             "spec": {"replicas": g.spec["replicas"], "run": shown_run(g.spec["run"], role)},
             "status": status}
 

@@ -58,7 +58,7 @@ def reservation_view(s: Session, r: Reservation, at: float | None = None) -> dic
             "workspaces": [names[w] for w in r.workspaces or [] if w in names],
             "machines": list(r.machines or []), "pool": r.pool, "count": r.count,
             "start": iso(r.start_at), "end": iso(r.end_at), "state": state(r, at),
-            "created_at": iso(r.created_at)}
+            "created_at": iso(r.created_at), "created_by": r.created_by, "updated_by": r.updated_by}
 
 
 def _named(s: Session, c: Caller, name: str) -> Reservation:
@@ -158,7 +158,8 @@ def create_reservation(s: Session, c: Caller, body, at: float) -> dict:
         s.delete(old)  # an ended reservation's name may be used again
         s.flush()
     r = Reservation(org_id=c.org.id, cluster_id=cl.id, name=name, workspaces=ws_ids, machines=machines,
-                    pool=pool, count=count, start_at=start, end_at=end, opened=False, closed=False, created_at=at)
+                    pool=pool, count=count, start_at=start, end_at=end, opened=False, closed=False, created_at=at,
+                    created_by=c.user, updated_by=c.user)
     s.add(r)
     s.flush()
     return reservation_view(s, r, at)

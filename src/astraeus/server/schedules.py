@@ -157,6 +157,7 @@ def create(session: Session, caller: Caller, body: ScheduleBody, at: float) -> S
                        f"metadata.name, or change it with PUT $API/schedules/{name}")
     spec = body.spec.model_dump(mode="json")
     sc = Schedule(workspace_id=caller.workspace.id, name=name, spec=spec, created_at=at, updated_at=at,
+                  created_by=caller.user, updated_by=caller.user,
                   last_tick=None, next_tick=_next(spec, at))
     session.add(sc)
     lifecycle.event(session, caller.workspace.id, "ScheduleCreated", name, f"schedule {name} created: "
@@ -177,6 +178,7 @@ def replace(session: Session, caller: Caller, name: str, body: ScheduleBody, at:
     check_run(session, caller, name, body.spec.run)
     spec = body.spec.model_dump(mode="json")
     sc.spec, sc.updated_at, sc.next_tick = spec, at, _next(spec, at)
+    sc.updated_by = caller.user
     lifecycle.event(session, caller.workspace.id, "ScheduleChanged", name,
                     f"schedule {name} changed: {_describe(spec)}{_next_text(sc)}", at)
     session.flush()
@@ -244,7 +246,8 @@ def view(session: Session, sc: Schedule, caller: Caller, full: bool = True) -> d
             select(ScheduleTick).where(ScheduleTick.schedule_id == sc.id)
             .order_by(ScheduleTick.at.desc(), ScheduleTick.id.desc()).limit(TICKS_SHOWN))]
     return {"metadata": {"name": sc.name, "workspace": caller.workspace.name, "namespace": caller.workspace.ns,
-                         "created_at": iso(sc.created_at), "updated_at": iso(sc.updated_at)},
+                         "created_at": iso(sc.created_at), "updated_at": iso(sc.updated_at),
+                         **services.made_by(sc)},
             "spec": {**sc.spec, "run": _shown_run(sc.spec.get("run") or {}, caller.role)},
             "status": status}
 

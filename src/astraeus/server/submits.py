@@ -226,11 +226,17 @@ def new_run(it: Submit, cluster: Cluster) -> Run:
     if spec.get("template") is None:
         spec.pop("template", None)  # a run from no template says nothing of one
     spec["cluster"] = cluster.name
+    held = spec.pop("held", False)  # the run's `held` column says it from now on (scontrol release clears it)
     run = lifecycle.new_run(uid=uuid.uuid4().hex, workspace_id=it.caller.workspace.id, cluster_id=cluster.id,
                             name=name, labels=body.metadata.labels, spec=spec, priority=body.spec.priority,
-                            created_at=it.at, **it.columns)
-    run.workers = [lifecycle.new_worker(name=f"{name}-{i}", index=i, gpus=gpus, cpu_cores=cpu, memory_bytes=mem,
-                                        gpu_indices=[], why_not=[]) for i in range(S.worker_count(tt))]
+                            created_at=it.at, created_by=it.caller.user, updated_by=it.caller.user, **it.columns)
+    # Issue 46: a fraction of one GPU is stored as that GPU and its thousandths (gpu_milli).
+    milli = round(gpus * 1000) if isinstance(gpus, float) else 0
+    run.workers = [lifecycle.new_worker(name=f"{name}-{i}", index=i, gpus=1 if milli else gpus, cpu_cores=cpu,
+                                        memory_bytes=mem, gpu_indices=[], why_not=[], gpu_milli=milli)
+                   for i in range(S.worker_count(tt))]
+    if held:
+        lifecycle.submitted_held(run)
     return run
 
 

@@ -108,7 +108,7 @@ def create(session: Session, caller: Caller, body: TemplateBody, at: float) -> T
                        f"a template named {name} already exists in workspace {caller.workspace.name}: choose another "
                        f"metadata.name, or change it with PUT $API/templates/{name}")
     t = Template(workspace_id=caller.workspace.id, name=name, labels=dict(body.metadata.labels), spec=spec,
-                 version=1, created_at=at, updated_at=at)
+                 version=1, created_at=at, updated_at=at, created_by=caller.user, updated_by=caller.user)
     session.add(t)
     lifecycle.event(session, caller.workspace.id, "TemplateCreated", name, f"template {name} created (version 1)", at)
     session.flush()
@@ -125,6 +125,7 @@ def replace(session: Session, caller: Caller, name: str, body: TemplateBody, at:
     t = get(session, caller, name)
     spec = _checked(session, caller, body)
     t.labels, t.spec, t.version, t.updated_at = dict(body.metadata.labels), spec, t.version + 1, at
+    t.updated_by = caller.user
     lifecycle.event(session, caller.workspace.id, "TemplateChanged", name,
                     f"template {name} changed (version {t.version}); runs made from now on use it", at)
     session.flush()
@@ -174,6 +175,6 @@ def _shown_spec(spec: dict[str, Any], role: str | None) -> dict[str, Any]:
 def view(t: Template, caller: Caller) -> dict[str, Any]:
     return {"metadata": {"name": t.name, "labels": t.labels or {}, "workspace": caller.workspace.name,
                          "namespace": caller.workspace.ns, "version": t.version, "created_at": iso(t.created_at),
-                         "updated_at": iso(t.updated_at)},
+                         "updated_at": iso(t.updated_at), **services.made_by(t)},
             "spec": _shown_spec(t.spec or {}, caller.role),
             "status": {"version": t.version}}

@@ -35,7 +35,7 @@ def what_if(session: Session, caller: Caller, body: Any, at: float) -> dict:
             key = next((k for k, rid in lookups.runs.items() if rid == run.id), run.name)
             plan = sched.plan(snap, at)
             if any(r.name == key for r in snap.waiting):
-                answer = sched.answer(plan, snap, key)
+                answer = sched.answer(plan, snap, key, at)
             else:  # not offered to the scheduler (cannot happen for a new run; kept as a plain answer)
                 answer = sched.WhatIf("Waits", plan.reasons.get(key, ""))
             return view(answer, run.name, cluster.name, lookups.shown)
@@ -58,7 +58,8 @@ def view(a: sched.WhatIf, name: str, cluster: str, text: Callable[[str], str] = 
     (loop.Lookups.shown, as the loop's apply step shows them)."""
 
     reason = text(a.reason)
-    placements = [{"worker": f"{name}-{p.worker_index}", "machine": p.machine, "gpu_indices": list(p.gpu_indices)}
+    placements = [{"worker": f"{name}-{p.worker_index}", "machine": p.machine, "gpu_indices": list(p.gpu_indices),
+                   **({"gpu_fraction": p.gpu_milli / 1000} if getattr(p, "gpu_milli", 0) else {})}
                   for p in a.placements]
     victims = [text(v) for v in a.victims]
     behind = text(a.behind) if a.behind is not None else None
@@ -67,6 +68,8 @@ def view(a: sched.WhatIf, name: str, cluster: str, text: Callable[[str], str] = 
     elif a.outcome == "Preempts":
         when = f" and start by {utc_minute(a.starts_by)}" if a.starts_by is not None else ""
         message = f"Would preempt {a.preempts_workers} worker(s) ({', '.join(victims)}){when}"
+        if a.losses:  # least-work-lost (docs/progress.md): what each victim of its own namespace loses
+            message += "; " + "; ".join(f"{text(r)} {words}" for r, words in a.losses)
     elif a.outcome == "Head":
         message = ("Would be next to run: starts by " + utc_minute(a.starts_by) if a.starts_by is not None
                    else "Would be next to run: waits for running work to end")
@@ -86,6 +89,9 @@ def view(a: sched.WhatIf, name: str, cluster: str, text: Callable[[str], str] = 
         "backfilled": a.backfilled,
         "preempts": victims,
         "preempts_workers": a.preempts_workers,
+        "victims": [{"run": text(v.run), "loses_seconds": round(v.loses_seconds, 1),
+                     "loses_gpu_seconds": round(v.loses_gpu_seconds, 1), "checkpoint_at": iso(v.checkpoint_at)}
+                    for v in a.victim_losses],
         "starts_by": iso(a.starts_by),
         "behind": behind,
         "why_not": {text(w): [{"machine": m, "reason": text(r)} for m, r in lines] for w, lines in a.why_not.items()},

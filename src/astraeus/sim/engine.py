@@ -62,6 +62,8 @@ class SimOptions:
     fair_share: bool = True
     checkpoint_interval: float = 0.0  # seconds of run time between saves; 0: never saves
     cluster: str = "sim"
+    # victims of equal priority stopped first: "recent" (the pages' rule) or "least-work-lost" (issue 47)
+    victims: str = "recent"
 
 
 @dataclass(slots=True)
@@ -217,12 +219,24 @@ class Simulator:
 
     # ------------------------------------------------------------------------------------------ plans
 
-    def _snapshot(self) -> Snapshot:
+    def _checkpointed(self, unit: RunningUnit, now: float) -> RunningUnit:
+        """The unit with its last checkpoint at `now` (every checkpoint_interval of its attempt's run time)."""
+        interval = self.options.checkpoint_interval
+        if interval <= 0 or unit.stopping:
+            return unit
+        saved = unit.started_at + math.floor((now - unit.started_at) / interval) * interval
+        return dataclasses.replace(unit, last_checkpoint=saved) if saved > unit.started_at else unit
+
+    def _snapshot(self, now: float = 0.0) -> Snapshot:
         o = self.options
+        running = tuple(self.running.values())
+        if o.victims == "least-work-lost":
+            running = tuple(self._checkpointed(u, now) for u in running)
         return Snapshot(
             cluster=o.cluster,
             machines=self.machines,
-            running=tuple(self.running.values()),
+            running=running,
+            victims=o.victims,
             waiting=tuple(self.waiting.values()),
             workspaces=self.workspaces,
             preemption=o.preemption,
@@ -335,7 +349,7 @@ class Simulator:
 
     def _plan(self, now: float) -> bool:
         """One scheduling cycle at `now`; True when it changed anything."""
-        snapshot = self._snapshot()
+        snapshot = self._snapshot(now)
         t0 = time.perf_counter()
         plan = self.plan_fn(snapshot, now)
         self.result.plan_seconds.append(time.perf_counter() - t0)

@@ -30,6 +30,7 @@ from astraeus.agent.gpus import gpu_device_nodes, nvml_minor_numbers
 from astraeus.agent.runtime import cgroups, oci_spec
 from astraeus.agent.runtime.base import Runtime, StartFailed
 from astraeus.agent.runtime.process import ProcessRuntime, _read_json, _scan_env
+from astraeus.agent.runtime.progress import files_in as progress_files_in
 from astraeus.imageref import ImageRef
 from astraeus.protocol import Assignment
 
@@ -86,6 +87,7 @@ class ContainerRuntime(ProcessRuntime):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
         env["ASTRAEUS_WORKER_ID"] = self.marker(assignment.worker, assignment.attempt)
         env["ASTRAEUS_STOP_REASON_FILE"] = oci_spec.STOP_REASON_FILE
+        env.update(progress_files_in(oci_spec.WORK_DIR))  # <attempt_dir>/work, bound there by the shim
         return env, f"container {assignment.image}"
 
     def limits(self, assignment: Assignment) -> cgroups.Limits:

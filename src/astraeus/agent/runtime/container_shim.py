@@ -208,6 +208,19 @@ class ContainerShim(Shim):
         binds.append((sig, oci_spec.SIGNAL_DIR, True))
         return self.nest(binds, staging)
 
+    def work_dir(self) -> str:
+        """`<attempt_dir>/work`, the worker's (0700) for its progress and checkpoint files, which the agent reads;
+        its mount point is made in the stop reason folder first, which runc binds read-only before it."""
+        work = self.path("work")
+        try:
+            os.makedirs(work, exist_ok=True)
+            os.chown(work, int(self.iso["uid"]), int(self.iso["gid"]), follow_symlinks=False)
+            os.chmod(work, 0o700)
+            os.makedirs(os.path.join(self.signal_dir(), "work"), mode=0o755, exist_ok=True)
+        except OSError as e:
+            self.fail(f"working folder {work}: {e.strerror or e}")
+        return work
+
     # A mount path inside another drive's: runc would make its mount point through that drive's bind, on the
     # host. The mount point is made in our namespace instead: the outer drive's folder is shown through a tmpfs
     # holding each of its entries (as the process runtime's view does), with the new mount point in it.
@@ -330,6 +343,8 @@ class ContainerShim(Shim):
         gpus, devices = self.gpu_edits()
         env = oci_spec.merge_env(cfg.env, {**gpus.env, **(spec.get("env") or {})})
         env = oci_spec.with_path_prepended(env, gpus.path_prepend)
+        if spec.get("tools") and os.path.isdir(spec["tools"]):  # srun and scontrol first on PATH
+            env = oci_spec.with_path_prepended(env, {"PATH": oci_spec.TOOLS_DIR})
         env.setdefault("HOME", "/root")
         cwd = cfg.working_dir or "/"
         try:
@@ -337,10 +352,14 @@ class ContainerShim(Shim):
         except (OSError, mounts.MountError) as e:
             self.fail(f"cannot make the container's root filesystem: {getattr(e, 'strerror', None) or e}")
         binds = self.stage_drives() + [b for b in gpus.binds if os.path.exists(b[0])]
+        if spec.get("tools") and os.path.isdir(spec["tools"]):
+            binds.append((spec["tools"], oci_spec.TOOLS_DIR, True))
         pidns = self.start_reaper()
         lim = spec.get("limits") or {}
         # with a network of its own, its resolvers come as a config at /etc/resolv.conf (ProcessRuntime.start)
-        host_files = [f for f in ("/etc/hosts", "/etc/resolv.conf") if os.path.isfile(f)
+        # a multi-machine job's /etc/hosts comes as a config too (process.job_hosts)
+        own = {c.get("mount_path") for c in spec.get("configs") or []}
+        host_files = [f for f in ("/etc/hosts", "/etc/resolv.conf") if os.path.isfile(f) and f not in own
                       and not (f == "/etc/resolv.conf" and self.iso.get("netns"))]
         self.runc_cgroup = self.cg.name if self.cg else self.cid
         config = oci_spec.build_config(
@@ -349,7 +368,8 @@ class ContainerShim(Shim):
             cgroups_path=f"/astraeus/{self.runc_cgroup}",
             shm_bytes=int(self.c.get("shm_bytes") or 64 << 20), binds=binds, devices=devices, hooks=gpus.hooks,
             host_files=host_files, **{k: lim.get(k) for k in ("memory_bytes", "cpu_cores", "pids_max")},
-            nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[1], network=self.iso.get("netns"))
+            nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[1], network=self.iso.get("netns"),
+            work=self.work_dir())
         with open(os.path.join(self.layers, "config.json"), "w") as f:
             json.dump(config, f)
         out_r, out_w = os.pipe()

@@ -29,9 +29,9 @@ ENV_VAR = "ASTRAEUS_NATIVE_SHIM"  # in the agent: 0 turns it off; in the launche
 
 
 # What a binary built from an older shim_native.c lacks (a checkout updated without `make install`): it would ignore
-# the plan's worker network (and, older still, its seccomp filter), so such a binary is not used (every worker gets
-# the Python shim)
-CURRENT = b"cannot enter the worker's network namespace"
+# the plan's signal before the time limit (older still, its worker network and its seccomp filter), so such a binary
+# is not used (every worker gets the Python shim)
+CURRENT = b"before its time limit"
 
 
 def binary_for_agent() -> str | None:
@@ -171,6 +171,9 @@ def plan(spec_path: str, spec_text: str, spec: dict, exposed: list[str],
         if mem:
             one.update({"cg_mem": mem, "cg_mem_v": version})
         items += _entries("cg", cg.dirs)
+    plan_signal = spec.get("signal")
+    if plan_signal:  # "SIGNO AFTER BATCH_ONLY" (the Python shim's check_signal)
+        one["signal"] = f"{int(plan_signal['signo'])} {float(plan_signal['after'])} {int(bool(plan_signal.get('batch_only')))}"
     for k, v in one.items():
         items += _entries(k, [v])
     if iso.get("netns"):

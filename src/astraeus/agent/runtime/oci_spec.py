@@ -9,7 +9,8 @@ What a container worker gets (issue 14; docs/api.md):
 - its own PID (joined: the shim's reaper is PID 1, so the command is PID 2 and gets SIGTERM as any process
   does), mount, IPC and UTS namespaces; the host's network (NCCL and torchrun need the machine's interfaces);
 - /dev/shm sized for data loaders; the host's /etc/hosts and /etc/resolv.conf read-only;
-- drives and configs at their mount paths; the stop reason folder at /run/astraeus (read-only);
+- drives and configs at their mount paths; the stop reason folder at /run/astraeus (read-only), and in it
+  /run/astraeus/work, the worker's own folder (read-write, noexec) for its progress and checkpoint files;
 - only its assigned GPU device nodes (the device cgroup denies every other device but the usual /dev ones).
 """
 
@@ -20,6 +21,8 @@ from astraeus.agent.runtime import seccomp
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SIGNAL_DIR = "/run/astraeus"  # where the worker reads its stop reason (ASTRAEUS_STOP_REASON_FILE)
 STOP_REASON_FILE = SIGNAL_DIR + "/stop-reason"
+WORK_DIR = SIGNAL_DIR + "/work"  # the worker's own writable folder: its progress and checkpoint files (issue 47)
+TOOLS_DIR = "/opt/astraeus/bin"  # Astraeus' srun and scontrol (astraeus.agent.slurm), read-only, first on PATH
 
 # Docker's defaults: kernel interfaces a container has no business reading or writing.
 MASKED_PATHS = ["/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
@@ -70,11 +73,12 @@ def build_config(*, rootfs: str, argv: list[str], env: dict[str, str], cwd: str,
                  nofile: int = 1048576, binds: list[tuple[str, str, bool]] = (),
                  devices: list[dict] = (), host_files: list[str] = (), hooks: dict | None = None,
                  memory_bytes: int | None = None, cpu_cores: float | None = None,
-                 pids_max: int | None = None, network: str | None = None) -> dict:
+                 pids_max: int | None = None, network: str | None = None, work: str | None = None) -> dict:
     """runc's config.json. `binds`: (source on the host, path in the container, read-only); `devices`:
     {"path", "type", "major", "minor"} of device nodes the worker may use (its GPUs); `host_files`: host files
     shown read-only at the same path (/etc/hosts, /etc/resolv.conf); `network`: the
-    worker's own network namespace (astraeus.agent.network), None for the machine's."""
+    worker's own network namespace (astraeus.agent.network), None for the machine's; `work`: the host folder
+    shown read-write (nosuid, nodev, noexec) at WORK_DIR, after the read-only stop reason folder it lies in."""
     mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
@@ -90,6 +94,9 @@ def build_config(*, rootfs: str, argv: list[str], env: dict[str, str], cwd: str,
     ]
     mounts += [_bind(f, f, True) for f in host_files]
     mounts += [_bind(src, dst, ro) for src, dst, ro in binds]
+    if work:
+        mounts.append({"destination": WORK_DIR, "type": "bind", "source": work,
+                       "options": ["rbind", "nosuid", "nodev", "noexec", "rw"]})
     allow = [{"allow": False, "access": "rwm"}]
     nodes = []
     for d in devices:

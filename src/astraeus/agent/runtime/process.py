@@ -49,6 +49,7 @@ import time
 import psutil
 from pydantic import ValidationError
 
+from astraeus import rendezvous
 from astraeus.agent.gpus import gpu_deny_rules, gpu_device_nodes, nvml_minor_numbers
 from astraeus.agent.runtime import cgroups, mounts, native
 from astraeus.agent.runtime.base import (
@@ -63,7 +64,9 @@ from astraeus.agent.runtime.base import (
 )
 from astraeus.agent.runtime.images import ImageMap
 from astraeus.agent.runtime.launcher import Launcher
+from astraeus.agent.runtime.progress import progress_env
 from astraeus.agent.runtime.shim import stat_fields
+from astraeus.agent.slurm import BIN as SLURM_BIN
 from astraeus.protocol import Assignment
 from astraeus.settings import agent_settings, environment, internal
 
@@ -145,6 +148,33 @@ def find_cgroup_root() -> str | None:
     """A folder this process may create worker cgroups in (v2 first, else v1), or None
     (astraeus.agent.runtime.cgroups.detect() has them all)."""
     return cgroups.detect().root
+
+
+def signal_plan(a: Assignment) -> dict | None:
+    """What the worker's supervisor sends before the time limit (spec task_template.signal): the signal's number,
+    how long after the command's start, and whether to its main process alone (Slurm's `B:`)."""
+    if not a.signal or not a.time_limit_seconds:
+        return None
+    name = str(a.signal.get("name") or "USR1")
+    signo = int(name) if name.isdigit() else int(signal.Signals["SIG" + name])
+    after = max(0.0, float(a.time_limit_seconds) - float(a.signal.get("seconds_before_limit") or 0))
+    return {"signo": signo, "name": name, "after": after, "batch_only": bool(a.signal.get("batch_only"))}
+
+
+def job_hosts(env: dict[str, str], configs: list[dict]) -> list[dict]:
+    """A multi-machine job's /etc/hosts (rendezvous.hosts_file: the machine's, then each of SLURM_JOB_NODELIST's
+    names at its address in ASTRAEUS_NODE_ADDRS) as a config, unless the run brings its own or is no gang."""
+    names = [n for n in env.get("SLURM_JOB_NODELIST", "").split(",") if n]
+    addrs = [a for a in env.get("ASTRAEUS_NODE_ADDRS", "").split(",") if a]
+    if (len(names) < 2 or len(names) != len(addrs) or any("[" in n for n in names)
+            or any(c.get("mount_path") == "/etc/hosts" for c in configs)):
+        return []
+    try:
+        with open("/etc/hosts") as f:
+            base = f.read()
+    except OSError:
+        base = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    return [{"mount_path": "/etc/hosts", "value": rendezvous.hosts_file(base, names, addrs)}]
 
 
 class ProcessRuntime(Runtime):
@@ -295,6 +325,8 @@ class ProcessRuntime(Runtime):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in assignment.gpu_indices)
         env["ASTRAEUS_WORKER_ID"] = self.marker(assignment.worker, assignment.attempt)
         env["ASTRAEUS_STOP_REASON_FILE"] = self.stop_reason_file(self.dir(assignment.worker, assignment.attempt))
+        env.update(progress_env(self.dir(assignment.worker, assignment.attempt)))
+        env["PATH"] = f"{SLURM_BIN}:{env['PATH']}" if env.get("PATH") else SLURM_BIN  # srun, scontrol in a job
         return env, local.name
 
     def cgroup_name(self, worker: str, attempt: int) -> str:
@@ -345,6 +377,8 @@ class ProcessRuntime(Runtime):
             configs = [c.model_dump() for c in assignment.configs]
             if isolation is not None and self.networks is not None and assignment.network == "isolated":
                 configs += self._own_network(assignment, os.path.basename(d), isolation, env, configs)
+            if isolation is not None:
+                configs += job_hosts(env, configs)
             spec = {
                 "worker": worker, "attempt": attempt, "run": assignment.run,
                 "marker": self.marker(worker, attempt),
@@ -359,6 +393,8 @@ class ProcessRuntime(Runtime):
                 "stop_grace": self.stop_grace, "created_at": time.time(),
                 "log_file_bytes": agent_settings().worker_log_file_bytes,
                 "isolation": isolation,  # the worker's user and view
+                "tools": SLURM_BIN,  # shown read-only (process) or bound at oci_spec.TOOLS_DIR (container), on PATH
+                "signal": signal_plan(assignment),
             }
             spec.update(self.extra_spec(assignment, d))
             _write_json(os.path.join(d, "spec.json"), spec)

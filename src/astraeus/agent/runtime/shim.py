@@ -16,6 +16,8 @@ restarts and upgrades. It:
 3. reads the pipes and appends every line to log.jsonl as {"seq", "time", "stream", "text"} (seq counts
    lines of the attempt from 1; the agent tails the file, so nothing is lost or repeated across agent
    restarts);
+3b. with a signal plan (spec "signal", Slurm's --signal), sends it `after` seconds from the command's start to the
+   main process and its descendants (batch_only: the main process alone), once, and lets the worker run on;
 4. on a stop request (stop.json + SIGUSR1 from the agent, or SIGTERM to the shim) sends SIGTERM to the
    main process only; when the grace runs out, SIGKILLs the whole tree: the cgroup (v2 cgroup.kill; v1
    freeze, kill each process, thaw), the
@@ -276,13 +278,14 @@ def signal_dir(d: str, iso: dict | None) -> str:
 
 
 def exposed_paths(spec: dict, iso: dict) -> list[str]:
-    """The worker's Python environment and the interpreter it is built on, shown read-only in its view even where
-    they lie under a hidden folder (/root/.pyenv, a temporary folder); never anything of the agent's state or
-    home (a path that is, holds or lies in a hidden one)."""
+    """The worker's Python environment and the interpreter it is built on, and Astraeus' srun and scontrol (spec
+    "tools": astraeus.agent.slurm), shown read-only in its view even where they lie under a hidden folder
+    (/root/.pyenv, a temporary folder); never anything of the agent's state or home (a path that is, holds or
+    lies in a hidden one)."""
     hidden = [os.path.realpath(h) for h in iso.get("hide") or []]
     out = []
-    for p in dict.fromkeys(os.path.realpath(x) for x in (spec.get("environment"), sys.prefix, sys.base_prefix)
-                           if x and os.path.isabs(x)):
+    for p in dict.fromkeys(os.path.realpath(x) for x in (spec.get("environment"), sys.prefix, sys.base_prefix,
+                                                         spec.get("tools")) if x and os.path.isabs(x)):
         if os.path.isdir(p) and p != "/" and not any(p == h or p.startswith(h + "/") or h.startswith(p + "/")
                                                      for h in hidden):
             out.append(p)
@@ -349,6 +352,10 @@ class Shim:
         self.status: int | None = None  # raw wait status of the main process
         self.stop_requested = False
         self.deadline: float | None = None
+        # spec "signal" ({signo, name, after, batch_only}): sent `after` seconds from the command's start (the time
+        # limit less Slurm's --signal SECS), once
+        self.signal_plan: dict | None = self.spec.get("signal")
+        self.signal_at: float | None = None
         self.killed = False
         self.leftovers_killed = False
         self.seq = 0
@@ -889,6 +896,22 @@ class Shim:
                                    max(0.0, self.deadline - now), float(req.get("requested_at", now)))
             self.sig(self.pid, signal.SIGTERM)
 
+    def check_signal(self, now: float) -> None:
+        """The plan's signal, once its time has come, to a worker still running and not being stopped."""
+        if self.signal_at is None or now < self.signal_at or self.status is not None or self.pid is None:
+            return
+        self.signal_at = None
+        if self.stop_requested:
+            return
+        plan = self.signal_plan or {}
+        signo = int(plan.get("signo") or signal.SIGUSR1)
+        whole = not plan.get("batch_only")
+        targets = [self.pid] + ([p for p in self.descendants() if p not in (self.pid, self.init_pid)] if whole else [])
+        log(f"sending SIG{plan.get('name') or signo} to {'the worker' if whole else 'its main process'} "
+            f"(pids {' '.join(map(str, targets))}) before its time limit")
+        for p in targets:
+            self.sig(p, signo)
+
     def write_stop_reason(self, reason: str, grace: float, requested_at: float) -> None:
         """Before SIGTERM: why the worker is stopped and the grace it has, in the file its
         ASTRAEUS_STOP_REASON_FILE names (signal/stop-reason: root's, readable by the worker's group only), so a
@@ -936,6 +959,8 @@ class Shim:
         self.setup_cgroup()
         self.start()
         log(f"started pid {self.pid}: {self.spec['command']} {self.spec.get('args')}")
+        if self.signal_plan:
+            self.signal_at = time.time() + float(self.signal_plan.get("after") or 0)
 
         sel = selectors.DefaultSelector()
         open_streams = {self.out_r: "stdout", self.err_r: "stderr"}
@@ -950,6 +975,8 @@ class Shim:
             timeout = 0.25
             if self.deadline is not None and self.status is None:
                 timeout = max(0.0, min(timeout, self.deadline - now))
+            if self.signal_at is not None:
+                timeout = max(0.0, min(timeout, self.signal_at - now))
             for key, _ in sel.select(timeout):
                 fd = key.fd
                 if fd == wake_r:
@@ -975,6 +1002,7 @@ class Shim:
             now = time.time()
             self.reap()
             self.check_stop(now)
+            self.check_signal(now)
             self.flush_partials(now, force=False)
             if now - last_files_check >= 0.5:
                 last_files_check = now

@@ -79,6 +79,9 @@ static struct mountable {
 static int ndrives, nconfigs;
 static int uid = -1, gid = -1;
 static double stop_grace = 30;
+/* the plan's "signal" (Slurm's --signal): signo, seconds after the command's start, to the main process alone */
+static int signal_signo = 0, signal_batch_only = 0;
+static double signal_after = 0, signal_at = 0;
 static long long log_half = 32 * 1024 * 1024;
 
 static char sigdir[4200], state_dir[4200], spec_path[4200];
@@ -146,6 +149,7 @@ static void read_plan(void) {
         else if (!strcmp(p, "uid")) uid = atoi(v);
         else if (!strcmp(p, "gid")) gid = atoi(v);
         else if (!strcmp(p, "stop_grace")) stop_grace = atof(v);
+        else if (!strcmp(p, "signal")) sscanf(v, "%d %lf %d", &signal_signo, &signal_after, &signal_batch_only);
         else if (!strcmp(p, "log_half")) log_half = atoll(v);
     }
 }
@@ -1237,6 +1241,21 @@ static void check_stop(double t) {
     }
 }
 
+/* the plan's signal, once its time has come, to a worker still running and not being stopped (the Python shim's
+ * check_signal) */
+static void check_signal(double t) {
+    if (!signal_at || t < signal_at || have_status || !pid) return;
+    signal_at = 0;
+    if (stop_requested) return;
+    static pid_t pids[4096];
+    int n = signal_batch_only ? 0 : descendants(pids, 4096);
+    slog("sending signal %d to %s before its time limit", signal_signo,
+         signal_batch_only ? "its main process" : "the worker");
+    kill(pid, signal_signo);
+    for (int i = 0; i < n; i++)
+        if (pids[i] != pid && pids[i] != init_pid) kill(pids[i], signal_signo);
+}
+
 /* ------------------------------------------------------------------ wiped folder */
 static void ensure_files(void) {
     struct stat st;
@@ -1411,6 +1430,7 @@ int main(int argc, char **argv) {
          ncg ? cgroups_json : "null", limits_json);
     started_json = sj.s;
     write_file("started.json", started_json);
+    if (signal_signo > 0) signal_at = now() + signal_after;
     {
         buf_t a = {0};
         for (int i = 1; i < nargs; i++) {
@@ -1436,6 +1456,11 @@ int main(int argc, char **argv) {
             if (left < 0) left = 0;
             if (left * 1000 < timeout) timeout = (int)(left * 1000);
         }
+        if (signal_at) {
+            double left = signal_at - t;
+            if (left < 0) left = 0;
+            if (left * 1000 < timeout) timeout = (int)(left * 1000);
+        }
         pf[2].fd = status_r;
         if (poll(pf, 4, timeout) < 0 && errno != EINTR) break;
         for (int i = 0; i < 2; i++) {
@@ -1457,6 +1482,7 @@ int main(int argc, char **argv) {
         t = now();
         reap();
         check_stop(t);
+        check_signal(t);
         flush_partials(t, 0);
         if (t - last_files_check >= 0.5) {
             last_files_check = t;

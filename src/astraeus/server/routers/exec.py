@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Annotated
 
 import anyio.to_thread
@@ -12,7 +13,7 @@ from fastapi import APIRouter, Header, Query, Request, WebSocket, WebSocketDisco
 from fastapi.responses import JSONResponse
 
 from astraeus import protocol as P
-from astraeus.server import agents
+from astraeus.server import agents, services
 from astraeus.server import exec_sessions as X
 from astraeus.server.routers.agent import LONG_POLL_MAX
 from astraeus.server.routers.workspace import PREFIX
@@ -21,40 +22,56 @@ from astraeus.server.services import ApiError
 router = APIRouter()
 
 
-async def _refuse(websocket: WebSocket, status: int, code: str, message: str) -> None:
-    """An HTTP answer to the WebSocket handshake (the server supports it), else an error frame and a close."""
-    body = {"code": code, "message": message}
-    try:
-        await websocket.send_denial_response(JSONResponse(body, status_code=status))
-    except RuntimeError:
-        await websocket.accept()
-        await websocket.send_text(P.ExecControl(type="error", code=status, message=message).model_dump_json())
-        await websocket.close(4000 + status if status < 1000 else 4000)
+async def _refuse(websocket: WebSocket, status: int, code: str, message: str, frame: bool = False) -> None:
+    """An HTTP answer to the WebSocket handshake (the server supports it), else an error frame and a close. `frame`:
+    the frame always (a browser's socket never shows its script an HTTP answer's body)."""
+    if not frame:
+        with contextlib.suppress(RuntimeError):
+            return await websocket.send_denial_response(JSONResponse({"code": code, "message": message},
+                                                                     status_code=status))
+    await websocket.accept()
+    await websocket.send_text(P.ExecControl(type="error", code=status, message=message).model_dump_json())
+    await websocket.close(4000 + status if status < 1000 else 4000)
+
+
+def _console(websocket: WebSocket) -> services.ConsoleCredential | None:
+    """A browser's credential (the console's terminal), when the socket brings no Authorization header and the
+    console's cookie."""
+    h = websocket.headers
+    if h.get("authorization") or services.CONSOLE_COOKIE not in websocket.cookies:
+        return None
+    origins = services.own_origins(websocket.url.scheme, h.get("host") or websocket.url.netloc,
+                                   h.get("x-forwarded-proto"), websocket.app.state.cp.settings.public_url)
+    return services.ConsoleCredential(secret=websocket.cookies[services.CONSOLE_COOKIE],
+                                      csrf=websocket.query_params.get("csrf", ""), origin=h.get("origin"),
+                                      origins=origins)
 
 
 async def _session(websocket: WebSocket, org: str, ws: str, name: str, worker: int, command: list[str], tty: bool,
                    cols: int, rows: int, port: int | None) -> None:
     cp = websocket.app.state.cp
     hub = X.hub_of(websocket.app)
+    console = _console(websocket)
     try:
         p = await anyio.to_thread.run_sync(X.open_session, cp, websocket.headers.get("authorization"), org, ws, name,
-                                           worker, command, tty, cols, rows, port)
+                                           worker, command, tty, cols, rows, port,
+                                           None if console is None else functools.partial(
+                                               services.console_ws_caller, cred=console, org_name=org, ws_name=ws))
     except ApiError as e:
-        return await _refuse(websocket, e.status, e.code, e.message)
+        return await _refuse(websocket, e.status, e.code, e.message, frame=console is not None)
     hub.add(p)
     try:
         await websocket.accept()
         try:
-            agent_ws: WebSocket = await asyncio.wait_for(asyncio.shield(p.agent), X.AGENT_ANSWER_SECONDS)
-        except TimeoutError:
-            await websocket.send_text(P.ExecControl(type="error", message=(
-                f"machine {p.machine} did not open the session within {X.AGENT_ANSWER_SECONDS:g}s: is its agent "
-                "running and connected to this control plane? try again")).model_dump_json())
+            agent_ws: WebSocket = await X.agent_socket(p)
+        except ApiError as e:
+            await websocket.send_text(P.ExecControl(type="error", message=e.message).model_dump_json())
             await websocket.close()
             return
         await _pair(websocket, agent_ws)
     finally:
         hub.drop(p.info.id)
+        await anyio.to_thread.run_sync(X.close_session, cp, p)
 
 
 async def _pass(src: WebSocket, dst: WebSocket) -> None:

@@ -154,11 +154,13 @@ def list_runs(c: WsCaller, s: Sess, base: Base, state: str | None = None,
               label: Annotated[list[str] | None, Query(
                   max_length=2048, description="Only runs with these labels: key=value, repeated or comma-separated "
                                                "(all must match)")] = None,
-              limit: Limit = PAGE_DEFAULT, cursor: Cursor = None):
+              limit: Limit = PAGE_DEFAULT, cursor: Cursor = None,
+              job_id: Annotated[int | None, Query(ge=1, lt=2**63, description="Only the run of this numeric job id "
+                                                                       "(metadata.job_id)")] = None):
     """The workspace's runs, newest first, a page at a time (see routers/events.py)."""
     labels = services.parse_label_selector(label)
     after = decode_cursor(cursor, (float, int))
-    runs = services.list_runs(s, c, state, labels, after, limit + 1)
+    runs = services.list_runs(s, c, state, labels, after, limit + 1, job_id)
     mids = {w.machine_id for r in runs[:limit] for w in r.workers if w.machine_id is not None}
     names = dict(s.execute(select(Machine.id, Machine.name).where(Machine.id.in_(mids))).all()) if mids else {}
     clusters = {cl.id: cl for cl in s.scalars(select(Cluster))}
@@ -180,11 +182,12 @@ class RunUpdate(S.Strict):
 
     priority: Annotated[int, S.Field(ge=-(2**31), lt=2**31)] | None = None
     time_limit_seconds: Annotated[int, S.Field(gt=0, le=365 * 86400)] | None = None
+    held: bool | None = S.Field(None, description="true: held (scontrol hold; a Pending run only); false: released")
 
 
 @router.patch("/runs/{name}", response_model=A.RunOut, response_model_exclude_unset=True)
 def update_run(name: str, body: RunUpdate, c: WsCaller, s: Sess, cp: CP, base: Base):
-    """A live run's priority (within the workspace's maximum) and/or time limit (null: none); editors."""
+    """A live run's priority (within the workspace's maximum), time limit (null: none) and/or hold; editors."""
     with tx(s):
         run = services.update_run(s, c, name, {k: getattr(body, k) for k in body.model_fields_set}, now())
     loop.forget_spec(run.uid)  # its spec changed: the loop reads it again (it keeps specs, which never changed before)

@@ -39,7 +39,8 @@ def create_drive(session: Session, caller: Caller, body: S.DriveCreate, at: floa
         raise ApiError(409, "ALREADY_EXISTS", f"a drive named {name} already exists: choose another metadata.name")
     check_drive_place(session, caller.workspace.id, cluster.id, src.model_dump())
     d = Drive(workspace_id=caller.workspace.id, cluster_id=cluster.id, name=name,
-              spec=body.spec.model_dump(mode="json", exclude_none=True), created_at=at)
+              spec=body.spec.model_dump(mode="json", exclude_none=True), created_at=at, created_by=caller.user,
+              updated_by=caller.user)
     session.add(d)
     lifecycle.event(session, caller.workspace.id, "DriveCreated", name,
                     f"drive {name} on {src.where()}", at)

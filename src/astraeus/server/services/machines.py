@@ -39,12 +39,12 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
     """The views of `machines` (of `cluster_ids`; None: every machine of them, by name)."""
     if machines is None:
         machines = list_machines(session, cluster_ids)
-    counts: dict[int, int] = {}
+    counts: dict[int, set] = {}  # machine -> its GPUs in use (a GPU shared by fractional workers counts once)
     q = select(Worker.machine_id, Worker.gpu_indices).where(Worker.state.in_(lifecycle.ACTIVE))
     if len(machines) <= 1000:
         q = q.where(Worker.machine_id.in_([m.id for m in machines]))
     for mid, idx in session.execute(q):
-        counts[mid] = counts.get(mid, 0) + len(idx or [])
+        counts.setdefault(mid, set()).update(idx or [])
     out = []
     names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
     in_pools: dict[tuple[int, str], list[str]] = {}  # (cluster id, machine) -> the pools it is in
@@ -53,16 +53,24 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
     for p in session.scalars(select(Pool).where(Pool.cluster_id.in_(cluster_ids)).order_by(Pool.name)):
         for n in pool_members(p, [m for m in machines if m.cluster_id == p.cluster_id]):
             in_pools.setdefault((p.cluster_id, n), []).append(p.name)
+    from astraeus.server import health
+
     for m in machines:
-        u = counts.get(m.id, 0)
+        u = len(counts.get(m.id, ()))
+        h = health.view(m)
+        usable = m.gpus - len(h["quarantined_gpus"])
         out.append({"name": m.name, "cluster": names.get(m.cluster_id), "state": m.state, "gpus": m.gpus,
                     "pools": in_pools.get((m.cluster_id, m.name), []),
-                    "gpus_used": u, "gpus_free": max(0, m.gpus - u) if m.state == "Ready" else 0,
+                    "gpus_used": u, "gpus_free": max(0, usable - u) if m.state == "Ready" and not m.cordon else 0,
                     "gpu_models": m.gpu_models, "cpu_cores": m.cpu_cores, "memory_bytes": m.memory_bytes,
                     "stop_grace_seconds": m.stop_grace_seconds, "labels": m.labels, "runtime": m.runtime,
                     "address": m.address, "shared_filesystems": m.shared_filesystems or {},
                     "nfs": m.nfs or {"server": None, "client": False, "rdma": False},
-                    **_disk_view(m), "last_heartbeat": iso(m.last_heartbeat)})
+                    **_disk_view(m), "last_heartbeat": iso(m.last_heartbeat), **h})
+        if m.cordon and m.state == "Ready":  # cordoned or drained: says so where disk pressure would
+            out[-1]["schedulable"], out[-1]["reason"] = False, health.unschedulable(m)
+        if h["quarantined_gpus"]:  # and its failed GPUs, after that
+            out[-1]["reason"] = "; ".join(x for x in (out[-1]["reason"], health.gpus_reason(m)) if x)
     return out
 
 

@@ -96,15 +96,19 @@ def parse_label_selector(values: list[str] | None, field: str = "label") -> dict
 
 
 def list_runs(session: Session, caller: Caller, state: str | None = None, labels: dict[str, str] | None = None,
-              after: tuple[float, int] | None = None, limit: int | None = None) -> list[Run]:
+              after: tuple[float, int] | None = None, limit: int | None = None,
+              job_id: int | None = None) -> list[Run]:
     """The workspace's runs, newest first (created_at, then id, descending), with their workers loaded in one
     query more: those in `state`, carrying every label of `labels`, after the sort key `after` (a page's last
-    run), at most `limit` (None: all of them). The indexes of revision 0010 make this an index scan."""
+    run), at most `limit` (None: all of them); `job_id`: only the run of that numeric job id (none where it is another
+    workspace's). The indexes of revision 0010 make this an index scan."""
     from sqlalchemy.orm import selectinload
 
     q = select(Run).where(Run.workspace_id == caller.workspace.id, Run.live_key == "")
     if state:
         q = q.where(Run.state == state)
+    if job_id is not None:
+        q = q.where(Run.id == job_id)
     for key, value in (labels or {}).items():
         q = q.where(Run.labels[key].as_string() == value)
     if after is not None:
@@ -123,9 +127,12 @@ def delete_run(session: Session, caller: Caller, name: str, at: float) -> tuple[
     require(caller, "editor")
     run = get_run(session, caller, name)
     machines = [w.machine_id for w in run.workers if w.state in lifecycle.ACTIVE]
-    lifecycle.delete(session, run, at)
+    lifecycle.delete(session, run, at, caller.user)
     delete_logs(session, run)  # and the agent's later lines for it are not stored (agents.store_logs)
-    lifecycle.record(session, lifecycle.RUN_DELETED, at, run=run, name=name)
+    if caller.user:
+        lifecycle.record(session, lifecycle.RUN_DELETED_BY, at, run=run, by=caller.user)
+    else:
+        lifecycle.record(session, lifecycle.RUN_DELETED, at, run=run, name=name)
     return run, machines
 
 
@@ -136,10 +143,17 @@ def update_run(session: Session, caller: Caller, name: str, changes: dict, at: f
     from its start, or from its placement before it started), as lifecycle.placed/running set it."""
     if changes.get("priority", 0) is None:
         raise ApiError(422, "INVALID", "priority: give a whole number (null is not a priority)")
+    if "held" in changes and changes["held"] is None:
+        raise ApiError(422, "INVALID", "held: give true (scontrol hold) or false (scontrol release)")
     if not changes:
-        raise ApiError(422, "INVALID", "give priority and/or time_limit_seconds (null: no time limit)")
+        raise ApiError(422, "INVALID", "give priority, time_limit_seconds (null: no time limit) and/or held")
     require(caller, "editor")
     run = get_run(session, caller, name)
+    if changes.get("held") and not run.held and (run.state != lifecycle.RunState.PENDING or run.deleting):
+        # once placed it would have to be stopped: that is cancelling it
+        raise ApiError(409, "NOT_PENDING", f"run {name} is {'being deleted' if run.deleting else run.state}: only "
+                                           f"a Pending run can be held; cancel it (astra slurm scancel {name}) to "
+                                           "stop it")
     if run.state in lifecycle.RUN_ENDED or run.deleting:
         raise ApiError(409, "RUN_ENDED", f"run {name} has ended ({run.state}) or is being deleted: its priority and "
                                          "time limit can no longer change")
@@ -165,7 +179,10 @@ def update_run(session: Session, caller: Caller, name: str, changes: dict, at: f
                 since = w.started_at if w.started_at is not None else w.placed_at
                 w.deadline = since + limit if limit and since is not None else None
         said.append(f"time limit {limit} s" if limit else "no time limit")
+    if "held" in changes and bool(changes["held"]) != bool(run.held):
+        said.append(lifecycle.hold(session, run, bool(changes["held"]), at))
     run.spec = spec
+    run.updated_by = caller.user or run.updated_by
     if said:
         lifecycle.event(session, run.workspace_id, "RunUpdated", name, f"run {name} updated: {', '.join(said)}", at)
     return run

@@ -27,6 +27,11 @@ def iso(t: float | None) -> str | None:
 PAUSED = "Paused to make room for higher-priority work"
 
 
+def made_by(row) -> dict:
+    """metadata.created_by and updated_by of a run, drive, template, schedule, replica group or reservation."""
+    return {"created_by": row.created_by, "updated_by": row.updated_by}
+
+
 def console_url(base: str, org: str, ws: str, cluster: str, run: str) -> str:
     return f"{base}/o/{org}/w/{ws}/jobs/{cluster}/{run}"
 
@@ -44,6 +49,7 @@ def worker_view(w: Worker, machine_names: dict[int, str] | None = None) -> dict:
         "attempt": w.attempt, "pid": w.pid, "image": tt["image"], "environment": w.environment,
         "placed_at": iso(w.placed_at), "started_at": iso(w.started_at), "finished_at": iso(w.finished_at),
         "why_not": [{"machine": m, "reason": r} for m, r in (w.why_not or [])],
+        **({"gpu_fraction": w.gpu_milli / 1000} if w.gpu_milli else {}),  # issue 46: its share of its one GPU
     }
 
 
@@ -75,6 +81,7 @@ def run_view(run: Run, org: Org, ws: Workspace, cluster: Cluster, base: str, his
         "restarts": sum(w.restarts for w in run.workers),
         "started_at": iso(run.started_at), "finished_at": iso(run.finished_at),
         "console_url": console_url(base, org.name, ws.name, cluster.name, run.name),
+        "held": bool(run.held),
     }
     if run.preempted_by and run.state == "Pending":
         status["console_reason"] = PAUSED
@@ -84,8 +91,9 @@ def run_view(run: Run, org: Org, ws: Workspace, cluster: Cluster, base: str, his
     spec["cluster"] = cluster.name
     spec["task_template"] = shown_template(spec["task_template"], role)
     return {
-        "metadata": {"name": run.name, "labels": run.labels or {}, "uid": run.uid, "workspace": ws.name,
+        "metadata": {"name": run.name, "job_id": run.id, "labels": run.labels or {}, "uid": run.uid, "workspace": ws.name,
                      "namespace": ws.ns, "cluster": cluster.name, "created_at": iso(run.created_at),
+                     **made_by(run),
                      # the run template it was made from, and that template's version then (docs/api.md)
                      "template": {"name": run.template, "version": run.template_version} if run.template else None},
         "spec": spec,
@@ -95,7 +103,7 @@ def run_view(run: Run, org: Org, ws: Workspace, cluster: Cluster, base: str, his
 
 def drive_view(d: Drive, ws: Workspace, cluster: Cluster) -> dict:
     return {"metadata": {"name": d.name, "workspace": ws.name, "namespace": ws.ns, "cluster": cluster.name,
-                         "created_at": iso(d.created_at)},
+                         "created_at": iso(d.created_at), **made_by(d)},
             "spec": d.spec, "status": {"state": "Ready"}}
 
 
@@ -107,6 +115,7 @@ def event_view(e: Event) -> dict:
 
 def access_view(c: Cluster, a: Access) -> dict:
     return {"name": c.name, "max_priority": a.max_priority, "weight": a.weight, "host_paths": a.host_paths or [],
-            "host_network": bool(a.host_network), "default_image": a.default_image, "preemption": c.preemption, "pools": list(a.pools) if a.pools is not None else None,
+            "host_network": bool(a.host_network), "default_image": a.default_image, "max_gpus_per_user": a.max_gpus_per_user,
+            "preemption": c.preemption, "pools": list(a.pools) if a.pools is not None else None,
             "quota": {"gpus": a.quota_gpus, "cpu_cores": a.quota_cpu_cores, "memory_bytes": a.quota_memory_bytes,
                       "workers": a.quota_workers}}

@@ -1,0 +1,79 @@
+"""Shared GPUs (issue 46): capacity per GPU in thousandths, and where a fractional worker goes.
+
+A GPU holds FULL (1000) thousandths, as the Alibaba trace's `gpu_milli`. A fractional worker asks for part of one
+GPU (`WorkerRequest.gpus` 0 < g < 1, e.g. 0.5); it takes room on a GPU that already has tenants, or a GPU with
+nothing on it. Whole-GPU workers only take GPUs with nothing on them (`Cluster.free_g` never lists a shared GPU),
+so a GPU is never oversubscribed. The per-GPU free capacity of a machine is a tuple of ints (`free_milli`): both
+best fit here and a fragmentation score beside it read the same tuple.
+"""
+
+from __future__ import annotations
+
+FULL = 1000  # thousandths of one GPU
+
+# Who may share a GPU (a cluster setting): tenants of one workspace only, or of any workspace.
+SAME_WORKSPACE = "workspace"
+ANY_WORKSPACE = "any"
+SHARING = (SAME_WORKSPACE, ANY_WORKSPACE)
+
+
+def is_fraction(gpus: float) -> bool:
+    """Does a worker asking for `gpus` share one GPU (0 < gpus < 1)?"""
+    return 0 < gpus < 1
+
+
+def to_milli(gpus: float) -> int:
+    """The thousandths of one GPU a fractional request takes (at least 1)."""
+    return max(1, min(FULL - 1, round(gpus * FULL)))
+
+
+def from_milli(milli: int) -> float:
+    """The GPUs that `milli` thousandths stand for, as quotas and reasons count them (0.5)."""
+    return milli / FULL
+
+
+def free_milli(gpus: int, whole_free: list[int] | tuple[int, ...], shared: dict[int, list], workspace: str,
+               sharing: str) -> tuple[int, ...]:
+    """Per GPU of a machine, the thousandths a fractional worker of `workspace` may still take: FULL on a GPU with
+    nothing on it, FULL less its tenants' share on a shared GPU (0 where the cluster keeps other workspaces off),
+    0 on a GPU held whole (or failed). `shared`: gpu -> [used thousandths, {workspace: tenants}]."""
+    out = [0] * gpus
+    for g in whole_free:
+        out[g] = FULL
+    for g, (used, tenants) in shared.items():
+        if sharing == ANY_WORKSPACE or not tenants or (len(tenants) == 1 and workspace in tenants):
+            out[g] = FULL - used
+    return tuple(out)
+
+
+def best_fit(candidates, milli: int) -> tuple[int, int] | None:
+    """(machine, gpu) for a fractional worker of `milli` thousandths: the GPU left with the least free room after
+    it (a shared GPU before an empty one), ties by machine then GPU index; None when no GPU has room.
+    `candidates`: (machine index, its `free_milli` tuple), in any order."""
+    best = None
+    for i, free in candidates:
+        for g, f in enumerate(free):
+            if f >= milli:
+                key = (f - milli, i, g)
+                if best is None or key < best:
+                    best = key
+    return None if best is None else (best[1], best[2])
+
+
+def usable_shares(on: dict[int, list], sharing: str) -> dict[str | None, tuple[int, ...]]:
+    """Who may take room on a machine's shared GPUs, with the free thousandths each finds there (above 0, sorted):
+    None (anyone) when the cluster lets any workspace share, else the one workspace on each GPU (a GPU with
+    tenants of two workspaces, as a change of the setting leaves, takes no one). Keys `Cluster`'s share index:
+    with the machine's whole free GPUs it is all a placement's score reads of the machine."""
+    out: dict[str | None, list[int]] = {}
+    for used, tenants in on.values():
+        if used >= FULL:
+            continue
+        if sharing == ANY_WORKSPACE:
+            who = None
+        elif len(tenants) == 1:
+            who = next(iter(tenants))
+        else:
+            continue
+        out.setdefault(who, []).append(FULL - used)
+    return {who: tuple(sorted(free)) for who, free in out.items()}

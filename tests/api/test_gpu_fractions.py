@@ -1,0 +1,75 @@
+"""Issue 46: fractional GPUs through the API of an in-process control plane (machines registered by the test, no
+agents): bad gpu_requests get a 422 that says what to change and store nothing; a fraction is placed on a share of one
+GPU, shown as such; the cluster setting decides whether workspaces share a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.test_whatif import ORG, _h, counts, other_workspace, placed, register, submit
+from tests.conftest import wait_for
+
+
+def frac(name: str, gpu: dict) -> dict:
+    return {"metadata": {"name": name}, "spec": {"task_template": {
+        "image": "python:3.11", "command": "sleep", "args": ["600"], "requested_resources": {"gpu_requests": gpu}}}}
+
+
+@pytest.mark.parametrize("gpu, words", [
+    ({"count": 1, "fraction": 1.5}, "gpu_requests.fraction must be between 0 and 1"),
+    ({"count": 1, "fraction": 0}, "gpu_requests.fraction must be between 0 and 1"),
+    ({"count": 1, "fraction": -0.25}, "gpu_requests.fraction must be between 0 and 1"),
+    ({"count": 2, "fraction": 0.5}, "set count to 1 (it is 2)"),
+    ({"fraction": 0.5}, "set count to 1 (it is 0)"),
+    ({"count": 1, "fraction": 0.0001}, "under a thousandth"),
+    ({"count": 1, "fraction": 0.5, "min_per_machine": 1}, "leave out min_per_machine"),
+    ({"count": 1, "fraction": 0.5, "mig": "1g.10gb"}, "give one of fraction or mig"),
+    ({"count": 1, "mig": "1g.10gb"}, "no machine of this cluster reports MIG devices"),
+    ({"count": 1, "memory_bytes": 1 << 34}, "ask a fraction instead"),
+])
+def test_bad_fractions_are_refused_and_nothing_is_stored(app, gpu, words):
+    before = counts(app)
+    r = app.client.post(app.api + "/runs", json=frac("bad", gpu), headers=app.h())
+    assert r.status_code == 422, r.text
+    assert words in r.text, r.text
+    assert counts(app) == before
+
+
+def test_fraction_with_several_machines_is_refused(app):
+    b = frac("bad", {"count": 1, "fraction": 0.5})
+    b["spec"]["task_template"]["requested_resources"]["machines"] = 2
+    r = app.client.post(app.api + "/runs", json=b, headers=app.h())
+    assert r.status_code == 422 and "leave out machines" in r.text, r.text
+
+
+def test_two_halves_share_one_gpu_and_a_whole_gpu_run_takes_another(app):
+    register(app, "gpu-01", gpus=2)
+    submit(app, frac("half-a", {"count": 1, "fraction": 0.5}))
+    submit(app, frac("half-b", {"count": 1, "fraction": 0.5}))
+    a, b = placed(app, "half-a-0"), placed(app, "half-b-0")
+    assert a["gpu_indices"] == b["gpu_indices"] == [0]
+    assert a["gpu_fraction"] == b["gpu_fraction"] == 0.5
+    submit(app, frac("whole", {"count": 1}))
+    assert placed(app, "whole-0")["gpu_indices"] == [1]
+    machines = app.client.get(app.api + "/machines", headers=app.h()).json()["items"]
+    assert [(m["name"], m["gpus_used"]) for m in machines] == [("gpu-01", 2)]  # the shared GPU counts once
+    got = app.client.get(app.api + "/runs/half-a", headers=app.h()).json()
+    assert got["spec"]["task_template"]["requested_resources"]["gpu_requests"]["fraction"] == 0.5
+
+
+def test_other_workspaces_share_a_gpu_only_where_the_cluster_allows(app):
+    register(app, "gpu-01", gpus=1)
+    submit(app, frac("mine", {"count": 1, "fraction": 0.5}))
+    placed(app, "mine-0")
+    nlp = other_workspace(app)
+    submit(app, frac("theirs", {"count": 1, "fraction": 0.5}), ws=nlp)
+
+    def reason():
+        r = app.client.get(f"{nlp[0]}/runs/theirs", headers=nlp[1]).json()
+        return r["status"]["reason"] if r["status"]["state"] == "Pending" and r["status"].get("reason") else None
+
+    assert wait_for(reason, 20, what="a reason")
+    r = app.client.patch(f"{ORG}/clusters/main", json={"gpu_sharing": "any"}, headers=_h(app.boot["admin_token"]))
+    assert r.status_code == 200, r.text
+    assert r.json()["gpu_sharing"] == "any"
+    assert placed(app, "theirs-0", ws=nlp)["gpu_indices"] == [0]

@@ -256,6 +256,9 @@ def agent(
     gpus: Annotated[int | None, typer.Option(help="Simulated GPU count (default: found through NVML)")] = None,
     cpus: Annotated[float | None, typer.Option(help="CPU cores to declare")] = None,
     memory_gib: Annotated[float | None, typer.Option(help="Memory to declare, GiB")] = None,
+    gpu_memory_gib: Annotated[float | None, typer.Option(
+        help="Memory of each simulated GPU, GiB (with --gpus; default: NVML's where the GPUs are real, else 80)",
+        show_default=False)] = None,
     state_dir: Annotated[Path | None, typer.Option(
         help="Where the agent records its workers (default: $ASTRAEUS_STATE_DIR or $ASTRAEUS_HOME/agents/NAME)",
         show_default=False)] = None,
@@ -304,9 +307,14 @@ def agent(
     except ValueError as e:
         typer.echo(f"astraeus agent: {option}: {e}", err=True)
         raise typer.Exit(2) from None
+    if gpu_memory_gib is not None and not 0 < gpu_memory_gib <= 1 << 20:
+        typer.echo(f"astraeus agent: --gpu-memory-gib {gpu_memory_gib:g}: give each GPU's memory in GiB, more than 0 "
+                   "(e.g. 80)", err=True)
+        raise typer.Exit(2)
     heap.settle()  # what it imported is left out of the garbage collector's walks
     try:
         run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
+                  gpu_memory_bytes=int(gpu_memory_gib * (1 << 30)) if gpu_memory_gib else None,
                   memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,
                   state_dir=str(state_dir or env.state_dir_for(name)), stop_grace=env.stop_grace,
                   stop_workers_on_exit=stop_workers_on_exit, image_map=env.images(), runtime_kind=asked,
@@ -324,6 +332,7 @@ def up(
     machines: Annotated[int, typer.Option(help="Local machines (gpu-01, gpu-02, …)")] = 1,
     cpus: Annotated[float, typer.Option(help="CPU cores each machine declares")] = 64,
     memory_gib: Annotated[float, typer.Option(help="Memory each machine declares, GiB")] = 512,
+    gpu_memory_gib: Annotated[float, typer.Option(help="Memory of each simulated GPU, GiB")] = 80,
     org: Annotated[str, typer.Option()] = "acme",
     workspace: Annotated[str, typer.Option()] = "vision",
     cluster: Annotated[str, typer.Option()] = "main",
@@ -359,13 +368,18 @@ def up(
         except RuntimeChoiceError as e:
             typer.echo(f"astraeus up: {e}", err=True)
             raise typer.Exit(2) from None
+    if not 0 < gpu_memory_gib <= 1 << 20:
+        typer.echo(f"astraeus up: --gpu-memory-gib {gpu_memory_gib:g}: give each GPU's memory in GiB, more than 0 "
+                   "(e.g. 80)", err=True)
+        raise typer.Exit(2)
     shared = _up_shared_fs(shared_fs or [])
     names = [f"gpu-{i + 1:02d}" for i in range(machines)]
     home = settings.home
     layout = _up_network(home, names, netns)  # before the control plane: it listens on the bridge's address
     try:
         _up(settings, cp_args=(org, workspace, cluster, host_path, lost_after, max_priority), names=names,
-            gpus=gpus, cpus=cpus, memory_gib=memory_gib, runtime=asked, shared=shared, layout=layout)
+            gpus=gpus, cpus=cpus, memory_gib=memory_gib, runtime=asked, shared=shared, layout=layout,
+            gpu_memory_gib=gpu_memory_gib)
     finally:
         if layout is not None:
             from astraeus.fleet import netns as fleet_netns
@@ -433,7 +447,7 @@ def _interrupted(*_) -> None:
     raise KeyboardInterrupt
 
 
-def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, layout) -> None:
+def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, layout, gpu_memory_gib=80) -> None:
     from astraeus.server.core import ControlPlane
     from astraeus.settings import environment
 
@@ -459,6 +473,7 @@ def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, la
         for name in names:
             cmd = [sys.executable, "-m", "astraeus.main", "agent", "--server", base,
                    "--name", name, "--gpus", str(gpus), "--cpus", str(cpus), "--memory-gib", str(memory_gib),
+                   "--gpu-memory-gib", str(gpu_memory_gib),
                    "--state-dir", str(home / "agents" / name), "--stop-workers-on-exit", "--runtime", asked]
             for fs, path in shared.items():
                 cmd += ["--shared-fs", f"{fs}={path}"]

@@ -79,6 +79,12 @@ class Register(Body):
     name: str = Field(description="The machine's name (a DNS label), unique in its cluster")
     gpus: Annotated[int, Field(ge=0, le=4096)] = 0
     gpu_models: list[str] = Field(default_factory=list)
+    gpu_memory_bytes: list[Annotated[int, Field(ge=0, le=INT64)]] = Field(
+        default_factory=list, max_length=4096, description="Issue 46: each GPU's memory in bytes, by index (NVML's, or "
+        "the simulated agent's --gpu-memory-gib); [] from an older agent: runs asking GPU memory do not fit here")
+    gpu_mig: list[dict[str, Annotated[int, Field(ge=0, le=64)]]] = Field(
+        default_factory=list, max_length=4096, description="Issue 46: each GPU's MIG devices, profile -> count "
+        "({\"1g.10gb\": 7}); {} for a GPU without MIG")
     cpu_cores: Annotated[float, Field(ge=0, le=1e6)] = 1.0
     memory_bytes: Annotated[int, Field(ge=0, le=INT64)] = 0
     stop_grace_seconds: Annotated[float, Field(ge=0, le=86400)] = Field(
@@ -222,6 +228,9 @@ class Assignment(Answer):
     gpu_fraction: Annotated[float, Field(gt=0, lt=1)] | None = Field(
         None, description="Issue 46: the share of its one GPU (gpu_indices[0]) the worker has; the agent runs it as a "
         "CUDA MPS client with that compute share and memory limit (docs/gpu-sharing.md). None: its GPUs whole")
+    gpu_memory_bytes: Annotated[int, Field(gt=0, le=INT64)] | None = Field(
+        None, description="Issue 46: the GPU memory the run asked (gpu_requests.memory_bytes): a sharing worker's MPS "
+        "memory limit; None: its fraction of the GPU's memory")
     cpu_cores: float | None = None
     memory_bytes: int | None = None
     mounts: list[Mount] = Field(default_factory=list)

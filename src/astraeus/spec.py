@@ -177,12 +177,10 @@ class GpuRequests(Strict):
             raise ValueError(f"gpu_requests.fraction {self.fraction} is under a thousandth of a GPU: ask 0.001 or more")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ValueError(f"gpu_requests.memory_bytes must be more than 0, not {self.memory_bytes}")
-        if self.memory_bytes is not None:
-            raise ValueError("gpu_requests.memory_bytes: no machine reports its GPU memory to the scheduler yet; "
-                             "ask a fraction instead (\"fraction\": 0.25)")
         if self.mig is not None:
-            raise ValueError(f"gpu_requests.mig {self.mig!r}: no machine of this cluster reports MIG devices; "
-                             "ask a fraction instead (\"fraction\": 0.25)")
+            raise ValueError(f"gpu_requests.mig {self.mig!r}: MIG devices are not scheduled yet (machines report them, "
+                             "the scheduler does not hand them out); ask GPU memory (\"memory_bytes\") or a fraction "
+                             "(\"fraction\": 0.25) instead")
         return self
 
 

@@ -221,3 +221,26 @@ def test_the_entry_module_runs_hot_commands_without_typer(tmp_path):
 
     # if this fails: python -m astraeus.cli.make_hot_table > src/astraeus/cli/hot_table.py
     assert fastargs.render_table(app) == Path(hot_table.__file__).read_text()
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["astraeus", "--help"], ["slurm", "sbatch", "--help"]])
+def test_kept_help_is_typers_help(argv):
+    """`astra --help` and the like print what hot_table keeps: the same text and exit code as typer's own."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    astra = str(Path(sys.executable).parent / "astra")
+    kept = subprocess.run([astra, *argv], capture_output=True, text=True, timeout=60, env=env)
+    typers = subprocess.run([astra, *argv], capture_output=True, text=True, timeout=60,
+                            env={**env, "ASTRA_NO_FASTARGS": "1"})
+    assert (kept.returncode, kept.stdout, kept.stderr) == (typers.returncode, typers.stdout, typers.stderr)
+    assert "Usage: astra" in kept.stdout or "astra slurm sbatch" in kept.stdout
+
+
+def test_kept_help_only_where_it_is_exact():
+    from astraeus.cli.fastargs import HELP_WIDTH, help_cached
+
+    helps = {"--help": (0, "text")}
+    assert help_cached(helps, ["--help"], None, None) == (0, "text")  # a pipe
+    assert help_cached(helps, ["--help"], None, HELP_WIDTH + 40) == (0, "text")  # a wide terminal: the same words
+    assert help_cached(helps, ["--help"], None, HELP_WIDTH - 1) is None  # narrower: typer wraps it
+    assert help_cached(helps, ["--help"], "120", None) is None  # another width asked
+    assert help_cached(helps, ["astraeus", "describe", "--help"], None, None) is None  # not kept

@@ -180,14 +180,14 @@ def test_sbatch_squeue_scancel(c, tmp_path):
         ok(astra(c, "slurm", "sbatch", "-J", "second", "--nice=200", "--gres=gpu:1", "finetune.sbatch", cwd=tmp_path))
         c.wait_for(lambda: "(" in ok(astra(c, "slurm", "squeue", "-j", "second")), what="second pending")
         line = ok(astra(c, "slurm", "squeue", "-j", "second")).splitlines()[1]
-        assert re.fullmatch(r" +second +main +second +vision PD +0:00 +1 \(Next to run \(priority -200\): starts by "
+        assert re.fullmatch(r" +second +main +second +admin PD +0:00 +1 \(Next to run \(priority -200\): starts by "
                             r"\d{4}-\d\d-\d\d \d\d:\d\d UTC as running work ends\)", line), line
         assert ok(astra(c, "slurm", "squeue", "-t", "PD")).count("\n") == 2
 
         assert ok(astra(c, "slurm", "scancel", "finetune", "second")) == ""
         # CG while the workers stop (the stop grace), then gone.
         sq = ok(astra(c, "slurm", "squeue"))
-        assert re.search(r" finetune +vision +(CG|CA) ", sq) or _gone(c, "finetune"), sq
+        assert re.search(r" finetune +admin +(CG|CA) ", sq) or _gone(c, "finetune"), sq
         c.wait_for(lambda: "finetune" not in ok(astra(c, "slurm", "squeue")), what="finetune gone")
         err = one_line_error(astra(c, "slurm", "scancel", "finetune"))
         assert err == "scancel: error: Kill job error on job id finetune: Invalid job id specified"

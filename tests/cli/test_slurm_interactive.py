@@ -1,6 +1,7 @@
 """`astra slurm srun`, `salloc` and `sbatch --wait/--parsable` against a real local cluster (`astraeus up`,
 process runtime): exit codes passed through, output streamed, the runs srun and salloc make deleted afterwards,
-refusals in one line."""
+refusals in one line. The interactive ones (srun --pty, salloc with srun inside) run on both runtimes
+(tests/runtimes.py: the container variant in the python test image, through `runc exec`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import subprocess
 import pytest
 
 from tests.cli.test_commands import ASTRA, _gone, astra, ok, one_line_error, state
+from tests.conftest import start_cluster
+from tests.runtimes import KINDS, container_skip_reason, runtime_env
 
 pytestmark = pytest.mark.timeout(240)
 IMG = "--container-image=busybox"
@@ -19,6 +22,28 @@ IMG = "--container-image=busybox"
 @pytest.fixture
 def c(shared_cluster):
     return shared_cluster
+
+
+@pytest.fixture(scope="module")
+def container_cluster(tmp_path_factory, request):
+    """One container-runtime cluster for the module's container variants, and its `--container-image=` option."""
+    if (why := container_skip_reason()) is not None:
+        pytest.skip(why)
+    containers = request.getfixturevalue("containers")
+    cluster = start_cluster(tmp_path_factory.mktemp("slurm-container") / "home", stop_grace=1.0,
+                            env=runtime_env("container", containers))
+    try:
+        yield cluster, f"--container-image={containers.image}"
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=KINDS)
+def ci(request):
+    """Each runtime's cluster in turn, with the image option its runs name."""
+    if request.param == "process":
+        return request.getfixturevalue("shared_cluster"), IMG
+    return request.getfixturevalue("container_cluster")
 
 
 def _env(c) -> dict:
@@ -80,11 +105,12 @@ def test_srun_ctrl_c_deletes_the_run(c):
             p.kill()
 
 
-def test_srun_pty_bash_opens_a_shell_in_the_job_and_deletes_it(c):
+def test_srun_pty_bash_opens_a_shell_in_the_job_and_deletes_it(ci):
     pexpect = pytest.importorskip("pexpect")
-    child = pexpect.spawn(ASTRA, ["slurm", "srun", "-J", "ptyjob", IMG, "--pty", "bash"], env=_env(c), timeout=60,
+    c, img = ci
+    child = pexpect.spawn(ASTRA, ["slurm", "srun", "-J", "ptyjob", img, "--pty", "bash"], env=_env(c), timeout=60,
                           encoding="utf-8")
-    child.expect(r"\$ ")
+    child.expect(r"[$#] ")  # the prompt (a container's shell runs as its image's user, root)
     child.sendline("echo worker=$ASTRAEUS_WORKER_NAME; tty")
     child.expect("worker=ptyjob-0")
     child.expect(r"/dev/pts/\d+")
@@ -95,10 +121,11 @@ def test_srun_pty_bash_opens_a_shell_in_the_job_and_deletes_it(c):
     c.wait_for(lambda: _gone(c, "ptyjob"), timeout=30, what="ptyjob deleted")
 
 
-def test_salloc_runs_its_command_and_srun_inside_uses_the_allocation(c):
+def test_salloc_runs_its_command_and_srun_inside_uses_the_allocation(ci):
+    c, img = ci
     inner = ("echo job=$SLURM_JOB_ID nodes=$SLURM_NNODES; "
              "astra slurm srun sh -c 'echo in-$ASTRAEUS_WORKER_NAME; exit 6'; echo inner=$?; exit 2")
-    r = subprocess.run([ASTRA, "slurm", "salloc", "-J", "alloc1", IMG, "sh", "-c", inner], env=_env(c),
+    r = subprocess.run([ASTRA, "slurm", "salloc", "-J", "alloc1", img, "sh", "-c", inner], env=_env(c),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r
     assert "job=alloc1 nodes=1" in r.stdout and "in-alloc1-0" in r.stdout and "inner=6" in r.stdout, r
@@ -107,10 +134,11 @@ def test_salloc_runs_its_command_and_srun_inside_uses_the_allocation(c):
     c.wait_for(lambda: _gone(c, "alloc1"), timeout=30, what="alloc1 deleted")
 
 
-def test_salloc_interactive_shell_and_srun_pty_inside(c):
+def test_salloc_interactive_shell_and_srun_pty_inside(ci):
     pexpect = pytest.importorskip("pexpect")
+    c, img = ci
     env = dict(_env(c), SHELL="/bin/sh", PS1="local$ ")
-    child = pexpect.spawn(ASTRA, ["slurm", "salloc", "-J", "alloc2", IMG], env=env, timeout=60, encoding="utf-8")
+    child = pexpect.spawn(ASTRA, ["slurm", "salloc", "-J", "alloc2", img], env=env, timeout=60, encoding="utf-8")
     child.expect("salloc: Granted job allocation alloc2")
     child.expect(r"local\$ ")
     child.sendline("astra slurm srun sh -c 'echo on-$ASTRAEUS_WORKER_NAME'; echo rc=$?")
@@ -118,7 +146,7 @@ def test_salloc_interactive_shell_and_srun_pty_inside(c):
     child.expect("rc=0")
     child.expect(r"local\$ ")
     child.sendline("astra slurm srun --pty bash")
-    child.expect(r"\$ ")
+    child.expect(r"[$#] ")
     child.sendline("echo remote=$ASTRAEUS_WORKER_NAME; exit 7")
     child.expect("remote=alloc2-0")
     child.expect(r"local\$ ")

@@ -89,8 +89,11 @@ def test_shell_on_a_real_terminal(any_live):
     child = pexpect.spawn(ASTRA, ["astraeus", "shell", "box"], env=any_live.env, timeout=30, encoding="utf-8")
     child.setwinsize(30, 100)
     child.expect(r"[$#] ")  # the prompt: the shell is reading its terminal
-    child.sendline("tty; echo HOME=$HOME; stty size")
+    child.sendline("tty; echo JOB=$SLURM_JOB_ID; echo HOME=$HOME; stty size")
     child.expect(r"/dev/pts/\d+")
+    child.expect(r"JOB=(\d+)\r?\n")  # the worker's Slurm environment: the run's numeric job id
+    with any_live.client() as cl:
+        assert int(child.match.group(1)) == cl.get("/runs/box").json()["metadata"]["job_id"]
     child.expect(r"HOME=(/\S+)")
     if "exec-process" in str(any_live.home):  # the worker's own home (a container's is its image's, as runc gives it)
         assert child.match.group(1) != "/root"

@@ -1,6 +1,6 @@
 """The run-lifecycle parts of batch and interactive work, on a real `astraeus up` (process runtime): Slurm's
 `--signal=[B:]SIG@SECS` before the time limit, `--no-requeue` after a preemption, an interactive run's idle
-timeout, and a shell that says why when its worker is preempted."""
+timeout, and a shell that says why when its worker is preempted (that one on both runtimes, tests/runtimes.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import VENV_BIN, start_cluster, wait_for
 from tests.faults.conftest import sleeper_run
+from tests.runtimes import KINDS, container_skip_reason, runtime_env
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -24,6 +25,28 @@ def c(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def container_c(tmp_path_factory, request):
+    """A container-runtime cluster for the container variant, and the image its runs name."""
+    if (why := container_skip_reason()) is not None:
+        pytest.skip(why)
+    containers = request.getfixturevalue("containers")
+    cluster = start_cluster(tmp_path_factory.mktemp("lifecycle-container") / "home", stop_grace=1.0,
+                            env=runtime_env("container", containers))
+    try:
+        yield cluster, containers.image
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=KINDS)
+def ci(request):
+    """Each runtime's cluster in turn, with the image its runs name."""
+    if request.param == "process":
+        return request.getfixturevalue("c"), "python:3.11"
+    return request.getfixturevalue("container_c")
 
 
 def astra(c, *args, timeout=60, **kw) -> subprocess.CompletedProcess:
@@ -136,16 +159,17 @@ def test_srun_idle_timeout_needs_pty_and_a_time(c):
     assert r.returncode != 0 and "invalid --idle-timeout='soon'" in r.stderr and "--idle-timeout=30" in r.stderr, r
 
 
-def test_a_preempted_shell_says_why_before_it_closes(c):
+def test_a_preempted_shell_says_why_before_it_closes(ci):
     pexpect = pytest.importorskip("pexpect")
+    c, image = ci
     with c.client() as h:
-        assert h.post("/runs", json=sleeper_run("notebook", gpus=8, priority=-100)).status_code == 201
+        assert h.post("/runs", json=sleeper_run("notebook", gpus=8, priority=-100, image=image)).status_code == 201
     try:
         running(c, "notebook")
         child = pexpect.spawn(ASTRA, ["astraeus", "shell", "notebook"], env=c.env, timeout=60, encoding="utf-8")
-        child.expect(r"\$ ")
+        child.expect(r"[$#] ")  # the prompt (a container's shell runs as its image's user, root)
         with c.client() as h:
-            assert h.post("/runs", json=sleeper_run("urgent-y", gpus=8)).status_code == 201
+            assert h.post("/runs", json=sleeper_run("urgent-y", gpus=8, image=image)).status_code == 201
         child.expect(r"Preempted by[^\r\n]*urgent-y[^\r\n]*: the worker is stopping, so this session ends")
         child.expect(pexpect.EOF)
         child.close()

@@ -27,7 +27,8 @@ ALLOWED: dict[tuple[str, str], set[str]] = {}
 # setattr with a computed name, where the object is known not to be a row that has a watched field:
 # (module, function) -> the model it writes, checked below to have no watched column.
 COMPUTED_SETATTR = {("server/services/bootstrap.py", "set_access"): "Access",
-                    ("server/services/sso.py", "set_config"): "SsoProvider"}
+                    ("server/services/sso.py", "set_config"): "SsoProvider",
+                    ("server/admin.py", "_set_policies"): "Cluster"}
 
 
 def writes(source: str, module: str = "") -> list[tuple[int, str]]:

@@ -445,7 +445,7 @@ ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvo
                     "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None,
                                  "disk_path": None, "disk_free_bytes": None, "disk_total_bytes": None,
                                  "cordon": None, "cordon_reason": None, "cordon_by": None, "cordon_at": None,
-                                 "gpu_faults": None},
+                                 "gpu_faults": None, "gpu_memory": None, "gpu_mig": None},
                     "access": {"pools": None, "host_network": False, "default_image": None,
                                "max_gpus_per_user": None},
                     "users": {"sso_subject": None}}

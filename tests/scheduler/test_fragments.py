@@ -18,7 +18,9 @@ from astraeus.scheduler.fragments import (
     fits,
     fragment,
     fragmentation,
+    per_gpu,
     sizes_of,
+    stranded,
     whole_order,
 )
 
@@ -58,7 +60,7 @@ def test_fragmentation_weighs_the_task_sizes():
 
 
 def test_an_unknown_placement_says_which_ones_exist():
-    with pytest.raises(ValueError, match="placement must be one of fgd, bestfit, spread, not 'tightest'"):
+    with pytest.raises(ValueError, match="placement must be one of fgd, fgd\\+, bestfit, spread, not 'tightest'"):
         Placer([Room((1000,))], "tightest")
 
 
@@ -122,6 +124,44 @@ def test_whole_order_keeps_whole_machines_for_big_tasks():
     assert whole_order(1, 8, sizes, "spread") == list(range(8, 0, -1))
 
 
+# ------------------------------------------------------------------------- fgd+: CPU and memory strand GPUs
+
+ONE_GPU_10_CORES = Request(1, WHOLE, cpu_milli=10_000, memory_mib=1_000)
+
+
+@pytest.mark.parametrize(
+    ("room", "expected"),
+    [
+        (Room((1000, 1000), 20_000, 2_000), 0.0),  # 20 cores and 2,000 MiB feed both GPUs at 10 cores, 1,000 MiB each
+        (Room((1000, 1000), 10_000, 2_000), 1000.0),  # 10 cores feed one: the other GPU is stranded
+        (Room((1000, 1000), 20_000, 500), 1500.0),  # memory for half a GPU
+        (Room((1000, 300), 5_000, 9_000), 800.0),  # 1,300 free, cores for 500 of it
+        (Room((0, 0), 0, 0), 0.0),  # nothing free, nothing stranded
+    ],
+)
+def test_stranded_gpu_capacity(room, expected):
+    assert per_gpu(((ONE_GPU_10_CORES, 3), (Request(0, cpu_milli=50_000), 9))) == (10.0, 1.0)  # GPU tasks only
+    assert stranded(room, 10.0, 1.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("asked", "rooms", "fgd_takes", "fgd_plus_takes"),
+    [
+        # A 10-core task without GPUs: both machines still fit a 10-core GPU task after it, so FGD sees no
+        # fragment and best-fits the CPU (machine 1, whose second GPU is then stranded); fgd+ uses machine 0's.
+        (Request(0, cpu_milli=10_000), [Room((1000, 1000), 40_000, 10_000), Room((1000, 1000), 20_000, 10_000)], 1, 0),
+        # A one-GPU task of one core belongs where cores are short (machine 0: 5 a GPU, one GPU stranded); FGD
+        # keeps machine 0's last 10 cores for a 10-core task instead.
+        (Request(1, WHOLE, cpu_milli=1_000), [Room((1000, 1000), 10_000, 10_000), Room((1000, 1000), 40_000, 10_000)],
+         1, 0),
+    ],
+)
+def test_fgd_plus_keeps_gpus_the_cpu_can_feed(asked, rooms, fgd_takes, fgd_plus_takes):
+    sizes = ((ONE_GPU_10_CORES, 4), (Request(0, cpu_milli=10_000), 1))
+    assert Placer(rooms, "fgd", sizes).choose(asked)[0] == fgd_takes
+    assert Placer(rooms, "fgd+", sizes).choose(asked)[0] == fgd_plus_takes
+
+
 # ---------------------------------------------------------------------------------------- properties
 
 frees = st.lists(st.integers(0, 1000), min_size=1, max_size=8).map(tuple)
@@ -149,9 +189,39 @@ def test_fgd_never_grows_fragmentation_more_than_bestfit(rooms, r, sizes):
         assert growth(fgd) <= growth(bestfit)
 
 
+rooms_with_cpu = st.builds(Room, frees, st.integers(0, 64_000), st.integers(0, 64_000))
+requests_with_cpu = st.builds(lambda r, c, m: replace(r, cpu_milli=c, memory_mib=m), st.one_of(requests, st.just(Request(0))),
+                              st.integers(0, 16_000), st.integers(0, 16_000))
+workloads_with_cpu = st.lists(st.tuples(requests_with_cpu, st.integers(1, 5)), min_size=1, max_size=5).map(
+    lambda xs: tuple(dict(xs).items()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rooms=st.lists(rooms_with_cpu, min_size=1, max_size=6), r=requests_with_cpu, sizes=workloads_with_cpu)
+def test_fgd_plus_never_grows_its_measure_more_than_bestfit_and_is_deterministic(rooms, r, sizes):
+    count, rates = sum(n for _, n in sizes), per_gpu(sizes)
+
+    def unusable(room):  # what fgd+ optimises: expected fragment for a task of the sizes plus stranded capacity
+        return fragmentation(room, sizes) / count + stranded(room, *rates)
+
+    def growth(choice):
+        i, gpus = choice
+        p = Placer(rooms, "bestfit")
+        before = unusable(p.rooms[i])
+        p.take(i, gpus, r)
+        return unusable(p.rooms[i]) - before
+
+    plus, bestfit = Placer(rooms, "fgd+", sizes).choose(r), Placer(rooms, "bestfit", sizes).choose(r)
+    assert (plus is None) == (bestfit is None)
+    assert Placer(rooms, "fgd+", sizes).choose(r) == plus
+    if plus is not None:
+        assert fits(rooms[plus[0]], r)
+        assert growth(plus) <= growth(bestfit) + 1e-9
+
+
 @settings(max_examples=100, deadline=None)
 @given(rooms=st.lists(frees, min_size=1, max_size=6), rs=st.lists(requests, max_size=12), sizes=workloads,
-       policy=st.sampled_from(["fgd", "bestfit", "spread"]))
+       policy=st.sampled_from(["fgd", "fgd+", "bestfit", "spread"]))
 def test_placements_are_deterministic_and_never_oversubscribe(rooms, rs, sizes, policy):
     def fill():
         p, out = Placer([Room(f) for f in rooms], policy, sizes), []

@@ -46,10 +46,24 @@ def test_the_same_seed_gives_the_same_figures(trace_dir):
     assert capacity > 0
 
 
+def test_fgd_plus_is_a_placement_of_the_protocol(trace_dir):
+    # fgd+ (FGD plus the GPU capacity CPU and memory strand) runs through the command like the others, and the
+    # same seed gives the same figures.
+    r = simulate(trace_dir, "--fill", "1.3", "--seeds", "1", "--placement", "fgd+,fgd")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "placement fgd+: GPU capacity allocated at   100% demand  130% demand" in lines
+    means = [line for line in lines if line.startswith("  mean")]
+    assert len(means) == 2 and "unallocated at 130%:" in means[0] and "paper" not in means[0]
+    rooms, requests = read_rooms(trace_dir / "openb_fill_nodes.csv"), read_requests(trace_dir / "openb_fill_pods.csv")
+    a, b = fill(rooms, requests, "fgd+", 1), fill(rooms, requests, "fgd+", 1)
+    assert a.at == b.at and 0 < a.at[1.0] <= a.at[1.3] <= 100.0
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--fill", "1.3", "--placement", "dotprod"], "--placement: use fgd, bestfit, random, spread"),
+        (["--fill", "1.3", "--placement", "dotprod"], "--placement: use fgd, fgd+, bestfit, random, spread"),
         (["--fill", "0.5"], "--fill is the arrived demand as a share of GPU capacity, 1.0 to 5.0"),
         (["--fill", "1.3", "--seeds", "0"], "--seeds must be 1 to 1000, not 0"),
         (["--fill", "1.3", "--plot", "{tmp}/out.png"], "--plot with --fill writes an SVG: name it *.svg"),

@@ -74,17 +74,35 @@ def mig_devices(pynvml, h) -> list[str]:
         return []
 
 
-def discover_gpus(simulated: int | None = None) -> GpuInventory:
+SIMULATED_GPU_MEMORY = 80 << 30  # a simulated GPU's memory unless the agent is given --gpu-memory-gib
+
+
+def mig_profiles(mig: list[list[str]]) -> list[dict[str, int]]:
+    """Per GPU, its MIG devices counted by profile ({"1g.10gb": 7}), from their NVML names ("… MIG 1g.10gb")."""
+    out = []
+    for names in mig:
+        counts: dict[str, int] = {}
+        for n in names:
+            profile = n.rsplit("MIG ", 1)[-1].strip()
+            counts[profile] = counts.get(profile, 0) + 1
+        out.append(counts)
+    return out
+
+
+def discover_gpus(simulated: int | None = None, simulated_memory: int | None = None) -> GpuInventory:
     """With `simulated` (the agent's --gpus N), report N GPUs (named after the real ones where NVML has
-    them, for development and local clusters); otherwise what NVML finds, or none."""
+    them, for development and local clusters) of `simulated_memory` bytes each (NVML's where the GPUs are
+    real and it is not given, else SIMULATED_GPU_MEMORY); otherwise what NVML finds, or none."""
     found = nvml_gpus()
     if simulated is None:
         return found if found is not None else GpuInventory(0, [], "none")
     n = max(0, int(simulated))
     real = found.models if found else []
     models = [real[i] if i < len(real) else "simulated" for i in range(n)]
+    real_memory = found.memory_bytes[:n] if found and n <= found.count and len(found.memory_bytes) >= n else None
+    memory = [simulated_memory] * n if simulated_memory else real_memory or [SIMULATED_GPU_MEMORY] * n
     return GpuInventory(n, models, "nvml" if found and n <= found.count else "simulated", found.driver if found else None,
-                        (found.memory_bytes[:n] if found and n <= found.count else []))
+                        memory)
 
 
 NVIDIA_NODE = re.compile(r"^nvidia(\d+)$")

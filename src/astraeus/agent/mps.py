@@ -25,15 +25,18 @@ CONTROL = "nvidia-cuda-mps-control"
 
 
 def share_env(gpu: int, visible_index: int, fraction: float, gpu_memory_bytes: int | None,
-              pipe_dir: str, log_dir: str) -> dict[str, str]:
-    """The variables of a tenant with `fraction` of GPU `gpu` (seen by the worker as `visible_index`)."""
+              pipe_dir: str, log_dir: str, asked_bytes: int | None = None) -> dict[str, str]:
+    """The variables of a tenant with `fraction` of GPU `gpu` (seen by the worker as `visible_index`); its memory
+    limit is `asked_bytes` where the run asked GPU memory, else that fraction of the GPU's memory."""
     env = {
         "ASTRAEUS_GPU_FRACTION": f"{fraction:g}",
         "CUDA_MPS_PIPE_DIRECTORY": pipe_dir,
         "CUDA_MPS_LOG_DIRECTORY": log_dir,
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": f"{max(1, round(fraction * 100))}",
     }
-    if gpu_memory_bytes:
+    if asked_bytes:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"{visible_index}={max(1, int(asked_bytes) >> 20)}M"
+    elif gpu_memory_bytes:
         # MPS reads the limit per device as the client sees it ("0=20480M"), in MiB.
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"{visible_index}={int(gpu_memory_bytes * fraction) >> 20}M"
     return env
@@ -67,7 +70,8 @@ class MpsDaemons:
             if first:
                 self._start(gpu, pipe, logs)
         env = dict(a.env)
-        env.update(share_env(gpu, 0 if in_container else gpu, a.gpu_fraction, self.gpu_memory.get(gpu), pipe, logs))
+        env.update(share_env(gpu, 0 if in_container else gpu, a.gpu_fraction, self.gpu_memory.get(gpu), pipe, logs,
+                             a.gpu_memory_bytes))
         mounts = list(a.mounts) + [P.Mount(host_path=pipe, mount_path=pipe, granted_root=self.root)]
         return a.model_copy(update={"env": env, "mounts": mounts})
 

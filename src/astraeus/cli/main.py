@@ -2,7 +2,8 @@
 
 A command line that astraeus.cli.fastargs reads whole (astraeus run|runs|logs, slurm sbatch|squeue, see
 fastargs.HOT) runs astraeus.cli.commands' function directly, from the options table in astraeus.cli.hot_table,
-so that neither typer, click, rich nor pydantic is imported. Anything else, and ASTRA_NO_FASTARGS=1, goes to
+so that neither typer, click, rich nor pydantic is imported; `astra`, `astra --help` and the groups' and HOT
+commands' --help print typer's own help as hot_table keeps it (fastargs.help_cached says where that is exact). Anything else, and ASTRA_NO_FASTARGS=1, goes to
 astraeus.cli.astra's typer app, as before. Standard library only at import.
 """
 
@@ -13,8 +14,27 @@ import sys
 from astraeus import envvars
 
 
+def _terminal_columns() -> int | None:
+    """The width of the terminal stdout is, None when it is not one."""
+    import os
+
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else None
+    except (OSError, ValueError):
+        return None
+
+
 def app() -> None:
     argv = sys.argv[1:]
+    if len(argv) <= 3 and (not argv or argv[-1] == "--help") and not envvars.get("ASTRA_NO_FASTARGS"):
+        from astraeus.cli.fastargs import help_cached
+        from astraeus.cli.hot_table import HELP
+
+        hit = help_cached(HELP, argv, envvars.get("COLUMNS"), _terminal_columns())
+        if hit is not None:
+            sys.stdout.write(hit[1])
+            sys.stdout.flush()
+            sys.exit(hit[0])
     if len(argv) >= 2 and not envvars.get("ASTRA_NO_FASTARGS"):
         from astraeus.cli.fastargs import HOT
 

@@ -465,6 +465,10 @@ class Cluster:
                 kind_of = list(map(kinds.__getitem__, idx))
                 text = {k: R.gpu_model_mismatch(k[0], k[1], asked) for k in set(kind_of)}
                 lines.update(zip(idx, map(text.__getitem__, kind_of), strict=True))
+        if sel.gpu_memory:  # issue 46: a GPU-memory ask fits only GPUs that hold more than it
+            asked, machines = sel.gpu_memory, self.machines
+            fits = frozenset(i for i, m in enumerate(machines) if m.gpu_memory_bytes > asked)
+            lines.update({i: gpushare.gpu_memory_short(machines[i].gpu_memory_bytes, asked) for i in outside(fits)})
         for i, line in res_lines.items():
             lines.setdefault(i, line)
         return lines
@@ -687,6 +691,8 @@ class Cluster:
             return self._place_by_topology(workers, allowed, allowed_list, avoid, view_b, same)
         if len(workers) == 1:
             w = workers[0]
+            if w.gpu_memory_bytes:
+                return self._place_by_memory(w, allowed_list, avoid, view_b, workspace)
             if w.gpus.__class__ is float and gpushare.is_fraction(w.gpus):
                 hit = self.best_share(gpushare.to_milli(w.gpus), w.cpu_cores, w.memory_bytes, workspace, allowed,
                                       allowed_list, avoid, view_b)
@@ -695,15 +701,26 @@ class Cluster:
                 return None
             i = self.best_machine(shape(w), allowed, allowed_list, avoid, view_b)
             return None if i is None else [(w, i)]
-        used = set(avoid)
-        out = []
-        for w in placement_order(workers):
-            i = self.best_machine(shape(w), allowed, allowed_list, used, view_b)
-            if i is None:
-                return None
-            used.add(i)
-            out.append((w, i))
-        return out
+        return self._place_anywhere(workers, allowed, allowed_list, avoid, view_b)
+
+    def _place_by_memory(self, w: WorkerRequest, allowed_list, avoid, view_b: bool, workspace: str):
+        """A worker asking GPU memory: on each machine its share is that memory's thousandths of the machine's GPU
+        (gpushare.memory_milli). Machines grouped by GPU memory, the smallest GPU that holds it first (the one it
+        fills best), best fit (or FGD) within a group."""
+        groups: dict[int, list[int]] = {}
+        machines = self.machines
+        for i in (allowed_list if allowed_list is not None else self.all_schedulable):
+            groups.setdefault(machines[i].gpu_memory_bytes, []).append(i)
+        for mem in sorted(groups):
+            milli = gpushare.memory_milli(w.gpu_memory_bytes, mem)
+            if milli is None:
+                continue
+            members = groups[mem]
+            hit = self.best_share(milli, w.cpu_cores, w.memory_bytes, workspace, frozenset(members), members, avoid,
+                                  view_b)
+            if hit is not None:
+                return [(w, hit)]
+        return None
 
     def topology_groups(self, label: str) -> list[list[int]]:
         """The machines (indices, in order) of each value of a topology label, smallest group first."""
@@ -871,7 +888,8 @@ class Cluster:
                       ends_before_shadow: bool) -> Placement:
         """Take a fractional worker's share of GPU g on machine i (an empty GPU leaves free_g and its bucket)."""
         i, g = at
-        milli = gpushare.to_milli(w.gpus)
+        milli = (gpushare.memory_milli(w.gpu_memory_bytes, self.machines[i].gpu_memory_bytes) or gpushare.FULL - 1
+                 if w.gpu_memory_bytes else gpushare.to_milli(w.gpus))
         free = self.free_g[i]
         if g in free:
             before = len(free)
@@ -965,4 +983,8 @@ class Cluster:
             left = [i for i in left if self.model_fits(i, sel.gpu_model)]
             if not left:
                 return R.no_machine_with_model(sel.gpu_model)
+        if sel.gpu_memory:
+            left = [i for i in left if self.machines[i].gpu_memory_bytes > sel.gpu_memory]
+            if not left:
+                return gpushare.no_gpu_memory(sel.gpu_memory)
         return "no schedulable machine it may use"

@@ -355,7 +355,7 @@ class Cycle:
         if plain is None:
             plain = self.is_plain(run.workspace)
         if (sel.mode == "Any" and not run.excluded_machines and plain and not sel.pools and not sel.gpu_model
-                and sel.reservation is None):
+                and sel.reservation is None and not sel.gpu_memory):
             allowed_key, allowed, allowed_list = -1, None, None  # every schedulable machine
         elif self.all_plain and not run.excluded_machines:
             # Nothing but its own selection restricts it: runs sharing a NodeSelection object share the answer,
@@ -441,7 +441,8 @@ class Cycle:
         if len(workers) != 1 or not self.all_plain or run.excluded_machines:
             return self.place(run)
         sel = run.node_selection
-        if sel.mode == "Any" and not sel.pools and not sel.gpu_model and sel.reservation is None:
+        if sel.mode == "Any" and not sel.pools and not sel.gpu_model and sel.reservation is None \
+                and not sel.gpu_memory:
             allowed_key = -1
         else:
             hit = self.by_selection.get(id(sel))
@@ -525,7 +526,7 @@ class Cycle:
                 settled = settled_of.get(ws)
             if not settled or (run_machines and run.name in run_machines):
                 break
-            if sel.mode == "Any" and not sel.pools and not sel.gpu_model:
+            if sel.mode == "Any" and not sel.pools and not sel.gpu_model and not sel.gpu_memory:
                 allowed_key = -1
             else:
                 hit = by_selection.get(id(sel))

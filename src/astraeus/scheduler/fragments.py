@@ -11,7 +11,12 @@ workload's distribution of task sizes it is the expected free capacity a task dr
 use; FGD places each task where that measure grows least. Here ties go to the tighter fit (bestfit), then to
 the machine first in name order, so a plan is deterministic.
 
-Policies (a cluster's `placement`): `fgd`, `bestfit` (least free GPU capacity left on the machine, today's
+`fgd+` adds to FGD's measure the GPU capacity a machine cannot use for want of CPU or memory (`stranded`):
+its free GPU capacity beyond what its free CPU and memory would feed at the workload's CPU and memory per GPU.
+On the Alibaba trace CPU runs out before GPUs do, and FGD alone fills the CPU-poor machines' cores first
+(benchmarks/README.md, placement section).
+
+Policies (a cluster's `placement`): `fgd`, `fgd+`, `bestfit` (least free GPU capacity left on the machine, today's
 rule), `spread` (most left). `Placer` keeps the machines grouped by identical room, so one decision costs one
 score per distinct room, not per machine: the scheduler and the simulator both place through it.
 """
@@ -23,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 WHOLE = 1000  # a whole GPU in thousandths
-POLICIES = ("fgd", "bestfit", "spread")
+POLICIES = ("fgd", "fgd+", "bestfit", "spread")
 
 Free = tuple[int, ...]  # per-GPU free capacity in thousandths, by GPU index
 
@@ -77,6 +82,20 @@ def fragmentation(room: Room, sizes: Sizes) -> int:
     return sum(n * fragment(room, r) for r, n in sizes)
 
 
+def per_gpu(sizes: Sizes) -> tuple[float, float]:
+    """The workload's CPU (thousandths of a core) and memory (MiB) per thousandth of GPU, over its GPU tasks."""
+    demand = sum(n * r.demand for r, n in sizes)
+    if not demand:
+        return 0.0, 0.0
+    return sum(n * r.cpu_milli for r, n in sizes if r.gpus) / demand, sum(n * r.memory_mib for r, n in sizes if r.gpus) / demand
+
+
+def stranded(room: Room, cpu_per_gpu: float, mem_per_gpu: float) -> float:
+    """The free GPU capacity of `room` (thousandths) its free CPU and memory cannot feed at these rates."""
+    fed = [have / rate for have, rate in ((room.cpu_milli, cpu_per_gpu), (room.memory_mib, mem_per_gpu)) if rate > 0]
+    return max(0.0, sum(room.free) - min(fed)) if fed else 0.0
+
+
 def choices(room: Room, r: Request) -> list[tuple[tuple[int, ...], Room]]:
     """Each distinct way to place `r` on `room`: (GPU indices, the room left). Empty if it does not fit."""
     if not fits(room, r):
@@ -121,6 +140,9 @@ class Placer:
         for i, room in enumerate(self.rooms):
             self.groups.setdefault(self._shape_id(room), []).append(i)
         self._frag: dict[tuple, int] = {}
+        self._count = sum(n for _, n in self.sizes) or 1
+        self._per_gpu = per_gpu(self.sizes)
+        self._unusable: dict[tuple, float] = {}
         self._best: dict[tuple[int, int], tuple | None] = {}  # (shape, request) -> (score, free value taken)
 
     def _shape_id(self, room: Room) -> int:
@@ -137,11 +159,21 @@ class Placer:
             v = self._frag[key] = fragmentation(room, self.sizes)
         return v
 
+    def _unusable_of(self, room: Room) -> float:
+        """fgd+'s measure: the expected fragment for a task of the sizes plus the capacity stranded by CPU/memory."""
+        key = shape_of(room)
+        v = self._unusable.get(key)
+        if v is None:
+            v = self._unusable[key] = self._fragmentation(room) / self._count + stranded(room, *self._per_gpu)
+        return v
+
     def _score(self, room: Room, left: Room, tight: int) -> tuple:
         """Lower is better. `tight`: what the GPU a share goes to keeps free (0 for whole GPUs)."""
         after = sum(left.free)
         if self.policy == "fgd":
             return (self._fragmentation(left) - self._fragmentation(room), after, tight, left.cpu_milli)
+        if self.policy == "fgd+":
+            return (self._unusable_of(left) - self._unusable_of(room), after, tight, left.cpu_milli)
         if self.policy == "bestfit":
             return (after, tight, left.cpu_milli)
         return (-after, tight, -left.cpu_milli)

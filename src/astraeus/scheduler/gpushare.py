@@ -27,6 +27,30 @@ def to_milli(gpus: float) -> int:
     return max(1, min(FULL - 1, round(gpus * FULL)))
 
 
+def memory_milli(asked: int, gpu_memory: int) -> int | None:
+    """The thousandths of one GPU of `gpu_memory` bytes that a request for `asked` bytes of GPU memory takes
+    (rounded up, at most FULL - 1); None when the GPU does not hold more than that (a whole GPU is `count`)."""
+    if gpu_memory <= 0 or asked >= gpu_memory:
+        return None
+    return max(1, min(FULL - 1, -(-asked * FULL // gpu_memory)))
+
+
+def gpu_memory_short(gpu_memory: int, asked: int) -> str:
+    """The why-not line of a machine whose GPUs hold no more than the GPU memory a run asks."""
+    if gpu_memory <= 0:
+        return f"machine reports no GPU memory, {_gib(asked)} of GPU memory asked"
+    return f"machine's GPUs have {_gib(gpu_memory)} of memory, {_gib(asked)} asked (less than one GPU's memory)"
+
+
+def no_gpu_memory(asked: int) -> str:
+    """Why a run asking `asked` bytes of GPU memory fits no machine it may use."""
+    return f"asks for {_gib(asked)} of GPU memory; no machine it may use has a GPU with more"
+
+
+def _gib(b: int) -> str:
+    return f"{b / (1 << 30):g} GiB" if b % (1 << 20) == 0 else f"{b} bytes"
+
+
 def from_milli(milli: int) -> float:
     """The GPUs that `milli` thousandths stand for, as quotas and reasons count them (0.5)."""
     return milli / FULL

@@ -34,6 +34,7 @@ class Machine:
     unschedulable_reason: str = "lost"
     gpu_model: str = ""  # the machine's GPU model as its agent reports it ("NVIDIA H100 80GB HBM3"); "" none
     quarantined_gpus: tuple[int, ...] = ()  # failed GPUs (issue 47): never free, nothing is placed on them
+    gpu_memory_bytes: int = 0  # issue 46: memory of each of its GPUs (the smallest where they differ); 0 unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,9 @@ class WorkerRequest:
     gpus: int | float  # issue 46: 0 < gpus < 1 is a fraction of one GPU shared with others (gpushare)
     cpu_cores: float
     memory_bytes: int
+    # Issue 46: GPU memory asked (bytes; 0 none): its share of a GPU is then per machine (gpushare.memory_milli), and
+    # `gpus` the share it counts for quotas before it is placed
+    gpu_memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,7 @@ class NodeSelection:
     gpu_model: str | None = None  # only machines whose GPU model contains this, case-insensitively ("a100")
     reservation: str | None = None  # only that reservation's machines, inside its window (waits before it)
     topology_same: str | None = None  # issue 46: "block" or "rack": a gang's machines all in one (topology.py)
+    gpu_memory: int | None = None  # issue 46: only machines whose GPUs hold more than this many bytes
 
 
 DependencyType = Literal["afterok", "afterany", "afternotok", "singleton"]

@@ -123,13 +123,17 @@ def create_cluster(s: Session, c: Caller, body: dict) -> dict:
     if s.scalar(select(Cluster).where(Cluster.org_id == c.org.id, Cluster.name == name)):
         raise ApiError(409, "ALREADY_EXISTS", f"a cluster named {name} already exists")
     cl = services.ensure_cluster(s, c.org, name, bool(body.get("preemption", True)), body.get("lost_after_seconds"))
-    if body.get("preemption_victims"):
-        cl.preemption_victims = body["preemption_victims"]
-    if body.get("gpu_sharing"):
-        cl.gpu_sharing = body["gpu_sharing"]
-    if body.get("placement"):
-        cl.placement = body["placement"]
+    _set_policies(cl, body)
     return cluster_out(cl)
+
+
+POLICIES = ("preemption_victims", "gpu_sharing", "placement")  # a cluster's choices among named rules (bodies.py)
+
+
+def _set_policies(cl: Cluster, body: dict) -> None:
+    for key in POLICIES:
+        if body.get(key):
+            setattr(cl, key, body[key])
 
 
 def update_cluster(s: Session, c: Caller, name: str, body: dict) -> dict:
@@ -138,12 +142,7 @@ def update_cluster(s: Session, c: Caller, name: str, body: dict) -> dict:
         cl.preemption = bool(body["preemption"])
     if body.get("lost_after_seconds") is not None:
         cl.lost_after_seconds = float(body["lost_after_seconds"])
-    if body.get("preemption_victims"):
-        cl.preemption_victims = body["preemption_victims"]
-    if body.get("gpu_sharing"):
-        cl.gpu_sharing = body["gpu_sharing"]
-    if body.get("placement"):
-        cl.placement = body["placement"]
+    _set_policies(cl, body)
     return cluster_out(cl)
 
 

@@ -92,6 +92,8 @@ def register(session: Session, tok: Token, body: P.Register, at: float,
     m, changed = lifecycle.machine_registered(session, m, cluster, name, at)
     m.gpus = body.gpus
     m.gpu_models = list(body.gpu_models)
+    m.gpu_memory = list(body.gpu_memory_bytes)
+    m.gpu_mig = [dict(d) for d in body.gpu_mig]
     m.cpu_cores = body.cpu_cores
     m.memory_bytes = body.memory_bytes
     m.stop_grace_seconds = body.stop_grace_seconds  # 0 s is a real answer: stop at once
@@ -203,7 +205,9 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             desired=desired, stop_reason=w.stop_reason,
             image=tt["image"], registry_auth=auth, command=tt["command"], args=list(tt.get("args") or []), env=env,
             gpu_indices=list(w.gpu_indices or []), cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
-            gpu_fraction=w.gpu_milli / 1000 if w.gpu_milli and w.gpu_indices else None, mounts=mounts, configs=configs, time_limit_seconds=tt.get("time_limit_seconds"),
+            gpu_fraction=w.gpu_milli / 1000 if w.gpu_milli and w.gpu_indices else None,
+            gpu_memory_bytes=((tt.get("requested_resources") or {}).get("gpu_requests") or {}).get("memory_bytes")
+            if w.gpu_milli else None, mounts=mounts, configs=configs, time_limit_seconds=tt.get("time_limit_seconds"),
             signal=tt.get("signal"), ephemeral_storage_bytes=(tt.get("requested_resources") or {}).get("ephemeral_storage_bytes")
             or diskfull.EPHEMERAL_DEFAULT,
             network=tt.get("network") or "isolated", address=(w.rendezvous or {}).get("ASTRAEUS_WORKER_ADDR"),

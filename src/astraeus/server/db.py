@@ -208,6 +208,9 @@ class Machine(Base):
     name: Mapped[str] = mapped_column(String(63))
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     gpu_models: Mapped[list] = mapped_column(JSON, default=list)
+    # Revision 0024 (issue 46): each GPU's memory (bytes) and MIG devices (profile -> count), as its agent reports
+    gpu_memory: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    gpu_mig: Mapped[list | None] = mapped_column(JSON, nullable=True)
     cpu_cores: Mapped[float] = mapped_column(Float, default=1.0)
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     stop_grace_seconds: Mapped[float] = mapped_column(Float, default=30.0)

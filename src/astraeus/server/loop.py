@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, selectinload
 from astraeus import drives as drive_rules
 from astraeus import rendezvous
 from astraeus import scheduler as sched
+from astraeus.scheduler import gpushare
 from astraeus.server import agents, diskfull, health, lifecycle
 from astraeus.server import pools as pool_rules
 from astraeus.server import progress as progress_watch
@@ -140,7 +141,7 @@ def waiting_of(run: RunRow, key: RunKey, ns: str, offer: Offer, active: bool,
                                           keeper)
             if why:
                 excluded.append((m.name, why))
-    return waiting_run(run, key, ns, pending, excluded, offer.deps.get(run.id), selections)
+    return waiting_run(run, key, ns, pending, excluded, offer.deps.get(run.id), selections, offer.machines)
 
 
 def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) -> tuple[sched.Snapshot, Lookups]:
@@ -167,7 +168,8 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                       schedulable=m.state == ready and pressure[m.id] is None and cordoned[m.id] is None,
                       unschedulable_reason=("lost" if m.state != ready else pressure[m.id] or cordoned[m.id]
                                             or "lost"),
-                      gpu_model=(m.gpu_models or [""])[0] or "", quarantined_gpus=health.quarantined(m))
+                      gpu_model=(m.gpu_models or [""])[0] or "", quarantined_gpus=health.quarantined(m),
+                      gpu_memory_bytes=gpu_memory_of(m))
         for m in sorted(machines, key=lambda m: m.name))
     snap_pools = tuple(sched.Pool(name=p.name, machines=tuple(pool_rules.pool_members(p, machines)))
                        for p in pool_rules.cluster_pools(session, cluster.id))
@@ -221,6 +223,19 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
     return snap, lookups.plus(runs, keys)
 
 
+def gpu_memory_of(m) -> int:
+    """A machine's GPU memory as the scheduler counts it: its smallest GPU's (0: its agent reports none)."""
+    return min(m.gpu_memory or [0]) if m.gpus else 0
+
+
+def gpu_share_asked(gpu_memory: int, machines) -> float:
+    """The share of one GPU a run asking `gpu_memory` bytes counts for quotas while it waits: the largest it takes on
+    a machine that holds it (the smallest such GPU), 0.999 where none does."""
+    held = [g for g in (m.gpu_memory_bytes if isinstance(m, sched.Machine) else gpu_memory_of(m) for m in machines)
+            if g > gpu_memory]
+    return (gpushare.memory_milli(gpu_memory, min(held)) if held else gpushare.FULL - 1) / gpushare.FULL
+
+
 def running_unit(run: RunRow, key: RunKey, ns: str, group: list[WorkerRow], mby_id: dict) -> sched.RunningUnit:
     """Workers of `run` holding room that preemption stops as one (a gang's, or one independent worker)."""
     placed = tuple(sched.PlacedWorker(name=w.name, index=w.index, machine=mby_id[w.machine_id].name,
@@ -242,10 +257,11 @@ def _last_checkpoint(group: list[WorkerRow]) -> float | None:
 
 
 def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependency: sched.Dependency | None,
-                selections: dict) -> sched.WaitingRun:
+                selections: dict, machines=()) -> sched.WaitingRun:
     """A waiting run of the snapshot (its `pending` workers), from its row (live_runs)."""
     tt = run.spec["task_template"]
     sel = tt.get("requested_resources", {}).get("node_selection") or {}
+    gpu_memory = (tt.get("requested_resources", {}).get("gpu_requests") or {}).get("memory_bytes") or 0
     # one object per distinct selection: the scheduler keeps a selection's answer (its machines, buckets,
     # never-fits) and settles the runs behind the head by the object, so equal selections share it
     selection = sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
@@ -254,14 +270,16 @@ def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependenc
                                     gpu_model=(tt.get("requested_resources", {}).get("gpu_requests")
                                                or {}).get("model"),
                                     reservation=sel.get("reservation"),
-                                    topology_same=(sel.get("topology") or {}).get("same"))
+                                    topology_same=(sel.get("topology") or {}).get("same"),
+                                    gpu_memory=gpu_memory or None)
     selection = selections.setdefault(selection, selection)
     independent = run.spec.get("start") == "Independent"
     return sched.WaitingRun(
         name=key, workspace=ns, priority=run.priority, submitted_at=run.created_at,
-        workers=tuple(sched.WorkerRequest(index=w.index, gpus=w.gpu_milli / 1000 if w.gpu_milli else w.gpus,
-                                          cpu_cores=w.cpu_cores,
-                                          memory_bytes=w.memory_bytes) for w in pending),
+        workers=tuple(sched.WorkerRequest(index=w.index, gpus=(gpu_share_asked(gpu_memory, machines) if gpu_memory
+                                                               else w.gpu_milli / 1000 if w.gpu_milli else w.gpus),
+                                          cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
+                                          gpu_memory_bytes=gpu_memory) for w in pending),
         start="Independent" if independent else "Gang", time_limit_seconds=tt.get("time_limit_seconds"),
         node_selection=selection,
         excluded_machines=tuple(excluded), quota_noted=run.quota_noted,
@@ -301,7 +319,7 @@ class Kept:
             return self.snap, lookups
         if self.wss is None:
             self.wss = {w.id: w.ns for w in self.snap_workspaces(session)}
-        offer = Offer(self.built_at)  # no dependency, no drive, no backoff among them (checked below)
+        offer = Offer(self.built_at, self.snap.machines)  # no dependency, drive or backoff among them (checked below)
         waiting = []
         names = set()
         for run in new:
@@ -582,6 +600,8 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: Lookups, at: float) 
             continue
         for p, w, m in steps:
             lifecycle.place(session, run, w, m.id, list(p.gpu_indices), p.cpu_cores, p.memory_bytes, at, m.name)
+            if p.gpu_milli:
+                w.gpu_milli = p.gpu_milli  # issue 46: a GPU-memory ask's share is the placing machine's
             touched.add(m.id)
             STARTS.inc()
         set_rendezvous(session, run)

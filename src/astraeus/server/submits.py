@@ -232,6 +232,8 @@ def new_run(it: Submit, cluster: Cluster) -> Run:
                             created_at=it.at, created_by=it.caller.user, updated_by=it.caller.user, **it.columns)
     # Issue 46: a fraction of one GPU is stored as that GPU and its thousandths (gpu_milli).
     milli = round(gpus * 1000) if isinstance(gpus, float) else 0
+    if tt.requested_resources.gpu_requests.memory_bytes:
+        milli = 999  # GPU memory asked: its share is the placing machine's (the scheduler sets it on placement)
     run.workers = [lifecycle.new_worker(name=f"{name}-{i}", index=i, gpus=1 if milli else gpus, cpu_cores=cpu,
                                         memory_bytes=mem, gpu_indices=[], why_not=[], gpu_milli=milli)
                    for i in range(S.worker_count(tt))]

@@ -106,7 +106,7 @@ def simulate_command(
     max_machines: Annotated[int | None, typer.Option("--max-machines", help="Only the first N machines of the machines file.")] = None,
     fill: Annotated[float | None, typer.Option("--fill", help="The FGD paper's protocol: tasks arrive in random order, never leave, until their GPU demand is this share of GPU capacity (1.3: 130 %); prints the capacity allocated at 100 % and at this demand.")] = None,
     seeds: Annotated[int, typer.Option("--seeds", help="With --fill: how many seeded arrival orders (0, 1, ...).")] = 10,
-    placement: Annotated[str, typer.Option("--placement", help="With --fill: fgd, bestfit, random or spread, or several joined by commas (plotted side by side).")] = "fgd",
+    placement: Annotated[str, typer.Option("--placement", help="With --fill: fgd, fgd+, bestfit, random or spread, or several joined by commas (plotted side by side).")] = "fgd",
 ) -> None:
     """Replay a trace through the scheduler with a virtual clock; report waits, utilisation and preemptions."""
     if fmt not in ("alibaba", "csv"):

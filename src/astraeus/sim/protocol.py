@@ -19,7 +19,7 @@ from pathlib import Path
 
 from astraeus.scheduler.fragments import WHOLE, Placer, Request, Room, choices, fits
 
-PLACEMENTS = ("fgd", "bestfit", "random", "spread")
+PLACEMENTS = ("fgd", "fgd+", "bestfit", "random", "spread")
 # The paper's figures (Fig. 7, default trace): share of GPU capacity allocated at 100 % / 130 % arrived demand.
 PAPER = {"random": (86.3, 87.5), "dotprod": (90.6, 90.9), "bestfit": (92.9, 93.1), "fgd": (95.2, 95.4)}
 
@@ -126,7 +126,7 @@ def format_protocol(results: dict[str, list[SeedResult]], upto: float = 1.3) -> 
     return "\n".join(lines)
 
 
-_COLOURS = {"fgd": "#1b7837", "bestfit": "#2166ac", "random": "#b2182b", "spread": "#8c6bb1", "dotprod": "#e08214"}
+_COLOURS = {"fgd": "#1b7837", "fgd+": "#01665e", "bestfit": "#2166ac", "random": "#b2182b", "spread": "#8c6bb1", "dotprod": "#e08214"}
 
 
 def plot_svg(results: dict[str, list[SeedResult]], path: str | Path, upto: float = 1.3) -> None:

@@ -26,7 +26,8 @@ def _terminal_columns() -> int | None:
 
 def app() -> None:
     argv = sys.argv[1:]
-    if len(argv) <= 3 and (not argv or argv[-1] == "--help") and not envvars.get("ASTRA_NO_FASTARGS"):
+    if (len(argv) <= 3 and (not argv or argv[-1] == "--help") and not envvars.get("ASTRA_NO_FASTARGS")
+            and not envvars.get("_ASTRA_COMPLETE")):  # shell completion asks with no arguments: typer answers
         from astraeus.cli.fastargs import help_cached
         from astraeus.cli.hot_table import HELP
 

@@ -33,13 +33,13 @@ def _texts(rt, worker: str) -> list[str]:
     return [ln.text for ln in rt.logs(worker, 1)]
 
 
-@pytest.mark.parametrize("batch_only", [
-    pytest.param(False, marks=pytest.mark.xfail(reason="issue 44 note: --signal to the whole process tree stopped "
-                                                       "reaching the batch shell after the wave's integration; B: "
-                                                       "works; to be found and fixed", strict=False)),
-    True], ids=["whole", "batch"])
+@pytest.mark.parametrize("batch_only", [False, True], ids=["whole", "batch"])
 def test_the_signal_comes_before_the_time_limit_and_the_worker_runs_on(tmp_path, make_rt, assignment, supervisor,
-                                                                       batch_only):
+                                                                       batch_only, request):
+    if supervisor == "c" and not batch_only:
+        request.applymarker(pytest.mark.xfail(reason="issue 44 note: the C supervisor's --signal to the whole tree is "
+                                                     "not always seen by the batch shell (the Python shim's is); "
+                                                     "to be found and fixed", strict=False))
     rt = make_rt(tmp_path / "state")
     # a time limit of 4 s, the signal 3 s before it: 1 s after the start
     a = assignment(SCRIPT, time_limit_seconds=4, signal={"name": "USR1", "seconds_before_limit": 3,

@@ -777,10 +777,10 @@ class Shim:
     def cgroup_pids(self) -> list[int]:
         return sorted(self.cg.pids()) if self.cg else []
 
-    def descendants(self) -> list[int]:
-        """Our live (not zombie) descendants: walked through /proc/PID/task/TID/children where the kernel has it
-        (a few reads), else from every process's parent (children_by_scan)."""
-        me = os.getpid()
+    def descendants(self, root: int | None = None) -> list[int]:
+        """The live (not zombie) descendants of `root` (ours by default): walked through /proc/PID/task/TID/children
+        where the kernel has it (a few reads), else from every process's parent (children_by_scan)."""
+        me = os.getpid() if root is None else root
         if os.path.exists(f"/proc/{me}/task/{me}/children"):
             out, todo, seen = [], [me], {me}
             while todo:
@@ -906,7 +906,8 @@ class Shim:
         plan = self.signal_plan or {}
         signo = int(plan.get("signo") or signal.SIGUSR1)
         whole = not plan.get("batch_only")
-        targets = [self.pid] + ([p for p in self.descendants() if p not in (self.pid, self.init_pid)] if whole else [])
+        # the worker's own tree: not the shim's other children (its output readers would die of the signal)
+        targets = [self.pid] + ([p for p in self.descendants(self.pid) if p != self.init_pid] if whole else [])
         log(f"sending SIG{plan.get('name') or signo} to {'the worker' if whole else 'its main process'} "
             f"(pids {' '.join(map(str, targets))}) before its time limit")
         for p in targets:

@@ -1091,16 +1091,19 @@ static void children_of(pid_t p, pid_t *out, int *n, int max) {
     if (d) closedir(d);
 }
 
-/* our live (not zombie) descendants */
-static int descendants(pid_t *out, int max) {
+/* the live (not zombie) descendants of root */
+static int descendants_of(pid_t root, pid_t *out, int max) {
     static pid_t all[8192];
     int n = 0, done = 0, k = 0;
-    children_of(getpid(), all, &n, 8192);
+    children_of(root, all, &n, 8192);
     while (done < n) children_of(all[done++], all, &n, 8192);
     for (int i = 0; i < n && k < max; i++)
         if (live(all[i])) out[k++] = all[i];
     return k;
 }
+
+/* our live (not zombie) descendants */
+static int descendants(pid_t *out, int max) { return descendants_of(getpid(), out, max); }
 
 static int marked(pid_t *out, int max) {
     if (!marker) return 0;
@@ -1248,7 +1251,8 @@ static void check_signal(double t) {
     signal_at = 0;
     if (stop_requested) return;
     static pid_t pids[4096];
-    int n = signal_batch_only ? 0 : descendants(pids, 4096);
+    /* the worker's own tree: not our other children (the output readers would die of the signal) */
+    int n = signal_batch_only ? 0 : descendants_of(pid, pids, 4096);
     slog("sending signal %d to %s before its time limit", signal_signo,
          signal_batch_only ? "its main process" : "the worker");
     kill(pid, signal_signo);

@@ -55,9 +55,10 @@ def timed(argvs: list, env: dict[str, str], n: int) -> list[dict[str, float]]:
 
 def slurm_env() -> tuple[bool, str]:
     """Whether Slurm's sbatch/squeue can be timed here, or why not."""
-    if not shutil.which("sbatch"):
-        return False, "slurm-wlm is not installed"
     import slurm_peer
+
+    if not shutil.which("sbatch") and not slurm_peer.START_SH.exists():
+        return False, "slurm-wlm is not installed (and no shared/peers/slurm/start.sh beside the checkout to install it)"
 
     try:
         slurm_peer.start_slurm()

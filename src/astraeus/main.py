@@ -259,6 +259,12 @@ def agent(
     gpu_memory_gib: Annotated[float | None, typer.Option(
         help="Memory of each simulated GPU, GiB (with --gpus; default: NVML's where the GPUs are real, else 80)",
         show_default=False)] = None,
+    nvlink_islands: Annotated[str | None, typer.Option(
+        help="The GPUs joined by NVLink, one island per comma: 0-3,4-7 (a worker's GPUs lie in one island; GPUs "
+             "not named are islands of their own; default: NVML's, else one island)", show_default=False)] = None,
+    mig: Annotated[str | None, typer.Option(
+        help="Simulated MIG devices, GPU:profile*count, comma-separated: 0:1g.10gb*7,1:3g.40gb*2 (a GPU with MIG "
+             "devices takes MIG workers only; default: NVML's)", show_default=False)] = None,
     state_dir: Annotated[Path | None, typer.Option(
         help="Where the agent records its workers (default: $ASTRAEUS_STATE_DIR or $ASTRAEUS_HOME/agents/NAME)",
         show_default=False)] = None,
@@ -311,11 +317,31 @@ def agent(
         typer.echo(f"astraeus agent: --gpu-memory-gib {gpu_memory_gib:g}: give each GPU's memory in GiB, more than 0 "
                    "(e.g. 80)", err=True)
         raise typer.Exit(2)
+    islands = None
+    if nvlink_islands is not None:
+        from astraeus.agent.gpus import discover_gpus
+        from astraeus.scheduler.topology import parse_islands
+
+        try:
+            islands = [list(i) for i in parse_islands(nvlink_islands, gpus if gpus is not None else
+                                                      discover_gpus().count)]
+        except ValueError as e:
+            typer.echo(f"astraeus agent: --nvlink-islands {nvlink_islands}: {e}", err=True)
+            raise typer.Exit(2) from None
+    mig_profiles = None
+    if mig is not None:
+        from astraeus.agent.gpus import discover_gpus, parse_mig
+
+        try:
+            mig_profiles = parse_mig(mig, gpus if gpus is not None else discover_gpus().count)
+        except ValueError as e:
+            typer.echo(f"astraeus agent: --mig {mig}: {e}", err=True)
+            raise typer.Exit(2) from None
     heap.settle()  # what it imported is left out of the garbage collector's walks
     try:
         run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
                   gpu_memory_bytes=int(gpu_memory_gib * (1 << 30)) if gpu_memory_gib else None,
-                  memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,
+                  nvlink_islands=islands, mig=mig_profiles, memory_bytes=int(memory_gib * (1 << 30)) if memory_gib else None,
                   state_dir=str(state_dir or env.state_dir_for(name)), stop_grace=env.stop_grace,
                   stop_workers_on_exit=stop_workers_on_exit, image_map=env.images(), runtime_kind=asked,
                   address=address or env.address, shared_filesystems=shared)
@@ -333,6 +359,12 @@ def up(
     cpus: Annotated[float, typer.Option(help="CPU cores each machine declares")] = 64,
     memory_gib: Annotated[float, typer.Option(help="Memory each machine declares, GiB")] = 512,
     gpu_memory_gib: Annotated[float, typer.Option(help="Memory of each simulated GPU, GiB")] = 80,
+    nvlink_islands: Annotated[str | None, typer.Option(
+        help="Each machine's NVLink islands, 0-3,4-7 (passed to each agent; see `astraeus agent --help`)",
+        show_default=False)] = None,
+    mig: Annotated[str | None, typer.Option(
+        help="Each machine's simulated MIG devices, 0:1g.10gb*7 (passed to each agent; see `astraeus agent --help`)",
+        show_default=False)] = None,
     org: Annotated[str, typer.Option()] = "acme",
     workspace: Annotated[str, typer.Option()] = "vision",
     cluster: Annotated[str, typer.Option()] = "main",
@@ -372,6 +404,22 @@ def up(
         typer.echo(f"astraeus up: --gpu-memory-gib {gpu_memory_gib:g}: give each GPU's memory in GiB, more than 0 "
                    "(e.g. 80)", err=True)
         raise typer.Exit(2)
+    if nvlink_islands is not None:
+        from astraeus.scheduler.topology import parse_islands
+
+        try:
+            parse_islands(nvlink_islands, gpus)
+        except ValueError as e:
+            typer.echo(f"astraeus up: --nvlink-islands {nvlink_islands}: {e}", err=True)
+            raise typer.Exit(2) from None
+    if mig is not None:
+        from astraeus.agent.gpus import parse_mig
+
+        try:
+            parse_mig(mig, gpus)
+        except ValueError as e:
+            typer.echo(f"astraeus up: --mig {mig}: {e}", err=True)
+            raise typer.Exit(2) from None
     shared = _up_shared_fs(shared_fs or [])
     names = [f"gpu-{i + 1:02d}" for i in range(machines)]
     home = settings.home
@@ -379,7 +427,7 @@ def up(
     try:
         _up(settings, cp_args=(org, workspace, cluster, host_path, lost_after, max_priority), names=names,
             gpus=gpus, cpus=cpus, memory_gib=memory_gib, runtime=asked, shared=shared, layout=layout,
-            gpu_memory_gib=gpu_memory_gib)
+            gpu_memory_gib=gpu_memory_gib, nvlink_islands=nvlink_islands, mig=mig)
     finally:
         if layout is not None:
             from astraeus.fleet import netns as fleet_netns
@@ -447,7 +495,8 @@ def _interrupted(*_) -> None:
     raise KeyboardInterrupt
 
 
-def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, layout, gpu_memory_gib=80) -> None:
+def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, layout, gpu_memory_gib=80,
+        nvlink_islands: str | None = None, mig: str | None = None) -> None:
     from astraeus.server.core import ControlPlane
     from astraeus.settings import environment
 
@@ -477,6 +526,10 @@ def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, la
                    "--state-dir", str(home / "agents" / name), "--stop-workers-on-exit", "--runtime", asked]
             for fs, path in shared.items():
                 cmd += ["--shared-fs", f"{fs}={path}"]
+            if nvlink_islands is not None:
+                cmd += ["--nvlink-islands", nvlink_islands]
+            if mig is not None:
+                cmd += ["--mig", mig]
             if layout is not None:
                 from astraeus.fleet.netns import exec_argv
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
@@ -85,6 +85,10 @@ class Register(Body):
     gpu_mig: list[dict[str, Annotated[int, Field(ge=0, le=64)]]] = Field(
         default_factory=list, max_length=4096, description="Issue 46: each GPU's MIG devices, profile -> count "
         "({\"1g.10gb\": 7}); {} for a GPU without MIG")
+    nvlink_islands: list[list[Annotated[int, Field(ge=0, le=4095)]]] = Field(
+        default_factory=list, max_length=4096, description="Issue 46: the GPUs (indices) joined by NVLink or one "
+        "NVSwitch, one list per island (NVML's, or the simulated agent's --nvlink-islands); [] none reported: the "
+        "machine is one island")
     cpu_cores: Annotated[float, Field(ge=0, le=1e6)] = 1.0
     memory_bytes: Annotated[int, Field(ge=0, le=INT64)] = 0
     stop_grace_seconds: Annotated[float, Field(ge=0, le=86400)] = Field(
@@ -103,6 +107,20 @@ class Register(Body):
     nfs: NfsAbility | None = Field(None, description="What this machine can do for drives across machines (None: "
                                                      "nothing; from an older agent)")
     disk: Disk | None = Field(None, description="Its state dir's filesystem (None: from an older agent)")
+
+    @model_validator(mode="after")
+    def _islands_of_its_gpus(self) -> Register:
+        """Issue 46: each island names GPUs of this machine, each GPU in one island at most."""
+        seen: set[int] = set()
+        for island in self.nvlink_islands:
+            for g in island:
+                if g >= self.gpus:
+                    raise ValueError(f"nvlink_islands: GPU {g} is not one of the machine's {self.gpus} GPUs "
+                                     f"(indices 0-{self.gpus - 1})")
+                if g in seen:
+                    raise ValueError(f"nvlink_islands: GPU {g} is in two islands; a GPU is in one island at most")
+                seen.add(g)
+        return self
 
 
 class Registered(Answer):
@@ -231,6 +249,10 @@ class Assignment(Answer):
     gpu_memory_bytes: Annotated[int, Field(gt=0, le=INT64)] | None = Field(
         None, description="Issue 46: the GPU memory the run asked (gpu_requests.memory_bytes): a sharing worker's MPS "
         "memory limit; None: its fraction of the GPU's memory")
+    mig_devices: list[tuple[int, str, int]] = Field(
+        default_factory=list, description="Issue 46: the MIG devices the worker holds, each whole: (gpu, profile, k), "
+        "the k-th device of that profile on that GPU as the agent lists them; the agent sets CUDA_VISIBLE_DEVICES to "
+        "their UUIDs (names on simulated GPUs)")
     cpu_cores: float | None = None
     memory_bytes: int | None = None
     mounts: list[Mount] = Field(default_factory=list)

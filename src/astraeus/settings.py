@@ -600,6 +600,8 @@ WORKER_ENV = {
                                 "reads its time (docs/progress.md)",
     "ASTRAEUS_GPU_FRACTION": "a worker that shares one GPU: its share (`0.5`), beside the CUDA MPS variables "
                              "(docs/gpu-sharing.md)",
+    "ASTRAEUS_MIG_DEVICE": "a worker that asked MIG devices: their profile (`1g.10gb`); its CUDA_VISIBLE_DEVICES "
+                           "is then their UUIDs (`MIG-sim-<gpu>-<slot>` on simulated GPUs; docs/gpu-sharing.md)",
     "ASTRAEUS_NODE_RANK": "a gang of two workers or more (astraeus.rendezvous, docs/fleet.md): this worker's rank, its "
                           "index (also `PET_NODE_RANK`, `NODE_RANK`, `SLURM_NODEID`)",
     "ASTRAEUS_NUM_NODES": "a gang: its number of workers (also `PET_NNODES`, `SLURM_NNODES`, `SLURM_JOB_NUM_NODES`)",

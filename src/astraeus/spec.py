@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
+from astraeus.units import check_mig_profile, mig_milli
+
 # Limits, documented in docs/api.md. They keep one run's row and one agent's assignment small.
 MAX_CONFIG_BYTES = 1024 * 1024  # all configs of a run together: 1 MiB (a script, a small config file)
 MAX_ENV_ENTRIES = 256
@@ -166,6 +168,17 @@ class GpuRequests(Strict):
         k = asked[0]
         if len(asked) > 1:
             raise ValueError(f"gpu_requests: give one of {' or '.join(asked)}, not both")
+        if self.mig is not None:  # `count` MIG devices of the profile, on one machine (docs/gpu-sharing.md)
+            try:
+                check_mig_profile(self.mig)
+            except ValueError as e:
+                raise ValueError(f"gpu_requests.mig: {e}") from None
+            if self.count < 1:
+                raise ValueError("gpu_requests.mig: set count to how many MIG devices of the profile (1 or more)")
+            if self.min_per_machine is not None:
+                raise ValueError("gpu_requests.mig: MIG devices are for one worker on one machine: leave out "
+                                 "min_per_machine")
+            return self
         if self.count != 1:
             raise ValueError(f"gpu_requests.{k} is part of one GPU: set count to 1 (it is {self.count})")
         if self.min_per_machine is not None:
@@ -177,10 +190,6 @@ class GpuRequests(Strict):
             raise ValueError(f"gpu_requests.fraction {self.fraction} is under a thousandth of a GPU: ask 0.001 or more")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ValueError(f"gpu_requests.memory_bytes must be more than 0, not {self.memory_bytes}")
-        if self.mig is not None:
-            raise ValueError(f"gpu_requests.mig {self.mig!r}: MIG devices are not scheduled yet (machines report them, "
-                             "the scheduler does not hand them out); ask GPU memory (\"memory_bytes\") or a fraction "
-                             "(\"fraction\": 0.25) instead")
         return self
 
 
@@ -412,6 +421,9 @@ class TaskTemplate(Strict):
         if rr.gpu_requests.fraction is not None and machines != 1:
             raise ValueError(f"requested_resources: gpu_requests.fraction is part of one GPU for one worker; "
                              f"leave out machines (it is {machines})")
+        if rr.gpu_requests.mig is not None and machines != 1:
+            raise ValueError(f"requested_resources: gpu_requests.mig devices are for one worker on one machine; "
+                             f"leave out machines (it is {machines})")
         if gpus % machines:
             raise ValueError(
                 f"requested_resources: gpu_requests.count {gpus} does not divide evenly over {machines} machines"
@@ -446,6 +458,8 @@ def worker_resources(t: TaskTemplate) -> tuple[int, float, int]:
     gpus = rr.gpu_requests.count // n
     if rr.gpu_requests.fraction is not None:
         gpus = rr.gpu_requests.fraction  # issue 46: part of one GPU (a float: the scheduler shares a GPU)
+    elif rr.gpu_requests.mig is not None:  # issue 46: MIG devices count as their slices of a GPU (N/7 each)
+        gpus = mig_milli(rr.gpu_requests.mig, rr.gpu_requests.count) / 1000
     cpu = rr.cpu_cores / n if rr.cpu_cores else None
     mem = rr.memory_bytes // n if rr.memory_bytes else None
     if rr.per_gpu and gpus:

@@ -100,3 +100,26 @@ def human_bytes(n: int | float | None) -> str:
 def format_cpus(value: float) -> int | float:
     """Whole core counts as ints in the JSON (32, not 32.0)."""
     return int(value) if float(value).is_integer() else value
+
+
+# --- MIG profiles (issue 46) ----------------------------------------------------------------------------------
+
+# A MIG profile as NVML names it: <slices>g.<memory>gb, e.g. 1g.10gb, 3g.40gb, 1g.20gb+me (with media engines).
+MIG_PROFILE = re.compile(r"^([1-7])g\.([0-9]+)gb(\+me)?$")
+MIG_SLICES = 7  # compute slices of an A100/H100/H200 GPU: a profile "Ng.*" is N/7 of the GPU
+
+
+def check_mig_profile(profile: str) -> str:
+    """The profile, or ValueError that says what one looks like."""
+    if not MIG_PROFILE.match(profile or ""):
+        raise ValueError(f"{profile!r} is not a MIG profile: give it as NVML names it, <slices>g.<memory>gb such as "
+                         "\"1g.10gb\", \"3g.40gb\" or \"1g.20gb+me\"")
+    return profile
+
+
+def mig_milli(profile: str, count: int = 1) -> int:
+    """The thousandths of a GPU `count` MIG devices of `profile` count for in quotas and usage: N/7 of a GPU each
+    for a profile "Ng.*" (its compute slices of the GPU's seven)."""
+    m = MIG_PROFILE.match(profile)
+    slices = int(m.group(1)) if m else MIG_SLICES
+    return max(1, round(count * slices * 1000 / MIG_SLICES))

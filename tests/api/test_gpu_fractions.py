@@ -24,7 +24,7 @@ def frac(name: str, gpu: dict) -> dict:
     ({"count": 1, "fraction": 0.0001}, "under a thousandth"),
     ({"count": 1, "fraction": 0.5, "min_per_machine": 1}, "leave out min_per_machine"),
     ({"count": 1, "fraction": 0.5, "mig": "1g.10gb"}, "give one of fraction or mig"),
-    ({"count": 1, "mig": "1g.10gb"}, "MIG devices are not scheduled yet"),
+    ({"count": 1, "mig": "1g.10gb MIG"}, "gpu_requests.mig: '1g.10gb MIG' is not a MIG profile"),
     ({"count": 1, "memory_bytes": 0}, "gpu_requests.memory_bytes must be more than 0"),
     ({"count": 2, "memory_bytes": 1 << 34}, "set count to 1 (it is 2)"),
 ])

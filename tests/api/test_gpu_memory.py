@@ -77,7 +77,7 @@ def test_an_agent_reporting_bad_gpu_memory_or_mig_is_refused(app, field, value):
     assert r.status_code == 422 and field in r.text, r.text
 
 
-def test_mig_devices_are_stored_but_mig_asks_are_refused(app):
+def test_mig_devices_are_stored_and_a_malformed_profile_is_refused(app):
     assert register(app, "a100", 1, 40, mig=[{"1g.10gb": 7}]).status_code == 200
     with app.cp.sessions() as s:
         from sqlalchemy import select
@@ -85,5 +85,5 @@ def test_mig_devices_are_stored_but_mig_asks_are_refused(app):
         from astraeus.server.db import Machine
         m = s.scalar(select(Machine).where(Machine.name == "a100"))
         assert (m.gpu_memory, m.gpu_mig) == ([40 * GIB], [{"1g.10gb": 7}])
-    r = app.client.post(app.api + "/runs", json=frac("mig", {"count": 1, "mig": "1g.10gb"}), headers=app.h())
-    assert r.status_code == 422 and "MIG devices are not scheduled yet" in r.text, r.text
+    r = app.client.post(app.api + "/runs", json=frac("mig", {"count": 1, "mig": "1g"}), headers=app.h())
+    assert r.status_code == 422 and "gpu_requests.mig: '1g' is not a MIG profile" in r.text, r.text

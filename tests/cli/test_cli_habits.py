@@ -207,12 +207,14 @@ def test_the_hot_commands_answer_alike_through_the_entry_module_and_typer(c, tmp
 
 
 def test_the_entry_module_runs_hot_commands_without_typer(tmp_path):
-    """A hot command through astraeus.cli.main imports neither typer, click, rich nor pydantic; hot_table (the
+    """A hot command through astraeus.cli.main imports neither typer, click, rich nor pydantic, nor the standard
+    library's slow starters (typing, dataclasses, pathlib, difflib, inspect, subprocess, threading); hot_table (the
     options it reads them by) is what fastargs derives from typer's app today."""
+    heavy = "{'typer', 'click', 'rich', 'pydantic', 'typing', 'dataclasses', 'pathlib', 'difflib', 'inspect', " \
+            "'subprocess', 'threading'}"
     code = ("import sys; sys.argv = ['astra', 'slurm', 'sbatch', '--dry-run', '--wrap', 'true', '--container-image', "
             "'i']\nfrom astraeus.cli import main\nmain.app()\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'click', 'rich', 'pydantic'}), "
-            "file=sys.stderr)")
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy}), file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "ASTRAEUS_CONFIG": "/nonexistent"})
     assert r.returncode == 0 and r.stderr.splitlines()[-1] == "[]", r.stderr

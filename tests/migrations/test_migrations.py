@@ -435,7 +435,7 @@ def test_0002_is_a_no_op_where_the_release_already_added_the_column(tmp_path):
 # Columns that revisions after 0001 add, with the value an existing row gets.
 ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvous": None,
                                 "progress_at": None, "progress_text": None, "checkpoint_at": None, "stalled_at": None,
-                                "gpu_milli": 0},
+                                "gpu_milli": 0, "mig_devices": None},
                     "clusters": {"preemption_victims": "recent", "gpu_sharing": "workspace",
                                  "placement": "bestfit"},
                     "tokens": {"machine_id": None},
@@ -445,7 +445,8 @@ ADDED_SINCE_0001 = {"workers": {"restart_at": None, "crash_streak": 0, "rendezvo
                     "machines": {"runtime": None, "address": None, "shared_filesystems": None, "nfs": None,
                                  "disk_path": None, "disk_free_bytes": None, "disk_total_bytes": None,
                                  "cordon": None, "cordon_reason": None, "cordon_by": None, "cordon_at": None,
-                                 "gpu_faults": None, "gpu_memory": None, "gpu_mig": None},
+                                 "gpu_faults": None, "gpu_memory": None, "gpu_mig": None,
+                                 "nvlink_islands": None},
                     "access": {"pools": None, "host_network": False, "default_image": None,
                                "max_gpus_per_user": None},
                     "users": {"sso_subject": None}}

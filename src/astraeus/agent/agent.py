@@ -75,7 +75,7 @@ from astraeus.agent.client import Backoff, ControlPlaneClient, NeedsRegister, ro
 from astraeus.agent.client import agent_bases as agent_bases  # tests and tools import it from here
 from astraeus.agent.disk import EvictionWatch, disk_of, mark_evicted
 from astraeus.agent.exec import ExecSessions
-from astraeus.agent.gpus import discover_gpus, mig_profiles, nvml_gpus
+from astraeus.agent.gpus import discover_gpus, mig_profiles, mig_visible, nvml_gpus
 from astraeus.agent.health import HealthWatch
 from astraeus.agent.logs import LOG_BATCH as LOG_BATCH  # benchmarks/bench_logs.py imports these from here
 from astraeus.agent.logs import LOG_POST_BYTES as LOG_POST_BYTES
@@ -252,7 +252,8 @@ class Agent:
                  stop_grace: float | None = None, labels: dict[str, str] | None = None,
                  stop_workers_on_exit: bool = False, poll_wait: float = 30.0, image_map: ImageMap | None = None,
                  runtime_kind: str | None = None, address: str | None = None,
-                 shared_filesystems: dict[str, str] | None = None, gpu_memory_bytes: int | None = None):
+                 shared_filesystems: dict[str, str] | None = None, gpu_memory_bytes: int | None = None,
+                 nvlink_islands: list[list[int]] | None = None, mig: list[list[str]] | None = None):
         self.name = name
         env = AgentSettings.load() if state_dir is None or stop_grace is None or runtime is None else None
         self.state_dir = os.path.abspath(state_dir or env.state_dir_for(name))
@@ -266,7 +267,7 @@ class Agent:
         self.runtime = runtime
         self.runtime_name = runtime_label(self.runtime)
         log.info("runtime: %s (%s)", self.runtime_name, why)
-        self.gpus = discover_gpus(gpus, gpu_memory_bytes)
+        self.gpus = discover_gpus(gpus, gpu_memory_bytes, nvlink_islands, mig)
         self.cpu_cores = float(cpu_cores if cpu_cores is not None else (os.cpu_count() or 1))
         self.memory_bytes = int(memory_bytes if memory_bytes is not None else psutil.virtual_memory().total)
         self.labels = dict(labels or {})
@@ -360,6 +361,7 @@ class Agent:
     def register(self, client: httpx.Client) -> None:
         body = P.Register(name=self.name, gpus=self.gpus.count, gpu_models=self.gpus.models,
                           gpu_memory_bytes=self.gpus.memory_bytes, gpu_mig=mig_profiles(self.gpus.mig),
+                          nvlink_islands=self.gpus.islands,
                           cpu_cores=self.cpu_cores, memory_bytes=self.memory_bytes,
                           stop_grace_seconds=self.stop_grace, labels=self.labels, runtime=self.runtime_name,
                           address=self.address or route_address(self.control_plane.base),
@@ -571,6 +573,12 @@ class Agent:
             own = a.network == "isolated" and getattr(self.runtime, "networks", None) is not None
             a = with_gang_interface(a, self.registered_address, own)
             a = self.mps.attach(a, type(self.runtime).__name__ == "ContainerRuntime")
+            if a.mig_devices:  # issue 46: the worker sees its MIG devices only, by UUID (names when simulated)
+                try:
+                    visible = mig_visible(self.gpus, a.mig_devices)
+                except KeyError as e:
+                    raise StartFailed(f"{e.args[0]} is not on this machine (its MIG layout changed?)") from None
+                a = a.model_copy(update={"env": {**a.env, "CUDA_VISIBLE_DEVICES": ",".join(visible)}})
             st = self.runtime.start(a)
             log.info("started %s attempt %s: pid %s in %s", key[0], key[1], st.pid, st.environment)
         except StartFailed as e:
@@ -753,7 +761,8 @@ def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_c
               labels: dict[str, str] | None = None, stop_workers_on_exit: bool = False,
               poll_wait: float = 30.0, image_map: ImageMap | None = None, runtime: Runtime | None = None,
               runtime_kind: str | None = None, address: str | None = None,
-              shared_filesystems: dict[str, str] | None = None, gpu_memory_bytes: int | None = None) -> None:
+              shared_filesystems: dict[str, str] | None = None, gpu_memory_bytes: int | None = None,
+              nvlink_islands: list[list[int]] | None = None, mig: list[list[str]] | None = None) -> None:
     """Run the agent until SIGTERM/SIGINT (see the module docstring). `runtime` (built by the caller, e.g. with
     build_runtime) or `runtime_kind` ("auto", "container", "process"; default $ASTRAEUS_RUNTIME) says how
     workers run."""
@@ -763,7 +772,7 @@ def run_agent(server: str, token: str, name: str, gpus: int | None = None, cpu_c
                   state_dir=state_dir, stop_grace=stop_grace, labels=labels,
                   stop_workers_on_exit=stop_workers_on_exit, poll_wait=poll_wait, image_map=image_map,
                   runtime_kind=runtime_kind, address=address, shared_filesystems=shared_filesystems,
-                  gpu_memory_bytes=gpu_memory_bytes)
+                  gpu_memory_bytes=gpu_memory_bytes, nvlink_islands=nvlink_islands, mig=mig)
 
     def on_signal(signum, _frame):
         log.info("signal %s: exiting%s", signum, " (stopping workers)" if stop_workers_on_exit else

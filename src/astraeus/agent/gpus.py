@@ -17,6 +17,10 @@ class GpuInventory:
     # Issue 46: per GPU, its memory (bytes; an MPS tenant's limit is its share of it) and its MIG devices' names
     memory_bytes: list[int] = field(default_factory=list)
     mig: list[list[str]] = field(default_factory=list)
+    # Issue 46: its NVLink/NVSwitch islands (GPU indices; `nvlink_islands`), [] none reported: one island
+    islands: list[list[int]] = field(default_factory=list)
+    # Issue 46: per GPU its MIG devices' UUIDs, beside `mig`'s names (a MIG worker's CUDA_VISIBLE_DEVICES)
+    mig_uuids: list[list[str]] = field(default_factory=list)
 
 
 def nvml_gpus() -> GpuInventory | None:
@@ -35,17 +39,24 @@ def nvml_gpus() -> GpuInventory | None:
         for i in range(n):
             name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
             models.append(name.decode() if isinstance(name, bytes) else str(name))
-        memory, mig = [], []
+        memory, mig, uuids, handles = [], [], [], []
         for i in range(n):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            handles.append(h)
             memory.append(int(pynvml.nvmlDeviceGetMemoryInfo(h).total))
-            mig.append(mig_devices(pynvml, h))
+            devices = mig_device_list(pynvml, h)
+            mig.append([name for name, _ in devices])
+            uuids.append([uuid for _, uuid in devices])
+        try:
+            islands = nvlink_islands(pynvml, handles) if n > 1 else []
+        except Exception:  # noqa: BLE001 - a driver without the NVLink queries: reported as one island
+            islands = []
         try:
             drv = pynvml.nvmlSystemGetDriverVersion()
             drv = drv.decode() if isinstance(drv, bytes) else str(drv)
         except Exception:  # noqa: BLE001
             drv = None
-        return GpuInventory(n, models, "nvml", drv, memory, mig)
+        return GpuInventory(n, models, "nvml", drv, memory, mig, islands, uuids)
     except Exception:  # noqa: BLE001
         return None
     finally:
@@ -57,6 +68,11 @@ def nvml_gpus() -> GpuInventory | None:
 
 def mig_devices(pynvml, h) -> list[str]:
     """The names of a GPU's MIG devices ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"); [] when MIG is off or unsupported."""
+    return [name for name, _ in mig_device_list(pynvml, h)]
+
+
+def mig_device_list(pynvml, h) -> list[tuple[str, str]]:
+    """(name, UUID) of each of a GPU's MIG devices, in NVML's order; [] when MIG is off or unsupported."""
     try:
         current, _pending = pynvml.nvmlDeviceGetMigMode(h)
         if current != pynvml.NVML_DEVICE_MIG_ENABLE:
@@ -68,7 +84,9 @@ def mig_devices(pynvml, h) -> list[str]:
             except pynvml.NVMLError:
                 continue  # no MIG device at this slot
             name = pynvml.nvmlDeviceGetName(d)
-            out.append(name.decode() if isinstance(name, bytes) else str(name))
+            uuid = pynvml.nvmlDeviceGetUUID(d)
+            out.append((name.decode() if isinstance(name, bytes) else str(name),
+                        uuid.decode() if isinstance(uuid, bytes) else str(uuid)))
         return out
     except Exception:  # noqa: BLE001 - NVMLError_NotSupported on GPUs without MIG
         return []
@@ -89,20 +107,34 @@ def mig_profiles(mig: list[list[str]]) -> list[dict[str, int]]:
     return out
 
 
-def discover_gpus(simulated: int | None = None, simulated_memory: int | None = None) -> GpuInventory:
+def discover_gpus(simulated: int | None = None, simulated_memory: int | None = None,
+                  simulated_islands: list[list[int]] | None = None,
+                  simulated_mig: list[list[str]] | None = None) -> GpuInventory:
     """With `simulated` (the agent's --gpus N), report N GPUs (named after the real ones where NVML has
     them, for development and local clusters) of `simulated_memory` bytes each (NVML's where the GPUs are
-    real and it is not given, else SIMULATED_GPU_MEMORY); otherwise what NVML finds, or none."""
+    real and it is not given, else SIMULATED_GPU_MEMORY) in `simulated_islands` (--nvlink-islands; NVML's
+    where all N GPUs are real and it is not given), with the MIG devices of `simulated_mig` (--mig, `parse_mig`);
+    otherwise what NVML finds, or none."""
     found = nvml_gpus()
     if simulated is None:
-        return found if found is not None else GpuInventory(0, [], "none")
+        inv = found if found is not None else GpuInventory(0, [], "none")
+        if simulated_islands is not None:
+            inv.islands = [list(i) for i in simulated_islands]
+        if simulated_mig is not None:
+            inv.mig, inv.mig_uuids = simulated_mig_devices(simulated_mig)
+        return inv
     n = max(0, int(simulated))
     real = found.models if found else []
     models = [real[i] if i < len(real) else "simulated" for i in range(n)]
     real_memory = found.memory_bytes[:n] if found and n <= found.count and len(found.memory_bytes) >= n else None
     memory = [simulated_memory] * n if simulated_memory else real_memory or [SIMULATED_GPU_MEMORY] * n
-    return GpuInventory(n, models, "nvml" if found and n <= found.count else "simulated", found.driver if found else None,
-                        memory)
+    islands = ([list(i) for i in simulated_islands] if simulated_islands is not None else
+               found.islands if found and n == found.count else [])
+    inv = GpuInventory(n, models, "nvml" if found and n <= found.count else "simulated", found.driver if found else None,
+                       memory, islands=islands)
+    if simulated_mig is not None:
+        inv.mig, inv.mig_uuids = simulated_mig_devices(simulated_mig)
+    return inv
 
 
 NVIDIA_NODE = re.compile(r"^nvidia(\d+)$")
@@ -207,3 +239,54 @@ def nvlink_islands(pynvml, handles: list) -> list[list[int]]:
 def _bus_id(raw) -> str:
     s = raw.decode() if isinstance(raw, bytes) else str(raw)
     return s.lower().lstrip("0")
+
+
+def parse_mig(text: str, gpus: int) -> list[list[str]]:
+    """`--mig 0:1g.10gb*7,1:3g.40gb*2` (GPU:profile*count, comma-separated; a GPU may be named more than once) as
+    per GPU the profiles of its simulated MIG devices, checked: a GPU of the machine, a profile as NVML names it,
+    at most 7 compute slices per GPU. ValueError says what to change."""
+    from astraeus.units import MIG_SLICES, check_mig_profile
+
+    out: list[list[str]] = [[] for _ in range(gpus)]
+    for part in (p.strip() for p in text.split(",")):
+        gpu, colon, rest = part.partition(":")
+        profile, star, count = rest.partition("*")
+        try:
+            g, n = int(gpu), int(count) if star else 1
+        except ValueError:
+            raise ValueError(f"{part!r}: give GPU:profile*count, e.g. 0:1g.10gb*7") from None
+        if not colon or n < 1:
+            raise ValueError(f"{part!r}: give GPU:profile*count with a count of 1 or more, e.g. 0:1g.10gb*7")
+        if not 0 <= g < gpus:
+            raise ValueError(f"{part!r} names GPU {g}, and the machine has {gpus} GPUs" +
+                             (f" (indices 0-{gpus - 1})" if gpus else " (give --gpus N)"))
+        check_mig_profile(profile)
+        out[g].extend([profile] * n)
+    for g, profiles in enumerate(out):
+        slices = sum(int(p.split("g.", 1)[0]) for p in profiles)
+        if slices > MIG_SLICES:
+            raise ValueError(f"GPU {g} has {slices} compute slices of MIG devices ({', '.join(sorted(set(profiles)))})"
+                             f": a GPU has {MIG_SLICES}")
+    return out
+
+
+def simulated_mig_devices(profiles: list[list[str]]) -> tuple[list[list[str]], list[list[str]]]:
+    """The names and UUIDs of simulated MIG devices (per GPU, from `parse_mig`): `simulated MIG 1g.10gb`,
+    `MIG-sim-<gpu>-<slot>`."""
+    names = [[f"simulated MIG {p}" for p in ps] for ps in profiles]
+    uuids = [[f"MIG-sim-{g}-{k}" for k in range(len(ps))] for g, ps in enumerate(profiles)]
+    return names, uuids
+
+
+def mig_visible(inv: GpuInventory, devices) -> list[str]:
+    """The UUIDs of a worker's MIG devices, (gpu, profile, k) each: the k-th device of that profile on that GPU in
+    the inventory's order. KeyError names a device the inventory does not have."""
+    out = []
+    for g, profile, k in devices:
+        names = inv.mig[g] if 0 <= g < len(inv.mig) else []
+        uuids = inv.mig_uuids[g] if 0 <= g < len(inv.mig_uuids) else []
+        of = [u for n, u in zip(names, uuids, strict=False) if n.rsplit("MIG ", 1)[-1].strip() == profile]
+        if k >= len(of):
+            raise KeyError(f"MIG device {k} of profile {profile} on GPU {g}")
+        out.append(of[k])
+    return out

@@ -38,6 +38,7 @@ from astraeus.cli.commands import (  # the hot commands' bodies and the helpers 
 from astraeus.cli.slurm import SbatchError, split_jobs
 from astraeus.cli.spec import SpecError
 
+commands.Annotated = Annotated  # type: ignore[attr-defined]
 commands.typer = typer  # type: ignore[attr-defined]  # the commands' annotations name typer.Option: typer reads them there
 
 

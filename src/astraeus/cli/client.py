@@ -18,13 +18,17 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-from typing import Any, NamedTuple
+from collections import namedtuple
 from urllib.parse import quote, urlencode, urlsplit
 
 from astraeus import envvars
 from astraeus.cli import wire
+
+TYPE_CHECKING = False  # typing and pathlib cost a command's start: neither is imported to run one
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+    from pathlib import Path
+    from typing import Any
 
 NO_CONFIG = ("no Astraeus API configured: run `astra login --api URL --token TOKEN`, "
              "or set ASTRAEUS_API and ASTRAEUS_TOKEN")
@@ -42,21 +46,23 @@ class ApiError(Exception):
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
+    from pathlib import Path
+
     env = envvars.copy() if env is None else env
     if env.get("ASTRAEUS_CONFIG"):
         return Path(env["ASTRAEUS_CONFIG"]).expanduser()
     return Path.home() / ".config" / "astraeus" / "config.json"
 
 
-class Config(NamedTuple):
-    api: str
-    token: str
+Config = namedtuple("Config", "api token")  # the API URL(s) and the token
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
     """The API URL and token: the environment first, then the config file."""
     env = envvars.copy() if env is None else env
     saved: dict[str, Any] = {}
+    if env.get("ASTRAEUS_API") and env.get("ASTRAEUS_TOKEN"):
+        return Config(api=env["ASTRAEUS_API"].rstrip("/"), token=env["ASTRAEUS_TOKEN"])  # the file is not read
     path = config_path(env)
     if path.exists():
         try:
@@ -138,13 +144,10 @@ def not_answering(e: Exception | None, status: int | None, method: str) -> bool:
     return isinstance(e, TransportError) and e.connect
 
 
-class Response(NamedTuple):
-    """An answer read whole: what error_message and the callers need of it."""
+class Response(namedtuple("Response", "status_code reason_phrase headers content")):
+    """An answer read whole: what error_message and the callers need of it (headers' names in lower case)."""
 
-    status_code: int
-    reason_phrase: str
-    headers: dict[str, str]  # names in lower case
-    content: bytes
+    __slots__ = ()
 
     @property
     def text(self) -> str:

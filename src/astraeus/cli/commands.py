@@ -3,7 +3,8 @@ share with the rest: importable without typer, so that astraeus.cli.main runs th
 or pydantic. astraeus.cli.astra registers these same functions as typer's commands.
 
 Their parameters keep typer's annotations (Annotated[T, typer.Option(...)]), as strings that only typer reads:
-astraeus.cli.astra puts `typer` in this module's namespace before it registers them.
+astraeus.cli.astra puts `typer` and `Annotated` in this module's namespace before it registers them (typing and
+pathlib are not imported to run a command: they cost its start).
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from astraeus import envvars
 from astraeus.cli import format as fmt
@@ -22,15 +20,19 @@ from astraeus.cli.client import ApiError, Client, q
 from astraeus.cli.errors import HelpRequested, SbatchError, ViewError
 from astraeus.units import UnitError as SpecError
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Annotated, Any, TypeVar
+
     import typer
 
     from astraeus.cli.slurm import SbatchJob
 
+    F = TypeVar("F", bound=Callable[..., Any])
+
 # The Slurm translation (astraeus.cli.slurm), the Slurm views and the spec builder are imported by the commands that
 # use them: each command line pays only for its own.
-
-__all__ = ["Annotated"]  # named in the commands' annotations, which typer evaluates here
 
 
 def echo(message: str = "", err: bool = False, nl: bool = True) -> None:
@@ -40,7 +42,9 @@ def echo(message: str = "", err: bool = False, nl: bool = True) -> None:
     out.flush()
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def fail(message: str, code: int = 1) -> SystemExit:
@@ -78,7 +82,7 @@ def client() -> Client:
 def read_json_file(path: str, what: str = "spec") -> Any:
     """A spec file: JSON, or YAML when it is named .yaml/.yml (stdin, `-`: JSON, else YAML)."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        text = sys.stdin.read() if path == "-" else _read_text(path)
     except OSError as e:
         raise SpecError(f"cannot read the {what} file {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
@@ -380,15 +384,22 @@ def logs(
                            "waits for it", err=True)
 
 
+def _may_be_worker(name: str) -> bool:
+    """Could `name` be a worker's? Workers are named RUN-INDEX; any other name can only be a run's."""
+    base, dash, index = name.rpartition("-")
+    return bool(base and dash and index.isdigit())
+
+
 def _worker_for_logs(c: Client, name: str, follow: bool) -> tuple[str | None, dict[str, Any]]:
     """The worker `name` stands for (as resolve_worker) and its view; a run with no worker yet: (None, {}) after
-    saying so, or with `follow` once a worker appears."""
-    try:
-        view = c.get(f"workers/{q(name)}")
-        return name, view if isinstance(view, dict) else {}
-    except ApiError as e:
-        if e.status != 404:
-            raise
+    saying so, or with `follow` once a worker appears. A name that cannot be a worker's asks only for the run."""
+    if _may_be_worker(name):
+        try:
+            view = c.get(f"workers/{q(name)}")
+            return name, view if isinstance(view, dict) else {}
+        except ApiError as e:
+            if e.status != 404:
+                raise
     said = False
     while True:
         try:
@@ -399,8 +410,10 @@ def _worker_for_logs(c: Client, name: str, follow: bool) -> tuple[str | None, di
             raise
         status = (run_obj or {}).get("status") or {}
         if status.get("workers"):
-            wname = resolve_worker(c, name)
-            return wname, next((w for w in status["workers"] if w.get("name") == wname), {})
+            workers = [w for w in status["workers"] if isinstance(w, dict)]
+            if len(workers) == 1:  # a run's name stands for its only worker, as resolve_worker has it
+                return workers[0].get("name"), workers[0]
+            return resolve_worker(c, name), {}  # its error names the workers
         why = fmt.terminal_safe(status.get("reason") or status.get("state") or "Pending")
         if status.get("state") in fmt.TERMINAL:
             raise ApiError(f"{name} ended ({status.get('state')}) without starting a worker: no output")
@@ -493,7 +506,7 @@ def sbatch(ctx: typer.Context) -> None:
         text, label = sys.stdin.read(), "stdin"
     else:
         try:
-            text = Path(cmd.script).read_text()
+            text = _read_text(cmd.script)
         except OSError as e:
             raise SbatchError(f"sbatch: error: Unable to open file {cmd.script}: {e.strerror or e}") from None
         except UnicodeDecodeError:
@@ -638,10 +651,12 @@ def run_named(c: Client, job: str) -> str:
 
 def resolve_dependency(c: Client, spec: dict[str, Any]) -> None:
     """`--dependency=afterok:42`: each numeric job id in the run spec's dependency becomes the run's name."""
+    dep = (spec.get("spec") or {}).get("dependency")
+    if not isinstance(dep, dict) or not dep.get("runs"):
+        return  # no dependency: the Slurm views' import is not paid
     from astraeus.cli import slurm_views as sv
 
-    dep = (spec.get("spec") or {}).get("dependency")
-    if isinstance(dep, dict) and any(sv.is_job_id(str(j)) for j in dep.get("runs") or []):
+    if any(sv.is_job_id(str(j)) for j in dep.get("runs") or []):
         dep["runs"] = list(dict.fromkeys(run_named(c, str(j)) for j in dep["runs"]))
 
 

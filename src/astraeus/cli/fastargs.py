@@ -9,10 +9,10 @@ short options run together) goes to typer as before, so that help and usage erro
 
 from __future__ import annotations
 
-import types
-import typing
-from collections.abc import Callable, Sequence
-from typing import Any
+TYPE_CHECKING = False  # typing is read only to build the table (make_hot_table), never to run a command
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
 HOT = (("astraeus", "run"), ("astraeus", "runs"), ("astraeus", "logs"), ("slurm", "sbatch"), ("slurm", "squeue"))
 
@@ -67,6 +67,8 @@ class _Param:
 def _params(fn: Callable[..., Any]) -> list[_Param]:
     """The command's parameters as typer reads them: Annotated[T, typer.Option(...)] or typer.Argument(...)."""
     import inspect
+    import types
+    import typing
 
     from typer import Context as TyperContext
     from typer.models import ArgumentInfo, OptionInfo
@@ -74,7 +76,7 @@ def _params(fn: Callable[..., Any]) -> list[_Param]:
     hints = typing.get_type_hints(fn, include_extras=True)
     out = []
     for p in inspect.signature(fn).parameters.values():
-        hint = hints.get(p.name, Any)
+        hint = hints.get(p.name, typing.Any)
         info = None
         if typing.get_origin(hint) is typing.Annotated:
             hint, *extra = typing.get_args(hint)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
-from typing import Any
 
 from astraeus.units import human_bytes, human_duration  # sizes and durations live in astraeus.units
+
+TYPE_CHECKING = False  # typing and datetime are imported where used: a command that needs neither starts sooner
+if TYPE_CHECKING:
+    from datetime import datetime
+    from typing import Any
 
 # --- terminal safety -----------------------------------------------------------------------------------------------
 #
@@ -74,6 +77,8 @@ RUN_STATES = ("Pending", "Starting", "Running", "Stopping", "Completed", "Failed
 def runs_wide_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str:
     """`astra astraeus runs -o wide`: the table's columns with PRIORITY, GPUS (in all), USER (who submitted it,
     else its workspace, as squeue's USER) and AGE (since it was submitted)."""
+    from datetime import UTC, datetime
+
     now = now or datetime.now(UTC)
     rows = []
     for run in runs:
@@ -114,6 +119,8 @@ def table(headers: list[str], rows: list[list[Any]], gap: int = 2) -> str:
 
 def parse_time(value: Any) -> datetime | None:
     """An API time (RFC 3339 text or epoch seconds) → an aware datetime."""
+    from datetime import UTC, datetime
+
     if value is None or value == "":
         return None
     if isinstance(value, int | float):
@@ -126,6 +133,8 @@ def parse_time(value: Any) -> datetime | None:
 
 
 def show_time(value: Any) -> str:
+    from datetime import UTC
+
     t = parse_time(value)
     if t is None:
         return "" if value is None else str(value)
@@ -204,6 +213,8 @@ def _machines_of(run: dict[str, Any]) -> list[str]:
 
 
 def squeue_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str:
+    from datetime import UTC, datetime
+
     now = now or datetime.now(UTC)
     header = " ".join(h.rjust(w) for h, w in SQUEUE_FIELDS) + " NODELIST(REASON)"
     lines = [header]
@@ -301,6 +312,8 @@ def what_if(answer: dict[str, Any]) -> str:
 
 def slurm_time(value: Any) -> str:
     """Slurm's `YYYY-MM-DDTHH:MM:SS` (UTC here)."""
+    from datetime import UTC, datetime
+
     t = parse_time(value) or datetime.now(UTC)
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
 

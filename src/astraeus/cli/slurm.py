@@ -9,14 +9,15 @@ by name with what to do; none is silently ignored.
 
 from __future__ import annotations
 
-import difflib
 import re
 import shlex
-from dataclasses import dataclass, field
-from pathlib import PurePath
-from typing import Any
+from collections import namedtuple
 
 from astraeus.cli.errors import HelpRequested, SbatchError  # noqa: F401 - defined apart for the shared error handler
+
+TYPE_CHECKING = False  # typing, dataclasses, difflib and pathlib cost `sbatch` a large part of its start: not imported
+if TYPE_CHECKING:
+    from typing import Any
 
 MIB = 1024**2
 SCRIPT_DIR = "/astraeus/slurm"
@@ -285,12 +286,10 @@ ARRAY_FORMS = "0-99, 1,3,5-7, 0-15:4, with %N for at most N at once (e.g. 0-99%1
 _RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 
 
-@dataclass(frozen=True)
-class ArrayRange:
-    """`--array`: the indices (ascending, each once) and how many may run at once (None: no limit)."""
+class ArrayRange(namedtuple("ArrayRange", "indices max_running", defaults=(None,))):
+    """`--array`: the indices (ascending, each once: a tuple) and how many may run at once (None: no limit)."""
 
-    indices: tuple[int, ...]
-    max_running: int | None = None
+    __slots__ = ()
 
     def shown(self) -> str:
         """`0-19`, `1,3,5-7`: the indices as Slurm writes them."""
@@ -448,15 +447,10 @@ def _export(text: str) -> str:
     return s.upper()
 
 
-@dataclass(frozen=True)
-class Option:
-    long: str
-    short: str | None
-    arg: str  # "required" | "optional" | "none"
-    slot: str  # options that set the same thing share a slot; the last one wins
-    parse: Any  # (value) -> parsed value, tagged with the option's kind where a slot has several
-    cli_only: bool = False
-    note: str | None = None  # accepted, not honoured: what Astraeus does instead (one line on stderr)
+# long, short (or None); arg: "required" | "optional" | "none"; slot: options that set the same thing share a slot
+# (the last one wins); parse: (value) -> parsed value, tagged with the option's kind where a slot has several;
+# cli_only; note: accepted, not honoured: what Astraeus does instead (one line on stderr)
+Option = namedtuple("Option", "long short arg slot parse cli_only note", defaults=(False, None))
 
 
 def _noted(long: str, short: str | None, note: str, arg: str = "required") -> Option:
@@ -582,11 +576,13 @@ _REFUSED_SHORT = {"w": "--nodelist", "b": "--begin", "F": "--nodefile",
 _KNOWN = sorted({*_LONG, *(h[2:] for h in _HINTS), "immediate", "help", "usage"})
 
 
-@dataclass
 class Options:
-    values: dict[str, Any] = field(default_factory=dict)  # slot → parsed value
-    given: dict[str, str] = field(default_factory=dict)  # slot → the option as written, for messages
-    written: dict[str, str] = field(default_factory=dict)  # slot → the option with its value, for notes
+    __slots__ = ("values", "given", "written")
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}  # slot → parsed value
+        self.given: dict[str, str] = {}  # slot → the option as written, for messages
+        self.written: dict[str, str] = {}  # slot → the option with its value, for notes
 
 
 def _long_option(name: str, where: str | None) -> str:
@@ -605,6 +601,8 @@ def _long_option(name: str, where: str | None) -> str:
             return shortest
         shown = ", ".join(f"--{k}" for k in starts[:4])
         raise SbatchError(f"sbatch: error: option --{name} is ambiguous: did you mean {shown}?{at}")
+    import difflib  # a misspelt option's only: it costs every `sbatch` its start otherwise
+
     close = difflib.get_close_matches(name, _KNOWN, n=1, cutoff=0.75)
     if close:
         raise SbatchError(f"sbatch: option --{name} is not supported by astra slurm: did you mean --{close[0]}?{at}")
@@ -745,18 +743,20 @@ def directives(script: str) -> list[tuple[int, list[str]]]:
 JOB_NAME_LABEL = "slurm.astraeus.io/job-name"  # the script's own job name, where the run's name had to differ
 
 
-@dataclass
 class SbatchJob:
-    name: str
-    spec: dict[str, Any]
-    notes: list[str]
-    dry_run: bool = False
-    array: ArrayRange | None = None  # --array: one run per index, `<name>_<index>`
-    test_only: bool = False  # --test-only: ask when and where it would start (POST $API/runs?dry_run=true)
-    partition: str | None = None  # the pools given (comma-separated), as --test-only names the partition
-    processors: int = 1  # CPU cores in all (Slurm's "processors"; 1 per task unless asked)
-    job_name: str | None = None  # the job name as the script wrote it (SLURM_JOB_NAME)
-    job_id: int | None = None  # once submitted: the run's numeric job id (metadata.job_id; `sbatch --parsable`)
+    def __init__(self, name: str, spec: dict[str, Any], notes: list[str], dry_run: bool = False,
+                 array: ArrayRange | None = None, test_only: bool = False, partition: str | None = None,
+                 processors: int = 1, job_name: str | None = None, job_id: int | None = None):
+        self.name = name
+        self.spec = spec
+        self.notes = notes
+        self.dry_run = dry_run
+        self.array = array  # --array: one run per index, `<name>_<index>`
+        self.test_only = test_only  # --test-only: ask when and where it would start (POST $API/runs?dry_run=true)
+        self.partition = partition  # the pools given (comma-separated), as --test-only names the partition
+        self.processors = processors  # CPU cores in all (Slurm's "processors"; 1 per task unless asked)
+        self.job_name = job_name  # the job name as the script wrote it (SLURM_JOB_NAME)
+        self.job_id = job_id  # once submitted: the run's numeric job id (metadata.job_id; `sbatch --parsable`)
 
     def renamed(self, name: str) -> SbatchJob:
         """The same job under another run name (a resubmitted script: `llama-train-2`); the script's mount path and
@@ -783,11 +783,8 @@ class SbatchJob:
         return out
 
 
-@dataclass
-class CommandLine:
-    options: Options
-    script: str | None  # path; None: read the script from stdin (or --wrap)
-    script_args: list[str]
+# options: Options; script: a path, None: read the script from stdin (or --wrap); script_args: list[str]
+CommandLine = namedtuple("CommandLine", "options script script_args")
 
 
 def parse_command_line(argv: list[str]) -> CommandLine:
@@ -804,6 +801,8 @@ def default_name(script: str | None, wrap: bool) -> str:
         return "wrap"
     if script is None or script == "-":
         return "sbatch"
+    from pathlib import PurePath
+
     name = re.sub(r"[^a-z0-9-]+", "-", PurePath(script).stem.lower()).strip("-")[:63].strip("-")
     return name or "sbatch"
 

@@ -11,15 +11,9 @@ they end: their output was shown here, and the names stay free for the next one.
 
 from __future__ import annotations
 
-import contextlib
 import shlex
-import signal
-import subprocess
 import sys
-import threading
 import time
-from pathlib import PurePath
-from typing import TYPE_CHECKING, Any
 
 from astraeus import envvars
 from astraeus.cli import format as fmt
@@ -34,7 +28,12 @@ from astraeus.cli.slurm import (
     parse_time,
 )
 
+# srun/salloc's own (contextlib, signal, subprocess, threading, pathlib) are imported where used: sbatch imports
+# this module for its output and --wait, and would pay their import at every start.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     import typer
 
 
@@ -230,6 +229,8 @@ def submit(c: Client, job: SbatchJob, what: str, refused: str = "Unable to alloc
 
 
 def delete(c: Client, name: str) -> None:
+    import contextlib
+
     with contextlib.suppress(ApiError):
         c.delete(f"runs/{q(name)}")
 
@@ -260,6 +261,8 @@ def _stream(c: Client, worker: str) -> None:
 
 
 def _command_name(command: list[str]) -> str:
+    from pathlib import PurePath
+
     return PurePath(command[0]).name or "srun"
 
 
@@ -293,6 +296,8 @@ def srun(argv: list[str]) -> int:
 
 def _follow(c: Client, name: str, what: str) -> int:
     """Stream each worker's output as it comes (worker 0 here, the others in threads); the run's exit code."""
+    import threading
+
     said = False
     while True:
         run = c.get(f"runs/{q(name)}") or {}
@@ -351,6 +356,8 @@ def _srun_in_allocation(alloc: str, cmd: CommandLine, command: list[str], pty: b
     n = cmd.options.values.get("nodes", len(workers) or 1)
     if n > max(len(workers), 1):
         raise SbatchError(f"srun: error: -N {n}: allocation {alloc} has {len(workers)} node(s)")
+    import threading
+
     codes = [0] * n
     errors: list[str] = []
 
@@ -375,6 +382,9 @@ def _srun_in_allocation(alloc: str, cmd: CommandLine, command: list[str], pty: b
 # --- salloc -------------------------------------------------------------------------------------------------------
 
 def salloc(argv: list[str]) -> int:
+    import signal
+    import subprocess
+
     argv, idle = take_idle_timeout(list(argv), "salloc")
     cmd, command, _ = parse(argv, "salloc")
     job = with_idle_timeout(build(cmd, HOLD, _command_name(command) if command else "interactive", "salloc"), idle)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any
 
 from astraeus.cli.errors import ViewError  # noqa: F401 - defined apart for the shared error handler
 from astraeus.cli.format import parse_time, terminal_safe
+
+TYPE_CHECKING = False  # typing is not imported to run a command: it costs its start
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
 
 # --- times -------------------------------------------------------------------------------------------------------
 

@@ -6,12 +6,15 @@ No I/O here, so everything is unit-tested without a server.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 # Sizes and durations live in astraeus.units (shared with the console and the server); SpecError is its error
 # class, so a size or duration the user must rewrite is refused like any other option.
 from astraeus.units import GIB, KIB, MIB, TIB, format_cpus, parse_duration, parse_memory  # noqa: F401
 from astraeus.units import UnitError as SpecError
+
+TYPE_CHECKING = False  # typing is not imported to run a command: it costs its start
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def parse_env(items: list[str]) -> dict[str, str]:

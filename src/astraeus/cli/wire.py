@@ -132,7 +132,9 @@ class Connection:
         self.will_close = False
 
     def connect(self) -> None:
-        self.sock = socket.create_connection((self.host, self.port), self.timeout)
+        # An ASCII host as bytes: getaddrinfo then skips the IDNA codec, whose import a command's start would pay.
+        host = self.host.encode("ascii") if self.host.isascii() else self.host
+        self.sock = socket.create_connection((host, self.port), self.timeout)
         self.fp = self.sock.makefile("rb")
         self.will_close = False
 

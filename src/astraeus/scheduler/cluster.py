@@ -159,6 +159,28 @@ class Fleet:
         self.fixed: set[int] = set()
         self.never: dict[tuple, str | None] = {}
         self.topology_groups: dict[str, list[list[int]]] = {}  # topology label -> its groups (Cluster.topology_groups)
+        # Issue 46: a GPU with MIG devices takes MIG workers only: it is not among the machine's GPUs here; per
+        # machine its devices by profile (gpushare.mig_devices_of), per profile the machines that have it.
+        self.any_mig = any(m.gpu_mig for m in machines)
+        self.mig_of: list[dict[str, list[tuple[int, str, int]]]] = []
+        self.mig_machines: dict[str, list[int]] = {}
+        if self.any_mig:
+            for i, m in enumerate(machines):
+                devs = {p: [d for d in ds if d[0] not in m.quarantined_gpus]
+                        for p, ds in gpushare.mig_devices_of(m.gpu_mig).items()}
+                self.mig_of.append({p: ds for p, ds in devs.items() if ds})
+                for p in self.mig_of[i]:
+                    self.mig_machines.setdefault(p, []).append(i)
+                mig_gpus = {g for g, ps in enumerate(m.gpu_mig) if ps}
+                if mig_gpus:
+                    self.gpu_lists[i] = [g for g in self.gpu_lists[i] if g not in mig_gpus]
+                    self.cap_g[i] = len(self.gpu_lists[i])
+        # Issue 46: per machine its NVLink islands (() for one island), and the GPUs its largest island holds; a
+        # fleet without islands checks nothing more (`any_islands` False keeps today's fast path).
+        self.islands = [m.nvlink_islands for m in machines]
+        self.any_islands = any(self.islands)
+        self.island_cap = [topology.largest_island(isl, gl) if isl else cap for isl, gl, cap in
+                           zip(self.islands, self.gpu_lists, self.cap_g, strict=True)] if self.any_islands else self.cap_g
 
 
 _last_fleet: list[Fleet] = []
@@ -199,6 +221,7 @@ class Cluster:
         # Issue 46: machine -> gpu -> [thousandths used, {workspace: tenants}] of each GPU fractional workers share
         # (such a GPU is not in free_g: whole-GPU workers never take it).
         self.shared: dict[int, dict[int, list]] = {}
+        self.mig_taken: dict[int, set[tuple[int, str, int]]] = {}  # issue 46: machine -> its MIG devices held
         self.gpu_sharing = snapshot.gpu_sharing
         # The share index (made on the first fractional worker, then kept by `commit`): who may share (a workspace,
         # or None: anyone) -> (whole free GPUs, free thousandths of its shared GPUs) -> the machines with that
@@ -216,6 +239,7 @@ class Cluster:
         self._frag_memo: dict = {}  # fragments.fgd_share's, kept for the cycle
         self._no_group: set[tuple] = set()  # gang shapes no topology group holds this cycle
         self._group_sets: dict[int, tuple[list[int], frozenset[int]]] = {}  # a topology group's set, by id
+        self._group_members: dict[tuple[int, int], tuple] = {}  # a group's machines a selection allows, by ids
         self._ranks: dict[int, dict[int, int]] = {}
         self.free_c = free_c = list(self.cap_c)
         self.free_m = free_m = list(self.cap_m)
@@ -234,7 +258,9 @@ class Cluster:
                 if i is None:
                     continue
                 units_on[i].append(unit)
-                if w.gpu_milli and gpu_indices:
+                if w.mig_devices:
+                    self.mig_taken.setdefault(i, set()).update(w.mig_devices)
+                elif w.gpu_milli and gpu_indices:
                     self._share(i, gpu_indices[0], w.gpu_milli, unit.workspace)
                 free = free_g[i]
                 n = len(gpu_indices)
@@ -469,6 +495,9 @@ class Cluster:
             asked, machines = sel.gpu_memory, self.machines
             fits = frozenset(i for i, m in enumerate(machines) if m.gpu_memory_bytes > asked)
             lines.update({i: gpushare.gpu_memory_short(machines[i].gpu_memory_bytes, asked) for i in outside(fits)})
+        if sel.mig:  # issue 46: MIG devices fit only machines that have that profile
+            has = frozenset(self.fleet.mig_machines.get(sel.mig, ()))
+            lines.update(dict.fromkeys(outside(has), gpushare.no_mig_device(sel.mig)))
         for i, line in res_lines.items():
             lines.setdefault(i, line)
         return lines
@@ -495,6 +524,15 @@ class Cluster:
                 fc = min(fc, fc + e[1] - h[1])
                 fm = min(fm, fm + e[2] - h[2])
         return fg, fc, fm
+
+    def island_fits(self, i: int, g: int, extra: tuple[int, ...] = ()) -> bool:
+        """Do g of machine i's free GPUs (and `extra`, GPUs that victims free) lie in one NVLink island? True on a
+        machine that reports no islands, and for one GPU."""
+        isl = self.fleet.islands[i]
+        if not isl or g <= 1:
+            return True
+        free = self.free_g[i]
+        return topology.island_gpus(list(free) + list(extra) if extra else free, isl, g) is not None
 
     # ------------------------------------------------------------------------------------------ placement
 
@@ -619,13 +657,16 @@ class Cluster:
     ) -> int | None:
         """Best fit for one worker: fewest free GPUs that still fits, ties by name."""
         g, c, m = s
+        # Issue 46: on machines with NVLink islands, g GPUs must lie in one island (None: no machine has islands)
+        islands = self.fleet.islands if g > 1 and self.fleet.any_islands else None
         if allowed_list is not None and len(allowed_list) <= SCAN_AT_MOST:
             best = None
             for i in allowed_list:
                 if i in avoid:
                     continue
                 fg, fc, fm = self.room(i, view_b)
-                if fg >= g and fc >= c and fm >= m and (best is None or (self.rank(g, fg), i) < best):
+                if fg >= g and fc >= c and fm >= m and (best is None or (self.rank(g, fg), i) < best) and (
+                        islands is None or self.island_fits(i, g)):
                     best = (self.rank(g, fg), i)
             return None if best is None else best[1]
         if allowed_list is None and allowed is not None:
@@ -641,7 +682,8 @@ class Cluster:
         free_c, free_m = self.free_c, self.free_m
         for cnt in self.scan_order(g):
             for i in buckets[cnt]:
-                if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held:
+                if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
+                        islands is None or not islands[i] or self.island_fits(i, g)):
                     best = (self.rank(g, cnt), i)
                     break
             if best is not None:
@@ -650,7 +692,8 @@ class Cluster:
             if i in avoid or (allowed is not None and i not in allowed):
                 continue
             fg, fc, fm = self.room(i, True)
-            if fg >= g and fc >= c and fm >= m and (best is None or (self.rank(g, fg), i) < best):
+            if fg >= g and fc >= c and fm >= m and (best is None or (self.rank(g, fg), i) < best) and (
+                    islands is None or self.island_fits(i, g)):
                 best = (self.rank(g, fg), i)
         return None if best is None else best[1]
 
@@ -686,7 +729,9 @@ class Cluster:
         """Machines for all `workers` at once (one worker per machine when there are several), or None.
         A fractional worker's is (worker, (machine, gpu)): `commit` shares that GPU. A gang's machines come
         from one network block (`same`: "block" or "rack" requires it; else preferred when the machines are
-        labelled), numbered in topology order."""
+        labelled), numbered in topology order. MIG workers: `_place_mig`."""
+        if workers[0].mig_count:
+            return self._place_mig(workers, allowed, avoid, view_b)
         if len(workers) > 1 and (same is not None or self.topology_groups(topology.BLOCK)):
             return self._place_by_topology(workers, allowed, allowed_list, avoid, view_b, same)
         if len(workers) == 1:
@@ -721,6 +766,48 @@ class Cluster:
             if hit is not None:
                 return [(w, hit)]
         return None
+
+    def mig_free(self, i: int, profile: str) -> list[tuple[int, str, int]]:
+        """Machine i's MIG devices of the profile that no worker holds, in GPU order."""
+        taken = self.mig_taken.get(i)
+        devs = self.fleet.mig_of[i].get(profile, ()) if self.fleet.any_mig else ()
+        return [d for d in devs if d not in taken] if taken else list(devs)
+
+    def _place_mig(self, workers, allowed, avoid, view_b: bool):
+        """MIG workers, one per machine: the machine with the fewest free devices of the profile that holds the
+        worker's (best fit: the others stay free for larger asks), ties by name."""
+        used, out = set(avoid), []
+        for w in workers:
+            best = None
+            for i in self.fleet.mig_machines.get(w.mig, ()):
+                if i in used or not self.schedulable[i] or (allowed is not None and i not in allowed):
+                    continue
+                _, fc, fm = self.room(i, view_b)
+                if fc < w.cpu_cores or fm < w.memory_bytes:
+                    continue
+                free = len(self.mig_free(i, w.mig))
+                if free >= w.mig_count and (best is None or (free, i) < best):
+                    best = (free, i)
+            if best is None:
+                return None
+            used.add(best[1])
+            out.append((w, best[1]))
+        return out
+
+    def _commit_mig(self, run: str, workspace: str, priority: int, w: WorkerRequest, i: int,
+                    ends_before_shadow: bool) -> Placement:
+        """Take a MIG worker's devices on machine i (the first free ones in GPU order): each is one worker's whole."""
+        devs = tuple(self.mig_free(i, w.mig)[:w.mig_count])
+        self.mig_taken.setdefault(i, set()).update(devs)
+        self.free_c[i] -= w.cpu_cores
+        self.free_m[i] -= w.memory_bytes
+        if ends_before_shadow and i in self.held:
+            e = self.ending.setdefault(i, [0, 0.0, 0])
+            e[1] += w.cpu_cores
+            e[2] += w.memory_bytes
+        self._note_holder(i, run, workspace, priority, 0)
+        return placement(w.index, self.names[i], tuple(sorted({d[0] for d in devs})), w.cpu_cores, w.memory_bytes,
+                         gpushare.mig_milli(w.mig, len(devs)), devs)
 
     def topology_groups(self, label: str) -> list[list[int]]:
         """The machines (indices, in order) of each value of a topology label, smallest group first."""
@@ -759,14 +846,16 @@ class Cluster:
     def _place_in(self, workers, members: list[int], avoid, view_b: bool) -> list | None:
         """A gang's whole-GPU workers on these machines only, one each: best machine by the placement's rank."""
         used, out = set(avoid), []
+        free_g, schedulable, room = self.free_g, self.schedulable, self.room
         for w in placement_order(workers):
             g, c, m = shape(w)
             best = None
             for i in members:
-                if i in used or not self.schedulable[i]:
+                # room() never shows more GPUs than are free: a machine with fewer is passed over without it
+                if len(free_g[i]) < g or i in used or not schedulable[i]:
                     continue
-                fg, fc, fm = self.room(i, view_b)
-                if fg >= g and fc >= c and fm >= m:
+                fg, fc, fm = room(i, view_b)
+                if fg >= g and fc >= c and fm >= m and self.island_fits(i, g):
                     k = (self.rank(g, fg), i)
                     if best is None or k < best:
                         best = k
@@ -798,12 +887,20 @@ class Cluster:
                 if allowed is None:  # the group's own free-GPU buckets (its list is kept: `sub_buckets` by id)
                     found = self._place_anywhere(workers, self._group_set(group), group, avoid, view_b)
                 else:
-                    members = [i for i in group if i in allowed]
+                    members = self._members_allowed(group, allowed)
                     found = self._place_in(workers, members, avoid, view_b) if len(members) >= len(workers) else None
                 if found is not None:
                     return self._ranked(found)
             self._no_group.add(key)
         return None if same is not None else self._ranked(chosen)
+
+    def _members_allowed(self, group: list[int], allowed) -> list[int]:
+        """The machines of a topology group a run may use (kept for the cycle: gangs of one selection ask again)."""
+        key = (id(group), id(allowed))
+        hit = self._group_members.get(key)
+        if hit is None or hit[0] is not group or hit[1] is not allowed:
+            hit = self._group_members[key] = (group, allowed, [i for i in group if i in allowed])
+        return hit[2]
 
     def _group_set(self, group: list[int]) -> frozenset[int]:
         hit = self._group_sets.get(id(group))
@@ -834,19 +931,29 @@ class Cluster:
     def commit(
         self, run: str, workspace: str, priority: int, chosen, ends_before_shadow: bool
     ) -> tuple[Placement, ...]:
-        """Take the room; lowest free GPU indices first."""
+        """Take the room; lowest free GPU indices first (inside one NVLink island: `topology.island_gpus`)."""
         out = []
         free_g, buckets, held, subs_of = self.free_g, self.buckets, self.held, self._subs_of
+        islands = self.fleet.islands if self.fleet.any_islands else None
         unsorted = self._unsorted
         for w, i in chosen:
+            if w.mig_count:  # MIG devices, each whole
+                out.append(self._commit_mig(run, workspace, priority, w, i, ends_before_shadow))
+                continue
             if i.__class__ is tuple:  # a fractional worker: its share of one GPU
                 out.append(self._commit_share(run, workspace, priority, w, i, ends_before_shadow))
                 continue
             free = free_g[i]
             before = len(free)
             n = w.gpus
-            gpus = tuple(free[:n])
-            del free[:n]
+            isl = islands[i] if islands is not None and n > 1 else None
+            gpus = topology.island_gpus(free, isl, n) if isl else None
+            if gpus is None:  # no islands (or `place` checked none): the lowest free GPUs
+                gpus = tuple(free[:n])
+                del free[:n]
+            else:
+                for g in gpus:
+                    free.remove(g)
             if n and self.schedulable[i]:
                 after = before - len(gpus)
                 b = buckets[before]
@@ -922,6 +1029,8 @@ class Cluster:
         machines = self.all_schedulable if allowed_list is None else allowed_list
         if not machines:
             return self._nothing_allowed(run.node_selection, ws_pools)
+        if workers[0].mig_count:
+            return self._never_fits_mig(workers, machines)
         f = self.fleet
         if allowed_list is None or id(allowed_list) in f.fixed:  # the machines alone decide: kept by the fleet
             k = (None if allowed_list is None else id(allowed_list),
@@ -935,12 +1044,14 @@ class Cluster:
     def _never_fits(self, workers, machines: list[int], restricted: bool) -> str | None:
         largest = "the largest machine it may use has" if restricted else "the largest machine has"
         fitting: set[int] = set()
-        cap_g, cap_c, cap_m = self.cap_g, self.cap_c, self.cap_m
+        cap_c, cap_m = self.cap_c, self.cap_m
         # Up to len(workers) machines per shape tell both checks below apart (a shape with that many fits all its
         # workers, and the union then holds enough): no scan of every machine once enough are found.
         enough = len(workers)
         for s in sorted({shape(w) for w in workers}):
             g, c, m = s
+            # Issue 46: a worker's GPUs lie in one NVLink island (the machine's GPUs where it reports none)
+            cap_g = self.fleet.island_cap if g > 1 else self.cap_g
             ok = list(islice((i for i in machines if cap_g[i] >= g and cap_c[i] >= c and cap_m[i] >= m), enough))
             if not ok:
                 top_g = max(self.cap_g[i] for i in machines)
@@ -948,6 +1059,10 @@ class Cluster:
                 top_m = max(self.cap_m[i] for i in machines)
                 if g > top_g:
                     return f"asks for {g} GPUs on one machine; {largest} {top_g}"
+                top_i = max(cap_g[i] for i in machines)
+                if g > top_i:
+                    return (f"asks for {g} GPUs in one NVLink island; the largest island of a machine it may use "
+                            f"has {top_i}")
                 if c > top_c:
                     return f"asks for {number(c)} CPU cores on one machine; {largest} {number(top_c)}"
                 if m > top_m:
@@ -961,6 +1076,24 @@ class Cluster:
             return f"asks for {len(workers)} machines (one worker on each); only {len(fitting)} can hold its workers"
         return None
 
+
+    def _never_fits_mig(self, workers, machines: list[int]) -> str | None:
+        """Why MIG workers never fit the machines (that have their profile), or None."""
+        mig_of, cap_c, cap_m = self.fleet.mig_of, self.cap_c, self.cap_m
+        fitting: set[int] = set()
+        for w in workers:
+            ok = [i for i in machines if len(mig_of[i].get(w.mig, ())) >= w.mig_count and cap_c[i] >= w.cpu_cores
+                  and cap_m[i] >= w.memory_bytes]
+            if not ok:
+                most = max(len(mig_of[i].get(w.mig, ())) for i in machines)
+                if w.mig_count > most:
+                    return f"asks for {w.mig_count} MIG {w.mig} devices on one machine; a machine it may use has {most}"
+                return f"no machine with MIG {w.mig} devices has {number(w.cpu_cores)} CPU cores and " \
+                       f"{gib(w.memory_bytes)} of memory for one worker"
+            fitting.update(ok)
+        if len(fitting) < len(workers):
+            return f"asks for {len(workers)} machines (one worker on each); only {len(fitting)} can hold its workers"
+        return None
 
     def _nothing_allowed(self, sel: NodeSelection, ws_pools: tuple[str, ...] | None) -> str:
         """Which restriction, applied in turn to the schedulable machines, leaves none."""
@@ -987,4 +1120,9 @@ class Cluster:
             left = [i for i in left if self.machines[i].gpu_memory_bytes > sel.gpu_memory]
             if not left:
                 return gpushare.no_gpu_memory(sel.gpu_memory)
+        if sel.mig:
+            has = frozenset(self.fleet.mig_machines.get(sel.mig, ()))
+            left = [i for i in left if i in has]
+            if not left:
+                return gpushare.no_mig_profile(sel.mig, sorted(self.fleet.mig_machines))
         return "no schedulable machine it may use"

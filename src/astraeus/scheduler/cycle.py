@@ -161,7 +161,10 @@ def _plan(snapshot: Snapshot, now: float, paths: Paths = FAST) -> Plan:
                 cycle.array_started(run)
         if left is None:
             continue  # started whole, or it has its reason (it cannot run here; it waits for quota or the head)
-        if cycle.head is None:
+        if cycle.head is None and run.node_selection.mig:
+            # Issue 46: MIG devices are never freed by preemption: a MIG run waits for one, it is never the head
+            cycle.reasons[run.name] = R.waits_for_mig(run.node_selection.mig)
+        elif cycle.head is None:
             cycle.find_head(run, *left)
         else:
             cycle.queue_behind_head(run)
@@ -355,7 +358,7 @@ class Cycle:
         if plain is None:
             plain = self.is_plain(run.workspace)
         if (sel.mode == "Any" and not run.excluded_machines and plain and not sel.pools and not sel.gpu_model
-                and sel.reservation is None and not sel.gpu_memory):
+                and sel.reservation is None and not sel.gpu_memory and not sel.mig):
             allowed_key, allowed, allowed_list = -1, None, None  # every schedulable machine
         elif self.all_plain and not run.excluded_machines:
             # Nothing but its own selection restricts it: runs sharing a NodeSelection object share the answer,
@@ -442,7 +445,7 @@ class Cycle:
             return self.place(run)
         sel = run.node_selection
         if sel.mode == "Any" and not sel.pools and not sel.gpu_model and sel.reservation is None \
-                and not sel.gpu_memory:
+                and not sel.gpu_memory and not sel.mig:
             allowed_key = -1
         else:
             hit = self.by_selection.get(id(sel))

@@ -9,6 +9,8 @@ best fit here and a fragmentation score beside it read the same tuple.
 
 from __future__ import annotations
 
+from .. import units
+
 FULL = 1000  # thousandths of one GPU
 
 # Who may share a GPU (a cluster setting): tenants of one workspace only, or of any workspace.
@@ -101,3 +103,32 @@ def usable_shares(on: dict[int, list], sharing: str) -> dict[str | None, tuple[i
             continue
         out.setdefault(who, []).append(FULL - used)
     return {who: tuple(sorted(free)) for who, free in out.items()}
+
+
+# ------------------------------------------------------------------------------------------------ MIG devices
+
+# MIG profiles and their share of a GPU live in astraeus.units (the spec checks them too), re-exported here.
+MIG_PROFILE, MIG_SLICES = units.MIG_PROFILE, units.MIG_SLICES
+check_mig_profile, mig_milli = units.check_mig_profile, units.mig_milli
+
+
+def mig_devices_of(gpu_mig) -> dict[str, list[tuple[int, str, int]]]:
+    """A machine's MIG devices by profile: profile -> [(gpu, profile, k)], the k-th device of that profile on that
+    GPU, in GPU order. `gpu_mig`: per GPU, (profile, count) pairs (Machine.gpu_mig)."""
+    out: dict[str, list[tuple[int, str, int]]] = {}
+    for g, profiles in enumerate(gpu_mig):
+        for profile, count in profiles:
+            out.setdefault(profile, []).extend((g, profile, k) for k in range(count))
+    return out
+
+
+def no_mig_device(profile: str) -> str:
+    """The why-not line of a machine without MIG devices of the profile asked."""
+    return f"machine has no MIG {profile} devices"
+
+
+def no_mig_profile(profile: str, profiles: list[str]) -> str:
+    """Why a run asking MIG devices of `profile` fits no machine it may use, naming the profiles the cluster has."""
+    if not profiles:
+        return f"asks for MIG {profile} devices; no machine of the cluster reports MIG devices"
+    return f"asks for MIG {profile} devices; the cluster's machines have {', '.join(profiles)}"

@@ -27,6 +27,10 @@ class HeadFit:
         # (one more in `extra`) only once every tenant on it is added: its tenants are victims as units.
         self.shared_freed: dict[tuple[int, int], int] = {}
         self.dropped: set[int] = set()  # machines the head may no longer start on (a reservation's window nears)
+        # Issue 46: machine -> the GPUs (indices) the added units free, where the machine has NVLink islands (the
+        # head's workers fit only inside one island there)
+        self.islands = cluster.fleet.islands if cluster.fleet.any_islands else None
+        self.freed: dict[int, list[int]] = {}
         self.fit: list[set[int]] = [set() for _ in self.shapes]
         for i in machines:
             self._refresh(i)
@@ -48,8 +52,10 @@ class HeadFit:
         if i in self.dropped:
             return
         fg, fc, fm = self.room(i)
+        isl = self.islands is not None and self.islands[i]
         for k, (g, c, m) in enumerate(self.shapes):
-            if fg >= g and fc >= c and fm >= m:
+            if fg >= g and fc >= c and fm >= m and (
+                    not isl or self.cluster.island_fits(i, g, tuple(self.freed.get(i, ())))):
                 self.fit[k].add(i)
             else:
                 self.fit[k].discard(i)
@@ -70,10 +76,19 @@ class HeadFit:
             if i is None or i not in self.machine_set:
                 continue
             e = self.extra.setdefault(i, [0, 0.0, 0])
-            if w.gpu_milli and w.gpu_indices:
+            if w.mig_devices:
+                pass  # MIG devices free no GPU a head may take (a MIG GPU takes MIG workers only)
+            elif w.gpu_milli and w.gpu_indices:
                 e[0] += self._free_share(i, w.gpu_indices[0], sign * w.gpu_milli)
             else:
                 e[0] += sign * len(w.gpu_indices)
+                if self.islands is not None and self.islands[i]:
+                    freed = self.freed.setdefault(i, [])
+                    for g in w.gpu_indices:
+                        if sign > 0:
+                            freed.append(g)
+                        else:
+                            freed.remove(g)
             e[1] += sign * w.cpu_cores
             e[2] += sign * w.memory_bytes
             self._refresh(i)

@@ -35,6 +35,11 @@ class Machine:
     gpu_model: str = ""  # the machine's GPU model as its agent reports it ("NVIDIA H100 80GB HBM3"); "" none
     quarantined_gpus: tuple[int, ...] = ()  # failed GPUs (issue 47): never free, nothing is placed on them
     gpu_memory_bytes: int = 0  # issue 46: memory of each of its GPUs (the smallest where they differ); 0 unknown
+    # Issue 46: its NVLink/NVSwitch islands (sets of GPU indices, scheduler.topology); () none reported: one island
+    nvlink_islands: tuple[tuple[int, ...], ...] = ()
+    # Issue 46: per GPU its MIG devices, (profile, count) pairs; a GPU with any is a MIG GPU: it takes MIG workers
+    # only (never a whole-GPU or fractional one)
+    gpu_mig: tuple[tuple[tuple[str, int], ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,9 @@ class PlacedWorker:
     cpu_cores: float
     memory_bytes: int
     gpu_milli: int = 0  # issue 46: thousandths of its one GPU (gpu_indices[0]) it shares; 0: its GPUs whole
+    # Issue 46: the MIG devices it holds, (gpu, profile, k): the k-th device of that profile on that GPU (its
+    # gpu_milli is then their share of a GPU, gpushare.mig_milli, and no GPU is shared)
+    mig_devices: tuple[tuple[int, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +130,10 @@ class WorkerRequest:
     # Issue 46: GPU memory asked (bytes; 0 none): its share of a GPU is then per machine (gpushare.memory_milli), and
     # `gpus` the share it counts for quotas before it is placed
     gpu_memory_bytes: int = 0
+    # Issue 46: MIG devices asked, `mig_count` of profile `mig` (as its NodeSelection.mig); `gpus` is then their
+    # share of a GPU (gpushare.mig_milli)
+    mig: str = ""
+    mig_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +146,7 @@ class NodeSelection:
     reservation: str | None = None  # only that reservation's machines, inside its window (waits before it)
     topology_same: str | None = None  # issue 46: "block" or "rack": a gang's machines all in one (topology.py)
     gpu_memory: int | None = None  # issue 46: only machines whose GPUs hold more than this many bytes
+    mig: str | None = None  # issue 46: MIG devices of this profile ("1g.10gb"): only machines that have them
 
 
 DependencyType = Literal["afterok", "afterany", "afternotok", "singleton"]
@@ -221,6 +234,7 @@ class Placement:
     cpu_cores: float
     memory_bytes: int
     gpu_milli: int = 0  # issue 46: thousandths of gpu_indices[0] the worker shares; 0: its GPUs whole
+    mig_devices: tuple[tuple[int, str, int], ...] = ()  # issue 46: its MIG devices (PlacedWorker.mig_devices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,13 +286,13 @@ class Plan:
 _new = object.__new__
 _set = {cls: tuple(getattr(cls, name).__set__ for name in cls.__dataclass_fields__)
         for cls in (Placement, StartRun)}
-_pl_index, _pl_machine, _pl_gpus, _pl_cpu, _pl_memory, _pl_milli = _set[Placement]
+_pl_index, _pl_machine, _pl_gpus, _pl_cpu, _pl_memory, _pl_milli, _pl_mig = _set[Placement]
 _st_run, _st_placements, _st_backfilled = _set[StartRun]
 
 
 def placement(worker_index: int, machine: str, gpu_indices: tuple[int, ...], cpu_cores: float,
-              memory_bytes: int, gpu_milli: int = 0) -> Placement:
-    """Placement(worker_index, machine, gpu_indices, cpu_cores, memory_bytes, gpu_milli)."""
+              memory_bytes: int, gpu_milli: int = 0, mig_devices: tuple = ()) -> Placement:
+    """Placement(worker_index, machine, gpu_indices, cpu_cores, memory_bytes, gpu_milli, mig_devices)."""
     p = _new(Placement)
     _pl_index(p, worker_index)
     _pl_machine(p, machine)
@@ -286,6 +300,7 @@ def placement(worker_index: int, machine: str, gpu_indices: tuple[int, ...], cpu
     _pl_cpu(p, cpu_cores)
     _pl_memory(p, memory_bytes)
     _pl_milli(p, gpu_milli)
+    _pl_mig(p, mig_devices)
     return p
 
 

@@ -73,6 +73,11 @@ def quota_reached(detail: str) -> str:
 # -------------------------------------------------------------------------------------------- run reasons
 
 
+def waits_for_mig(profile: str) -> str:
+    """Issue 46: a MIG run while every device of its profile it may use is held (MIG runs are never the head)."""
+    return f"Waiting for a free MIG {profile} device"
+
+
 def cannot_run(detail: str) -> str:
     return f"Cannot run on this cluster: {detail}"
 

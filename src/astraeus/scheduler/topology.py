@@ -53,3 +53,62 @@ def island_gpus(free: Sequence[int], islands: Sequence[Sequence[int]], n: int) -
         if len(here) >= n and (best is None or (len(here), here) < best):
             best = (len(here), here)
     return None if best is None else tuple(best[1][:n])
+
+
+def full_islands(islands: Sequence[Sequence[int]], gpus: int) -> tuple[tuple[int, ...], ...]:
+    """The islands as the scheduler keeps them: sorted, with each GPU no island names as an island of its own
+    (a GPU without NVLink); () when none are given (the machine is one island)."""
+    if not islands:
+        return ()
+    named = {g for island in islands for g in island}
+    out = [tuple(sorted(island)) for island in islands if island]
+    out += [(g,) for g in range(gpus) if g not in named]
+    return tuple(sorted(out))
+
+
+def parse_islands(text: str, gpus: int) -> tuple[tuple[int, ...], ...]:
+    """`--nvlink-islands 0-3,4-7` (islands separated by commas; an island is a range `a-b`, one GPU `a`, or
+    several joined by `+`: `0-1+4-5`) as GPU indices, checked against the machine's `gpus`. ValueError says what
+    to change."""
+    islands: list[tuple[int, ...]] = []
+    seen: dict[int, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            raise ValueError(f"{text!r}: an empty island; give islands such as 0-3,4-7")
+        members: list[int] = []
+        for piece in part.split("+"):
+            lo, _, hi = piece.strip().partition("-")
+            try:
+                a, b = int(lo), int(hi if hi else lo)
+            except ValueError:
+                raise ValueError(f"{part!r} is not an island: give GPU indices as a-b or a (e.g. 0-3,4-7)") from None
+            if a < 0 or b < a:
+                raise ValueError(f"{part!r} is not an island: a range a-b needs 0 <= a <= b (e.g. 0-3)")
+            if b >= gpus:
+                raise ValueError(f"{part!r} names GPU {b}, and the machine has {gpus} GPUs (indices 0-{gpus - 1})"
+                                 if gpus else f"{part!r}: the machine has no GPUs (give --gpus N)")
+            for g in range(a, b + 1):
+                if g in seen:
+                    raise ValueError(f"GPU {g} is in two islands ({seen[g]!r} and {part!r}): a GPU is in one island")
+                seen[g] = part
+                members.append(g)
+        islands.append(tuple(members))
+    return full_islands(islands, gpus)
+
+
+def largest_island(islands: Sequence[Sequence[int]], usable: Sequence[int]) -> int:
+    """How many of the `usable` GPUs (not failed) the largest island holds; all of them with no islands."""
+    if not islands:
+        return len(usable)
+    us = set(usable)
+    return max((sum(1 for g in island if g in us) for island in islands), default=0)
+
+
+def no_island_free(n: int) -> str:
+    """The why-not line of a machine with n free GPUs or more, none of its NVLink islands with n of them free."""
+    return f"no NVLink island has {n} free GPUs"
+
+
+def island_too_small(largest: int, n: int) -> str:
+    """The why-not line of a machine whose largest NVLink island holds fewer than n GPUs."""
+    return f"machine's largest NVLink island has {largest} GPUs, {n} asked"

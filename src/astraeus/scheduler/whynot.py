@@ -21,6 +21,7 @@ from operator import is_, itemgetter
 from .cluster import Cluster, Shape, shape
 from .model import WaitingRun
 from .reasons import OTHER_NAMESPACE, gib, number, shown
+from .topology import island_too_small, no_island_free
 
 
 def _size_short(s: Shape, gpus: int, cpu_cores: float, memory_bytes: int) -> str | None:
@@ -104,6 +105,12 @@ class WhyNot:
         # machine -> its failed GPUs, named in its line when it is short of GPUs (a few machines at most)
         self._quarantined = {i: quarantine_note(m.quarantined_gpus) for i, m in enumerate(cluster.machines)
                              if m.quarantined_gpus}
+        if cluster.fleet.any_mig:  # issue 46: its MIG GPUs are not among its GPUs for whole or fractional workers
+            for i, m in enumerate(cluster.machines):
+                mig = [g for g, ps in enumerate(m.gpu_mig) if ps]
+                if mig:
+                    note = f"GPU{'s' if len(mig) > 1 else ''} {', '.join(map(str, mig))} MIG"
+                    self._quarantined[i] = f"{self._quarantined[i]}, {note}" if i in self._quarantined else note
 
     def _holder_items(self, i: int) -> tuple[list, frozenset[str], str, str]:
         """(the first three holders as (workspace, run, "<gpus> held by ", " at priority <p>"), their workspaces,
@@ -173,6 +180,9 @@ class WhyNot:
         if head is not None and head.name != run.name and u.view_b:
             head_shown = shown(head.name, head.workspace, run.workspace)
         for w in u.workers:
+            if w.mig_count:  # issue 46: MIG devices, counted by profile (rare: a line per machine, made here)
+                out[f"{run.name}-{w.index}"] = self._mig_lines(run, w, u, allowed_key)
+                continue
             s = shape(w)
             k = (s, allowed_key, u.view_b, u.quota, len(u.workers), u.avoid, head_shown)
             base = self._base.get(k)
@@ -284,6 +294,11 @@ class WhyNot:
                 said = f"machine has {self.cluster.cap_g[i]} GPUs, "
                 if hit[i] is not None and hit[i].startswith(said):
                     hit[i] = f"machine has {self.cluster.cap_g[i]} GPUs ({note}), " + hit[i][len(said):]
+            f = self.cluster.fleet
+            if f.any_islands and s[0] > 1:  # issue 46: a worker's GPUs lie in one NVLink island
+                for i, isl in enumerate(f.islands):
+                    if isl and hit[i] is None and f.island_cap[i] < s[0]:
+                        hit[i] = island_too_small(f.island_cap[i], s[0])
             self._caps[s] = hit
         return hit
 
@@ -343,6 +358,11 @@ class WhyNot:
                     out.append(f"not enough free memory: {gib(max(fm, 0))} free, {gib(mem)} asked")
                 else:
                     out.append(None)
+        if c.fleet.any_islands and g > 1:  # issue 46: enough free GPUs, but not in one NVLink island
+            for i, isl in enumerate(c.fleet.islands):
+                if isl and sched[i] and out[i] is None and not c.island_fits(i, g):
+                    short[i] = no_island_free(g)
+                    out[i] = short[i] if grouped else short[i] + holders(i, "")
         held_short = []
         for i in c.held:
             bg, bc, bm = c.room(i, True)
@@ -480,6 +500,54 @@ class WhyNot:
             out[i] = (names[i], line)
         named = {i: p for i, p in named_t.items() if i not in over}
         return tuple(out), named, None, None
+
+    def _mig_lines(self, run: WaitingRun, w, u: Unstarted, allowed_key: int) -> tuple[tuple[str, str], ...]:
+        """A MIG worker's lines: per machine what keeps it (its state, the run's selection, quota), else how many
+        devices of the profile it has and has free, else its CPU cores and memory; grouped by reason on a big
+        cluster."""
+        c = self.cluster
+        excluded = dict(run.excluded_machines)
+        chosen = None if run.node_selection.mode == "Any" else c.selected_set(run.node_selection)
+        restricted = c.restricted.get(allowed_key) or {}
+        quota = None if u.quota is None else f"namespace quota: {u.quota}"
+        mig_of = c.fleet.mig_of
+        profile, n = w.mig, w.mig_count
+        out = []
+        for i, name in enumerate(c.names):
+            line = self._unschedulable[i]
+            if line is not None:
+                pass
+            elif name in excluded:
+                line = excluded[name]
+            elif chosen is not None and i not in chosen:
+                line = "not selected by node_selection"
+            elif i in restricted:
+                line = restricted[i]
+            elif quota is not None:
+                line = quota
+            elif i in u.avoid:
+                line = "another worker of this run is on this machine"
+            else:
+                has = len(mig_of[i].get(profile, ())) if mig_of else 0
+                free = len(c.mig_free(i, profile))
+                _, fc, fm = c.room(i, u.view_b)
+                if has < n:
+                    line = f"machine has {has} MIG {profile} devices, {n} asked"
+                elif free < n:
+                    line = f"not enough free MIG {profile} devices: {free} free, {n} asked"
+                elif fc < w.cpu_cores:
+                    line = f"not enough free CPU cores: {number(max(fc, 0))} free, {number(w.cpu_cores)} asked"
+                elif fm < w.memory_bytes:
+                    line = f"not enough free memory: {gib(max(fm, 0))} free, {gib(w.memory_bytes)} asked"
+                else:
+                    line = self._fits_line(u)
+            out.append((name, line))
+        if not self.grouped:
+            return tuple(out)
+        by: dict[str, list[str]] = {}
+        for name, line in out:
+            by.setdefault(line, []).append(name)
+        return tuple((group_name(names[:2], len(names)), line) for line, names in by.items())
 
     @staticmethod
     def _fits_line(u: Unstarted) -> str:

@@ -94,6 +94,7 @@ def register(session: Session, tok: Token, body: P.Register, at: float,
     m.gpu_models = list(body.gpu_models)
     m.gpu_memory = list(body.gpu_memory_bytes)
     m.gpu_mig = [dict(d) for d in body.gpu_mig]
+    m.nvlink_islands = [list(island) for island in body.nvlink_islands] or None
     m.cpu_cores = body.cpu_cores
     m.memory_bytes = body.memory_bytes
     m.stop_grace_seconds = body.stop_grace_seconds  # 0 s is a real answer: stop at once
@@ -178,7 +179,9 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in (w.gpu_indices or [])),
             "SLURM_JOB_NAME": slurm_job_name(run),
         })
-        if w.gpu_milli:  # issue 46: a share of one GPU (the agent adds the MPS variables of that GPU)
+        if w.mig_devices:  # issue 46: MIG devices, each whole (the agent sets CUDA_VISIBLE_DEVICES to them)
+            env["ASTRAEUS_MIG_DEVICE"] = w.mig_devices[0][1]
+        elif w.gpu_milli:  # issue 46: a share of one GPU (the agent adds the MPS variables of that GPU)
             env["ASTRAEUS_GPU_FRACTION"] = f"{w.gpu_milli / 1000:g}"
         # Slurm's job environment for scripts written for Slurm, where the spec's env gives none (sbatch sets the
         # task layout there); a gang's rendezvous below gives the values of several machines
@@ -205,9 +208,10 @@ def assignments(session: Session, m: Machine) -> list[P.Assignment]:
             desired=desired, stop_reason=w.stop_reason,
             image=tt["image"], registry_auth=auth, command=tt["command"], args=list(tt.get("args") or []), env=env,
             gpu_indices=list(w.gpu_indices or []), cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
-            gpu_fraction=w.gpu_milli / 1000 if w.gpu_milli and w.gpu_indices else None,
+            gpu_fraction=w.gpu_milli / 1000 if w.gpu_milli and w.gpu_indices and not w.mig_devices else None,
             gpu_memory_bytes=((tt.get("requested_resources") or {}).get("gpu_requests") or {}).get("memory_bytes")
-            if w.gpu_milli else None, mounts=mounts, configs=configs, time_limit_seconds=tt.get("time_limit_seconds"),
+            if w.gpu_milli and not w.mig_devices else None, mig_devices=[tuple(d) for d in w.mig_devices or ()],
+            mounts=mounts, configs=configs, time_limit_seconds=tt.get("time_limit_seconds"),
             signal=tt.get("signal"), ephemeral_storage_bytes=(tt.get("requested_resources") or {}).get("ephemeral_storage_bytes")
             or diskfull.EPHEMERAL_DEFAULT,
             network=tt.get("network") or "isolated", address=(w.rendezvous or {}).get("ASTRAEUS_WORKER_ADDR"),

@@ -211,6 +211,8 @@ class Machine(Base):
     # Revision 0024 (issue 46): each GPU's memory (bytes) and MIG devices (profile -> count), as its agent reports
     gpu_memory: Mapped[list | None] = mapped_column(JSON, nullable=True)
     gpu_mig: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    # Revision 0025 (issue 46): its NVLink islands (lists of GPU indices), as its agent reports them; None: one island
+    nvlink_islands: Mapped[list | None] = mapped_column(JSON, nullable=True)
     cpu_cores: Mapped[float] = mapped_column(Float, default=1.0)
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     stop_grace_seconds: Mapped[float] = mapped_column(Float, default=30.0)
@@ -368,6 +370,9 @@ class Worker(Base):
     stalled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Revision 0021 (issue 46): thousandths of its one GPU a fractional worker shares (gpus is then 1); 0: whole.
     gpu_milli: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Revision 0025 (issue 46): the MIG devices it holds, [gpu, profile, k] each (its gpu_milli is then their share of
+    # a GPU, N/7 per "Ng.*" device); None: none
+    mig_devices: Mapped[list | None] = mapped_column(JSON, nullable=True)
     run: Mapped[Run] = relationship(back_populates="workers")
     machine: Mapped[Machine | None] = relationship()
     __table_args__ = (Index("ix_workers_machine", "machine_id"), Index("ix_workers_run", "run_id"),

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, selectinload
 from astraeus import drives as drive_rules
 from astraeus import rendezvous
 from astraeus import scheduler as sched
-from astraeus.scheduler import gpushare
+from astraeus.scheduler import gpushare, topology
 from astraeus.server import agents, diskfull, health, lifecycle
 from astraeus.server import pools as pool_rules
 from astraeus.server import progress as progress_watch
@@ -169,7 +169,7 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                       unschedulable_reason=("lost" if m.state != ready else pressure[m.id] or cordoned[m.id]
                                             or "lost"),
                       gpu_model=(m.gpu_models or [""])[0] or "", quarantined_gpus=health.quarantined(m),
-                      gpu_memory_bytes=gpu_memory_of(m))
+                      gpu_memory_bytes=gpu_memory_of(m), nvlink_islands=islands_of(m), gpu_mig=mig_of(m))
         for m in sorted(machines, key=lambda m: m.name))
     snap_pools = tuple(sched.Pool(name=p.name, machines=tuple(pool_rules.pool_members(p, machines)))
                        for p in pool_rules.cluster_pools(session, cluster.id))
@@ -228,6 +228,18 @@ def gpu_memory_of(m) -> int:
     return min(m.gpu_memory or [0]) if m.gpus else 0
 
 
+def islands_of(m) -> tuple[tuple[int, ...], ...]:
+    """A machine's NVLink islands as the scheduler keeps them (topology.full_islands); () none reported."""
+    return topology.full_islands(m.nvlink_islands, m.gpus) if m.nvlink_islands and m.gpus else ()
+
+
+def mig_of(m) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """A machine's MIG devices per GPU as the scheduler keeps them ((profile, count) pairs, sorted); () none."""
+    if not m.gpu_mig or not any(m.gpu_mig):
+        return ()
+    return tuple(tuple(sorted((p, int(n)) for p, n in (d or {}).items() if n)) for d in m.gpu_mig[:m.gpus])
+
+
 def gpu_share_asked(gpu_memory: int, machines) -> float:
     """The share of one GPU a run asking `gpu_memory` bytes counts for quotas while it waits: the largest it takes on
     a machine that holds it (the smallest such GPU), 0.999 where none does."""
@@ -240,7 +252,8 @@ def running_unit(run: RunRow, key: RunKey, ns: str, group: list[WorkerRow], mby_
     """Workers of `run` holding room that preemption stops as one (a gang's, or one independent worker)."""
     placed = tuple(sched.PlacedWorker(name=w.name, index=w.index, machine=mby_id[w.machine_id].name,
                                       gpu_indices=tuple(w.gpu_indices or ()), cpu_cores=w.cpu_cores,
-                                      memory_bytes=w.memory_bytes, gpu_milli=w.gpu_milli or 0) for w in group)
+                                      memory_bytes=w.memory_bytes, gpu_milli=w.gpu_milli or 0,
+                                      mig_devices=tuple(tuple(d) for d in w.mig_devices or ())) for w in group)
     stopping = any(w.state == lifecycle.WorkerState.STOPPING for w in group)
     return sched.RunningUnit(
         run=key, workspace=ns, priority=run.priority,
@@ -261,7 +274,9 @@ def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependenc
     """A waiting run of the snapshot (its `pending` workers), from its row (live_runs)."""
     tt = run.spec["task_template"]
     sel = tt.get("requested_resources", {}).get("node_selection") or {}
-    gpu_memory = (tt.get("requested_resources", {}).get("gpu_requests") or {}).get("memory_bytes") or 0
+    gpu_requests = tt.get("requested_resources", {}).get("gpu_requests") or {}
+    gpu_memory = gpu_requests.get("memory_bytes") or 0
+    mig = gpu_requests.get("mig")  # issue 46: `count` MIG devices of this profile on one machine
     # one object per distinct selection: the scheduler keeps a selection's answer (its machines, buckets,
     # never-fits) and settles the runs behind the head by the object, so equal selections share it
     selection = sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
@@ -271,7 +286,7 @@ def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependenc
                                                or {}).get("model"),
                                     reservation=sel.get("reservation"),
                                     topology_same=(sel.get("topology") or {}).get("same"),
-                                    gpu_memory=gpu_memory or None)
+                                    gpu_memory=gpu_memory or None, mig=mig)
     selection = selections.setdefault(selection, selection)
     independent = run.spec.get("start") == "Independent"
     return sched.WaitingRun(
@@ -279,7 +294,8 @@ def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependenc
         workers=tuple(sched.WorkerRequest(index=w.index, gpus=(gpu_share_asked(gpu_memory, machines) if gpu_memory
                                                                else w.gpu_milli / 1000 if w.gpu_milli else w.gpus),
                                           cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
-                                          gpu_memory_bytes=gpu_memory) for w in pending),
+                                          gpu_memory_bytes=gpu_memory, mig=mig or "",
+                                          mig_count=gpu_requests.get("count", 0) if mig else 0) for w in pending),
         start="Independent" if independent else "Gang", time_limit_seconds=tt.get("time_limit_seconds"),
         node_selection=selection,
         excluded_machines=tuple(excluded), quota_noted=run.quota_noted,
@@ -366,6 +382,7 @@ class WorkerRow(NamedTuple):
     why_not: list | None
     checkpoint_at: float | None = None  # revision 0020: its last checkpoint this attempt
     gpu_milli: int = 0  # revision 0021: thousandths of one GPU it shares; 0: whole GPUs
+    mig_devices: list | None = None  # revision 0025: its MIG devices, [gpu, profile, k] each
 
 
 class RunRow(NamedTuple):
@@ -396,7 +413,7 @@ _RUN = (Run.id, Run.workspace_id, Run.name, Run.uid, Run.priority, Run.state, Ru
 _WORKER = (Worker.id, Worker.run_id, Worker.name, Worker.index, Worker.state, Worker.machine_id,
            cast(Worker.gpu_indices, Text).label("gpu_indices"), Worker.gpus, Worker.cpu_cores, Worker.memory_bytes,
            Worker.placed_at, Worker.preempted_for, Worker.restart_at, cast(Worker.why_not, Text).label("why_not"),
-           Worker.checkpoint_at, Worker.gpu_milli)
+           Worker.checkpoint_at, Worker.gpu_milli, Worker.mig_devices)
 
 
 # The full read's statements, built once (the cluster and the last run id bound at each read): building them (their
@@ -602,6 +619,8 @@ def apply_plan(session: Session, plan: sched.Plan, lookups: Lookups, at: float) 
             lifecycle.place(session, run, w, m.id, list(p.gpu_indices), p.cpu_cores, p.memory_bytes, at, m.name)
             if p.gpu_milli:
                 w.gpu_milli = p.gpu_milli  # issue 46: a GPU-memory ask's share is the placing machine's
+            if p.mig_devices:
+                w.mig_devices = [list(d) for d in p.mig_devices]  # issue 46: its MIG devices, each whole
             touched.add(m.id)
             STARTS.inc()
         set_rendezvous(session, run)

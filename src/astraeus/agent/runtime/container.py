@@ -83,8 +83,13 @@ class ContainerRuntime(ProcessRuntime):
         # The machine's GPU indices; inside, the worker's GPUs are its only ones, numbered from 0.
         # (the control plane sends the machine's indices in CUDA_VISIBLE_DEVICES: right on the host, wrong in
         # a container, where only the worker's GPUs exist)
-        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus) if gpus else "void"
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+        if assignment.mig_devices and assignment.env.get("CUDA_VISIBLE_DEVICES", "").startswith("MIG-"):
+            # MIG devices (issue 46): the agent put their UUIDs in CUDA_VISIBLE_DEVICES; NVIDIA's container hook
+            # takes the same UUIDs, and inside they keep those names (CUDA reads MIG devices by UUID)
+            env["NVIDIA_VISIBLE_DEVICES"] = assignment.env["CUDA_VISIBLE_DEVICES"]
+        else:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus) if gpus else "void"
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
         env["ASTRAEUS_WORKER_ID"] = self.marker(assignment.worker, assignment.attempt)
         env["ASTRAEUS_STOP_REASON_FILE"] = oci_spec.STOP_REASON_FILE
         env.update(progress_files_in(oci_spec.WORK_DIR))  # <attempt_dir>/work, bound there by the shim

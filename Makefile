@@ -64,7 +64,7 @@ PYTEST := $(BIN)/python -m pytest -q -rs  # -rs: each skipped test named, with i
 test: install system-deps
 	@pg_isready -h 127.0.0.1 -p 5432 -q || (pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start && sleep 2) || true
 	@rm -rf $(TEST_CACHE); \
-	  $(PYTEST) -o cache_dir=$(TEST_CACHE) -n $(TEST_WORKERS) --dist loadfile -m 'not serial'; side=$$?; \
+	  $(PYTEST) -o cache_dir=$(TEST_CACHE) -n $(TEST_WORKERS) --dist loadfile --durations=40 -m 'not serial'; side=$$?; \
 	  if [ $$side = 1 ] && [ "$(TEST_WORKERS)" != 0 ]; then \
 	    echo "make test: the tests that failed side by side, again alone in one process:"; \
 	    $(PYTEST) -o cache_dir=$(TEST_CACHE) -rfEp --lf --lfnf=none -m 'not serial'; side=$$?; fi; \

@@ -1251,13 +1251,22 @@ static void check_signal(double t) {
     signal_at = 0;
     if (stop_requested) return;
     static pid_t pids[4096];
-    /* the worker's own tree: not our other children (the output readers would die of the signal) */
-    int n = signal_batch_only ? 0 : descendants_of(pid, pids, 4096);
-    slog("sending signal %d to %s before its time limit", signal_signo,
-         signal_batch_only ? "its main process" : "the worker");
-    kill(pid, signal_signo);
-    for (int i = 0; i < n; i++)
-        if (pids[i] != pid && pids[i] != init_pid) kill(pids[i], signal_signo);
+    /* the worker's own tree: not our other children (the output readers would die of the signal); the main process
+     * first, then its descendants, all at once as Slurm does (the Python shim's targets, in its order) */
+    pids[0] = pid;
+    int n = 1;
+    if (!signal_batch_only) {
+        static pid_t tree[4095];
+        int k = descendants_of(pid, tree, 4095);
+        for (int i = 0; i < k; i++)
+            if (tree[i] != init_pid) pids[n++] = tree[i];
+    }
+    buf_t list = {0};
+    for (int i = 0; i < n; i++) putf(&list, i ? " %d" : "%d", pids[i]);
+    slog("sending signal %d to %s (pids %s) before its time limit", signal_signo,
+         signal_batch_only ? "its main process" : "the worker", list.s);
+    free(list.s);
+    for (int i = 0; i < n; i++) kill(pids[i], signal_signo);
 }
 
 /* ------------------------------------------------------------------ wiped folder */

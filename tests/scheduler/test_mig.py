@@ -1,7 +1,8 @@
 """MIG devices (issue 46): a run asking `mig` devices of a profile is placed where a GPU has free devices of it,
 each device one worker's whole (never two workers on one device); a GPU with MIG on takes no whole-GPU or
 fractional worker; a run whose profile no machine has, or whose devices are all held, waits with its reason; quotas
-count a device as its slices of a GPU (N/7 for a profile "Ng.*")."""
+count a device as its slices of a GPU (N/7 for a profile "Ng.*"); an urgent MIG run preempts lower-priority holders
+of its profile's devices, as the GPU head's victims are chosen (`choose_victims`)."""
 
 from __future__ import annotations
 
@@ -22,19 +23,22 @@ def mig_machine(name: str, gpus: int = 2, mig: tuple = (A100_7,)):
     return replace(machine(name, gpus=gpus), gpu_mig=tuple(mig) + ((),) * (gpus - len(mig)))
 
 
-def mig_run(name: str, profile: str = "1g.10gb", count: int = 1, at: float = 0.0, ws: str = WS_A) -> WaitingRun:
+def mig_run(name: str, profile: str = "1g.10gb", count: int = 1, at: float = 0.0, ws: str = WS_A,
+            prio: int = 0) -> WaitingRun:
     w = WorkerRequest(0, mig_milli(profile, count) / 1000, 1.0, GIB, mig=profile, mig_count=count)
-    return WaitingRun(name, ws, 0, NOW - 1000 + at, (w,), node_selection=NodeSelection(mig=profile))
+    return WaitingRun(name, ws, prio, NOW - 1000 + at, (w,), node_selection=NodeSelection(mig=profile))
 
 
 def with_runs(snap, *runs):
     return replace(snap, waiting=snap.waiting + tuple(runs))
 
 
-def holding(snap, run: str, machine_name: str, devices: tuple, profile: str = "1g.10gb"):
+def holding(snap, run: str, machine_name: str, devices: tuple, profile: str = "1g.10gb", prio: int = 0,
+            stopping_for: str | None = None):
     gpus = tuple(sorted({d[0] for d in devices}))
     w = PlacedWorker(f"{run}-0", 0, machine_name, gpus, 1.0, GIB, mig_milli(profile, len(devices)), devices)
-    return replace(snap, running=snap.running + (RunningUnit(run, WS_A, 0, NOW - HOUR, None, (w,)),))
+    unit = RunningUnit(run, WS_A, prio, NOW - HOUR, None, (w,), stopping_for is not None, stopping_for)
+    return replace(snap, running=snap.running + (unit,))
 
 
 def test_two_mig_runs_get_distinct_devices_of_the_profile():
@@ -134,3 +138,85 @@ def test_on_a_big_cluster_a_mig_workers_lines_are_grouped_by_reason():
     lines = plan(snap, NOW).why_not["r-0"]
     assert lines == (("gpu-01, gpu-02", "machine has 7 MIG 1g.10gb devices, 8 asked"),
                      ("gpu-03, gpu-04", "machine has no MIG 1g.10gb devices"))
+
+
+# ------------------------------------------------------------------------------------------------ preemption
+
+D0, D1, D2 = ((0, "1g.10gb", k) for k in range(3))
+
+
+def whole(snap, run: str, gpu: int, prio: int):
+    """A worker holding GPU `gpu` of gpu-01 whole."""
+    unit = RunningUnit(run, WS_A, prio, NOW - HOUR, None, (PlacedWorker(f"{run}-0", 0, "gpu-01", (gpu,), 1.0, GIB),))
+    return replace(snap, running=snap.running + (unit,))
+
+
+def test_an_urgent_mig_run_preempts_the_lowest_priority_holder_and_starts_on_its_device():
+    # gpu-01: GPU 0 has two 1g.10gb devices, held at priorities -5 and -10; GPU 1 is held whole at -20 (it frees no
+    # device: never a victim for a MIG run).
+    snap = whole(cluster(mig_machine("gpu-01", mig=((("1g.10gb", 2),),))).build(), "whole-low", 1, -20)
+    snap = holding(holding(snap, "low-a", "gpu-01", (D0,), prio=-5), "low-b", "gpu-01", (D1,), prio=-10)
+    p = plan(with_runs(snap, mig_run("urgent", prio=10)), NOW)
+    assert [(s.run, s.preempted_by, s.reason) for s in p.stops] == [
+        ("low-b", "urgent", "Preempted by higher-priority work (urgent)")]
+    assert p.head == "urgent" and started(p, "urgent") is None
+    assert p.reasons["urgent"] == "Preempting 1 lower-priority worker(s) of low-b to start"
+    assert p.shadow_time == NOW + 30.0  # the machine's stop grace: SIGTERM, then SIGKILL after it
+
+    # Next cycle: the victim is stopping for it, nothing more is preempted.
+    stopping = holding(holding(whole(cluster(mig_machine("gpu-01", mig=((("1g.10gb", 2),),))).build(), "whole-low",
+                                     1, -20), "low-a", "gpu-01", (D0,), prio=-5),
+                       "low-b", "gpu-01", (D1,), prio=-10, stopping_for="urgent")
+    p = plan(with_runs(stopping, mig_run("urgent", prio=10)), NOW)
+    assert not p.stops and p.reasons["urgent"] == "Starting: waiting for 1 preempted worker(s) to stop"
+
+    # Once it is gone the urgent run takes its device.
+    gone = holding(whole(cluster(mig_machine("gpu-01", mig=((("1g.10gb", 2),),))).build(), "whole-low", 1, -20),
+                   "low-a", "gpu-01", (D0,), prio=-5)
+    (pl,) = started(plan(with_runs(gone, mig_run("urgent", prio=10)), NOW), "urgent").placements
+    assert (pl.machine, pl.mig_devices) == ("gpu-01", (D1,))
+
+
+def test_an_equal_priority_holder_is_never_a_victim():
+    snap = holding(cluster(mig_machine("gpu-01", mig=((("1g.10gb", 1),),))).build(), "peer", "gpu-01", (D0,), prio=10)
+    p = plan(with_runs(snap, mig_run("urgent", prio=10)), NOW)
+    assert not p.stops and started(p, "urgent") is None and p.head is None
+    assert p.reasons["urgent"] == "Waiting for a free MIG 1g.10gb device"
+
+
+def test_only_holders_of_the_profile_asked_are_victims():
+    # A 3g.40gb holder at the lowest priority frees no 1g.10gb device: the 1g.10gb holder is the victim.
+    mig = ((("1g.10gb", 1), ("3g.40gb", 1)),)
+    snap = holding(cluster(mig_machine("gpu-01", mig=mig)).build(), "big-low", "gpu-01", ((0, "3g.40gb", 0),),
+                   "3g.40gb", prio=-50)
+    snap = holding(snap, "small-low", "gpu-01", (D0,), prio=-1)
+    p = plan(with_runs(snap, mig_run("urgent", prio=10)), NOW)
+    assert [s.run for s in p.stops] == ["small-low"]
+
+
+def test_a_mig_head_holds_the_free_devices_it_counts_on():
+    # Three devices: two held at low priority, one free. The urgent run asks two: it preempts one holder (the
+    # lowest) and keeps the free device; a run behind it does not take that device.
+    snap = holding(cluster(mig_machine("gpu-01", mig=((("1g.10gb", 3),),))).build(), "low-a", "gpu-01", (D0,),
+                   prio=-5)
+    snap = holding(snap, "low-b", "gpu-01", (D1,), prio=-10)
+    p = plan(with_runs(snap, mig_run("urgent", count=2, prio=10), mig_run("late", at=1)), NOW)
+    assert [s.run for s in p.stops] == ["low-b"]
+    assert started(p, "late") is None and p.reasons["late"].startswith("Queued behind")
+
+
+def test_no_preemption_on_a_cluster_without_it():
+    snap = holding(cluster(mig_machine("gpu-01", mig=((("1g.10gb", 1),),))).set(preemption=False).build(), "low",
+                   "gpu-01", (D0,), prio=-5)
+    p = plan(with_runs(snap, mig_run("urgent", prio=10)), NOW)
+    assert not p.stops and p.reasons["urgent"] == "Waiting for a free MIG 1g.10gb device"
+
+
+def test_a_whole_gpu_urgent_run_never_preempts_mig_holders_to_get_a_mig_gpu_whole():
+    # GPU 0 is MIG, its device held at low priority; GPU 1 is held whole at a higher priority than the urgent run.
+    # The urgent run cannot have GPU 0 whole: the MIG holder is no victim, and nothing is stopped.
+    snap = holding(whole(cluster(mig_machine("gpu-01")).waiting("urgent", gpus=1, prio=10).build(), "high", 1, 50),
+                   "mig-low", "gpu-01", (D0,), prio=-5)
+    p = plan(snap, NOW)
+    assert not p.stops and started(p, "urgent") is None
+    assert p.head == "urgent" and p.reasons["urgent"].startswith("Next to run")

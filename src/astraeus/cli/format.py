@@ -253,8 +253,10 @@ def events_table(events: list[dict[str, Any]]) -> str:
 
 
 def machines_table(machines: list[dict[str, Any]]) -> str:
-    """Machines; a POOLS column (the pools each is in) when the API says which (control planes since pools)."""
+    """Machines; a POOLS column (the pools each is in) when the API says which (control planes since pools), a MIG
+    column (each MIG GPU's devices free: `machine_mig`) when a machine has MIG devices."""
     pools = any("pools" in m for m in machines)
+    mig = any(m.get("gpu_mig") for m in machines)
     rows = []
     for m in machines:
         state = m.get("state", "") + (f" ({m['reason']})" if m.get("reason") else "")  # e.g. disk pressure
@@ -264,12 +266,28 @@ def machines_table(machines: list[dict[str, Any]]) -> str:
                ",".join(sorted(m.get("shared_filesystems") or {}))]
         if pools:
             row.insert(3, ",".join(m.get("pools") or []) or "-")
+        if mig:  # after GPUS FREE
+            row.insert(6 + pools, machine_mig(m) or "-")
         rows.append(row)
     headers = ["NAME", "CLUSTER", "STATE", "GPUS", "GPUS USED", "GPUS FREE", "CPUS", "MEMORY", "RUNTIME", "ADDRESS",
                "SHARED FS"]
     if pools:
         headers.insert(3, "POOLS")
+    if mig:
+        headers.insert(6 + pools, "MIG")
     return table(headers, rows)
+
+
+def machine_mig(m: dict[str, Any]) -> str:
+    """Issue 46: a machine's MIG devices free, per MIG GPU and profile (`GPU 0: 1g.10gb 5/7 free`); "" without."""
+    used = m.get("gpu_mig_used") or []
+    parts = []
+    for g, profiles in enumerate(m.get("gpu_mig") or []):
+        if profiles:
+            held = used[g] if g < len(used) else {}
+            parts.append(f"GPU {g}: " + ", ".join(f"{p} {n - held.get(p, 0)}/{n} free"
+                                                  for p, n in sorted(profiles.items())))
+    return "; ".join(parts)
 
 
 def pools_table(items: list[dict[str, Any]]) -> str:
@@ -392,17 +410,40 @@ def _num(v: Any) -> str:
 # --- describe ----------------------------------------------------------------------------------------------------
 
 
-def gpus_asked(resources: dict[str, Any]) -> int | float:
-    """The GPUs a run asks for in all: its count, or its fraction of one GPU (issue 46: GPUS 0.5)."""
+def gpus_asked(resources: dict[str, Any]) -> int | float | str:
+    """The GPUs a run asks for in all: its count, its fraction of one GPU (issue 46: GPUS 0.5), or its MIG devices
+    (`2 × MIG 1g.10gb`)."""
     gr = resources.get("gpu_requests") or {}
+    if gr.get("mig"):
+        return mig_shown(gr.get("count") or 0, gr["mig"])
     return gr.get("fraction") or gr.get("count") or 0
+
+
+def mig_shown(count: int, profile: str) -> str:
+    """Issue 46: MIG devices as the views show them: `2 × MIG 1g.10gb`."""
+    return f"{count} × MIG {profile}"
+
+
+def worker_gpus(w: dict[str, Any]) -> str:
+    """A worker's GPUs as describe and the console's run page show them: its GPU indices (`0-3`), or its MIG devices
+    and the GPUs they are on (`2 × MIG 1g.10gb on GPU 0`)."""
+    devices = w.get("mig_devices") or []
+    if not devices:
+        return compress_ints(w.get("gpu_indices") or [])
+    by: dict[str, int] = {}
+    for _, profile, _ in devices:
+        by[profile] = by.get(profile, 0) + 1
+    return ", ".join(mig_shown(n, p) for p, n in by.items()) + f" on GPU {compress_ints([d[0] for d in devices])}"
 
 
 def resources_summary(resources: dict[str, Any]) -> str:
     parts = []
     gpus = (resources.get("gpu_requests") or {}).get("count")
     fraction = (resources.get("gpu_requests") or {}).get("fraction")
-    if fraction:
+    mig = (resources.get("gpu_requests") or {}).get("mig")
+    if mig:
+        parts.append(mig_shown(gpus or 0, mig))
+    elif fraction:
         parts.append(f"{fraction:g} of one GPU (shared)")
     elif gpus:
         parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
@@ -488,7 +529,7 @@ def describe_run(run: dict[str, Any]) -> str:
     if workers:
         rows = []
         for w in workers:
-            gpus = compress_ints(w.get("gpu_indices") or [])
+            gpus = worker_gpus(w)
             rows.append([w.get("name", ""), w.get("state", ""), w.get("restarts", 0), w.get("preemptions", 0),
                          w.get("machine") or "-", gpus or "-", w.get("reason") or ""])
         out += ["  " + line for line in table(["NAME", "STATE", "RESTARTS", "PREEMPTIONS", "MACHINE", "GPUS",

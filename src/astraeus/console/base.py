@@ -22,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.requests import HTTPConnection
 
+from astraeus.cli.format import machine_mig, worker_gpus
 from astraeus.server import services
 from astraeus.server.core import ControlPlane
 from astraeus.server.db import ConsoleSession, Token, Workspace
@@ -41,6 +42,9 @@ router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["bytes"] = human_bytes
 templates.env.filters["duration"] = human_duration
+# Issue 46: GPUs as `astra` shows them (a MIG worker's `2 × MIG 1g.10gb on GPU 0`, a machine's MIG devices free)
+templates.env.filters["worker_gpus"] = worker_gpus
+templates.env.filters["machine_mig"] = machine_mig
 templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False)
 templates.env.globals["STATIC"] = STATIC
 templates.env.globals["STATES"] = STATES

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
+from astraeus.cli.format import gpus_asked
 from astraeus.console import forms
 from astraeus.console.base import (
     COOKIE,
@@ -157,8 +158,7 @@ def runs_rows(request: Request, s: Session, p: Page, state: str | None, label: s
         v = services.run_view(run, p.org, p.ws, clusters[run.cluster_id], base_url(request), None, names, p.role)
         tt = v["spec"]["task_template"]
         rows.append({"v": v, "age": age(run.created_at, at),
-                     "gpus": (tt.get("requested_resources", {}).get("gpu_requests", {}).get("fraction")
-                              or tt.get("requested_resources", {}).get("gpu_requests", {}).get("count", 0)),
+                     "gpus": gpus_asked(tt.get("requested_resources") or {}),
                      "url": f"{p.base}/jobs/{v['metadata']['cluster']}/{run.name}"})
     return rows, encode_cursor((runs[-1].created_at, runs[-1].id)) if more else None
 

@@ -786,6 +786,9 @@ class Cluster:
                 if fc < w.cpu_cores or fm < w.memory_bytes:
                     continue
                 free = len(self.mig_free(i, w.mig))
+                h = self.held.get(i) if view_b else None
+                if h is not None and len(h) > 3 and h[4] == w.mig:
+                    free -= h[3]  # free devices a MIG head holds (HeadFit.holds)
                 if free >= w.mig_count and (best is None or (free, i) < best):
                     best = (free, i)
             if best is None:
@@ -826,7 +829,7 @@ class Cluster:
         labels = self.labels
         out = {}
         for group in self.topology_groups(label):
-            members = group if allowed is None else [i for i in group if i in allowed]
+            members = group if allowed is None else self._members_allowed(group, allowed)
             if members:
                 out[labels[group[0]][label]] = members
         return out

@@ -161,10 +161,7 @@ def _plan(snapshot: Snapshot, now: float, paths: Paths = FAST) -> Plan:
                 cycle.array_started(run)
         if left is None:
             continue  # started whole, or it has its reason (it cannot run here; it waits for quota or the head)
-        if cycle.head is None and run.node_selection.mig:
-            # Issue 46: MIG devices are never freed by preemption: a MIG run waits for one, it is never the head
-            cycle.reasons[run.name] = R.waits_for_mig(run.node_selection.mig)
-        elif cycle.head is None:
+        if cycle.head is None:
             cycle.find_head(run, *left)
         else:
             cycle.queue_behind_head(run)
@@ -687,6 +684,12 @@ class Cycle:
         machines = [i for i in (cluster.all_schedulable if allowed_list is None else allowed_list) if i not in avoid]
         fit = HeadFit(cluster, waiting, machines)
         found = self.preempt(run, fit)
+        if found is None and run.node_selection.mig:
+            # Issue 46: a MIG run is the head only while preemption frees devices for it (no shadow time is
+            # reckoned for MIG devices): else it waits for a device, and a later run may be the head
+            self.head = None
+            self.reasons[run.name] = R.waits_for_mig(run.node_selection.mig)
+            return
         if found is None:
             found = self.compute_shadow_time(run, fit)
         self.shadow_time, self.reasons[run.name] = found

@@ -3,7 +3,8 @@
 `HeadFit` answers "does the head fit if this running work were gone?" incrementally: it keeps, for each
 distinct worker shape of the head, the set of machines where that shape fits given the room added so far, so
 adding a unit's room costs only the machines it touches. The full placement (best fit, one worker per
-machine) runs only once the cheap count check passes.
+machine) runs only once the cheap count check passes. A head of MIG devices (issue 46) counts, in place of GPUs,
+the free devices of its profile and those its holders free.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ class HeadFit:
     def __init__(self, cluster: Cluster, workers, machines: list[int]):
         self.cluster = cluster
         self.workers: list[WorkerRequest] = placement_order(workers)
+        # Issue 46: a MIG head's profile ("" else): its room is devices of that profile, its shape (devices, cpu,
+        # memory); whole and shared GPUs freed are not its, nor MIG devices freed for a head of GPUs
+        self.mig = self.workers[0].mig if self.workers and self.workers[0].mig_count else ""
+        self.shape = _mig_shape if self.mig else shape
         self.machine_set = frozenset(machines)
         # Names whose index is one of `machines` (a worker on a machine not in the cluster touches none).
         self.machine_names = frozenset([name for name, i in cluster.index.items() if i in self.machine_set])
-        self.shapes: list[Shape] = sorted({shape(w) for w in self.workers}, key=lambda s: (-s[0], -s[1], -s[2]))
-        self.need = [sum(1 for w in self.workers if shape(w) == s) for s in self.shapes]
+        self.shapes: list[Shape] = sorted({self.shape(w) for w in self.workers}, key=lambda s: (-s[0], -s[1], -s[2]))
+        self.need = [sum(1 for w in self.workers if self.shape(w) == s) for s in self.shapes]
         self.extra: dict[int, list] = {}  # machine -> [gpus, cpu, memory] that the added units free
         # Issue 46: (machine, gpu) -> thousandths of a shared GPU its added tenants free; the GPU counts as freed
         # (one more in `extra`) only once every tenant on it is added: its tenants are victims as units.
@@ -29,7 +34,7 @@ class HeadFit:
         self.dropped: set[int] = set()  # machines the head may no longer start on (a reservation's window nears)
         # Issue 46: machine -> the GPUs (indices) the added units free, where the machine has NVLink islands (the
         # head's workers fit only inside one island there)
-        self.islands = cluster.fleet.islands if cluster.fleet.any_islands else None
+        self.islands = cluster.fleet.islands if cluster.fleet.any_islands and not self.mig else None
         self.freed: dict[int, list[int]] = {}
         self.fit: list[set[int]] = [set() for _ in self.shapes]
         for i in machines:
@@ -38,9 +43,10 @@ class HeadFit:
     def room(self, i: int) -> tuple[int, float, int]:
         c = self.cluster
         e = self.extra.get(i)
+        fg = len(c.mig_free(i, self.mig)) if self.mig else len(c.free_g[i])
         if e is None:
-            return len(c.free_g[i]), c.free_c[i], c.free_m[i]
-        return len(c.free_g[i]) + e[0], c.free_c[i] + e[1], c.free_m[i] + e[2]
+            return fg, c.free_c[i], c.free_m[i]
+        return fg + e[0], c.free_c[i] + e[1], c.free_m[i] + e[2]
 
     def drop(self, i: int) -> None:
         """The head may not start on machine i from now on (in the time `shadow` has reached)."""
@@ -77,7 +83,12 @@ class HeadFit:
                 continue
             e = self.extra.setdefault(i, [0, 0.0, 0])
             if w.mig_devices:
-                pass  # MIG devices free no GPU a head may take (a MIG GPU takes MIG workers only)
+                # MIG devices free no GPU a head may take (a MIG GPU takes MIG workers only); a MIG head counts
+                # the devices of its profile
+                if self.mig:
+                    e[0] += sign * sum(1 for d in w.mig_devices if d[1] == self.mig)
+            elif self.mig:
+                pass  # GPUs freed whole or shared are not a MIG head's
             elif w.gpu_milli and w.gpu_indices:
                 e[0] += self._free_share(i, w.gpu_indices[0], sign * w.gpu_milli)
             else:
@@ -112,7 +123,7 @@ class HeadFit:
         used: set[int] = set()
         out = []
         for w in self.workers:
-            k = self.shapes.index(shape(w))
+            k = self.shapes.index(self.shape(w))
             best = None
             for i in self.fit[k]:
                 if i not in used:
@@ -131,11 +142,23 @@ class HeadFit:
         held: dict[int, list] = {}
         for w, i in chosen:
             e = self.extra.get(i, (0, 0.0, 0))
+            if self.mig:
+                # Issue 46: [0, cpu, memory, free devices of the profile held, the profile] (Cluster._place_mig)
+                h = [0, max(0.0, w.cpu_cores - e[1]), max(0, w.memory_bytes - e[2]), max(0, w.mig_count - e[0]),
+                     self.mig]
+                if h[1] or h[2] or h[3]:
+                    held[i] = h
+                continue
             g = 1 if w.gpus.__class__ is float else w.gpus  # a fractional head waits for a whole free GPU
             h = [max(0, g - e[0]), max(0.0, w.cpu_cores - e[1]), max(0, w.memory_bytes - e[2])]
             if h[0] or h[1] or h[2]:
                 held[i] = h
         return held
+
+
+def _mig_shape(w: WorkerRequest) -> Shape:
+    """A MIG worker's shape as a MIG head counts it: (devices, cpu cores, memory)."""
+    return (w.mig_count, w.cpu_cores, w.memory_bytes)
 
 
 def unit_order_key(u: RunningUnit) -> tuple:

@@ -74,7 +74,8 @@ def quota_reached(detail: str) -> str:
 
 
 def waits_for_mig(profile: str) -> str:
-    """Issue 46: a MIG run while every device of its profile it may use is held (MIG runs are never the head)."""
+    """Issue 46: a MIG run while every device of its profile it may use is held, and preemption frees none for it
+    (a MIG run is the head only while it preempts)."""
     return f"Waiting for a free MIG {profile} device"
 
 

@@ -101,6 +101,11 @@ class WorkerOut(Out):
     started_at: Time | None
     finished_at: Time | None
     why_not: list[WhyNot]
+    # Issue 46 (docs/gpu-sharing.md), each only where it applies:
+    gpu_fraction: Num | None = Field(None, description="The share of its one GPU a fractional worker has (0.5)")
+    mig_devices: list[tuple[int, str, int]] | None = Field(
+        None, description="A MIG worker's devices, each [gpu, profile, k]: the k-th device of that profile on that "
+                          "GPU (e.g. [[0, \"1g.10gb\", 2]])")
 
 
 class WorkerPage(Out):
@@ -293,6 +298,13 @@ class MachineOut(Out):
     cordon_by: str | None = None
     quarantined_gpus: list[int] = Field(default_factory=list)
     gpu_faults: list[GpuFaultOut] = Field(default_factory=list)
+    # Issue 46 (docs/gpu-sharing.md, "MIG devices"): per GPU, its MIG devices by profile; [] without MIG
+    gpu_mig: list[dict[str, int]] = Field(
+        default_factory=list, description="Per GPU its MIG devices by profile as its agent reports them "
+                                          "([{\"1g.10gb\": 7}, {}]); [] on a machine without MIG")
+    gpu_mig_used: list[dict[str, int]] = Field(
+        default_factory=list, description="Per GPU how many of its MIG devices of each profile workers hold "
+                                          "([{\"1g.10gb\": 2}, {}]); [] on a machine without MIG")
 
 
 class MachinePage(Out):

@@ -40,11 +40,14 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
     if machines is None:
         machines = list_machines(session, cluster_ids)
     counts: dict[int, set] = {}  # machine -> its GPUs in use (a GPU shared by fractional workers counts once)
-    q = select(Worker.machine_id, Worker.gpu_indices).where(Worker.state.in_(lifecycle.ACTIVE))
+    mig_used: dict[int, list] = {}  # issue 46: machine -> its MIG devices held by workers, [gpu, profile, k] each
+    q = select(Worker.machine_id, Worker.gpu_indices, Worker.mig_devices).where(Worker.state.in_(lifecycle.ACTIVE))
     if len(machines) <= 1000:
         q = q.where(Worker.machine_id.in_([m.id for m in machines]))
-    for mid, idx in session.execute(q):
+    for mid, idx, mig in session.execute(q):
         counts.setdefault(mid, set()).update(idx or [])
+        if mig:
+            mig_used.setdefault(mid, []).extend(mig)
     out = []
     names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
     in_pools: dict[tuple[int, str], list[str]] = {}  # (cluster id, machine) -> the pools it is in
@@ -66,12 +69,26 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
                     "stop_grace_seconds": m.stop_grace_seconds, "labels": m.labels, "runtime": m.runtime,
                     "address": m.address, "shared_filesystems": m.shared_filesystems or {},
                     "nfs": m.nfs or {"server": None, "client": False, "rdma": False},
-                    **_disk_view(m), "last_heartbeat": iso(m.last_heartbeat), **h})
+                    **_disk_view(m), "last_heartbeat": iso(m.last_heartbeat), **h,
+                    **_mig_view(m, mig_used.get(m.id, ()))})
         if m.cordon and m.state == "Ready":  # cordoned or drained: says so where disk pressure would
             out[-1]["schedulable"], out[-1]["reason"] = False, health.unschedulable(m)
         if h["quarantined_gpus"]:  # and its failed GPUs, after that
             out[-1]["reason"] = "; ".join(x for x in (out[-1]["reason"], health.gpus_reason(m)) if x)
     return out
+
+
+def _mig_view(m: Machine, held) -> dict:
+    """Issue 46: per GPU its MIG devices by profile as its agent reports them (`gpu_mig`) and how many of them
+    workers hold (`gpu_mig_used`); both [] on a machine without MIG."""
+    reported = [dict(d or {}) for d in (m.gpu_mig or [])[:m.gpus]]
+    if not any(reported):
+        return {"gpu_mig": [], "gpu_mig_used": []}
+    used: list[dict[str, int]] = [{} for _ in reported]
+    for g, profile, _ in held:
+        if 0 <= g < len(used):
+            used[g][profile] = used[g].get(profile, 0) + 1
+    return {"gpu_mig": reported, "gpu_mig_used": used}
 
 
 def _disk_view(m: Machine) -> dict:

@@ -49,7 +49,9 @@ def worker_view(w: Worker, machine_names: dict[int, str] | None = None) -> dict:
         "attempt": w.attempt, "pid": w.pid, "image": tt["image"], "environment": w.environment,
         "placed_at": iso(w.placed_at), "started_at": iso(w.started_at), "finished_at": iso(w.finished_at),
         "why_not": [{"machine": m, "reason": r} for m, r in (w.why_not or [])],
-        **({"gpu_fraction": w.gpu_milli / 1000} if w.gpu_milli else {}),  # issue 46: its share of its one GPU
+        # issue 46: its share of its one GPU; a MIG worker's devices instead, [gpu, profile, k] each
+        **({"mig_devices": [list(d) for d in w.mig_devices]} if w.mig_devices else
+           {"gpu_fraction": w.gpu_milli / 1000} if w.gpu_milli else {}),
     }
 
 

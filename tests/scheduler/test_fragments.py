@@ -19,6 +19,7 @@ from astraeus.scheduler.fragments import (
     fragment,
     fragmentation,
     per_gpu,
+    plus_sizes,
     sizes_of,
     stranded,
     whole_order,
@@ -162,6 +163,23 @@ def test_fgd_plus_keeps_gpus_the_cpu_can_feed(asked, rooms, fgd_takes, fgd_plus_
     assert Placer(rooms, "fgd+", sizes).choose(asked)[0] == fgd_plus_takes
 
 
+def test_fgd_plus_weighs_a_share_by_how_many_one_gpu_holds():
+    sizes = ((Request(0, cpu_milli=1_000), 2), (Request(1), 5), (Request(8), 1), (Request(1, 250), 3), (Request(1, 810), 1))
+    assert plus_sizes(sizes) == ((Request(0, cpu_milli=1_000), 20), (Request(1), 15), (Request(8), 3),
+                                 (Request(1, 250), 120), (Request(1, 810), 12))
+
+
+def test_fgd_plus_keeps_a_gpu_for_the_share_that_fills_it():
+    # A workload of the trace's shape: mostly whole GPUs, 470 the commonest share. A 160 share on machine 1's GPU
+    # with 530 free would leave 370, which no 470 can use; FGD, counting every whole-GPU task, does it anyway, while
+    # fgd+ takes the GPU with 840 free and keeps the 530 for a 470.
+    sizes = ((Request(1), 20), (Request(1, 810), 4), (Request(1, 160), 1), (Request(1, 470), 6), (Request(1, 320), 3),
+             (Request(1, 650), 2))
+    rooms = [Room((1000, 1000)), Room((530, 840))]
+    assert Placer(rooms, "fgd", sizes).choose(Request(1, 160)) == (1, (0,))
+    assert Placer(rooms, "fgd+", sizes).choose(Request(1, 160)) == (1, (1,))
+
+
 # ---------------------------------------------------------------------------------------- properties
 
 frees = st.lists(st.integers(0, 1000), min_size=1, max_size=8).map(tuple)
@@ -199,10 +217,11 @@ workloads_with_cpu = st.lists(st.tuples(requests_with_cpu, st.integers(1, 5)), m
 @settings(max_examples=200, deadline=None)
 @given(rooms=st.lists(rooms_with_cpu, min_size=1, max_size=6), r=requests_with_cpu, sizes=workloads_with_cpu)
 def test_fgd_plus_never_grows_its_measure_more_than_bestfit_and_is_deterministic(rooms, r, sizes):
-    count, rates = sum(n for _, n in sizes), per_gpu(sizes)
+    weighted = plus_sizes(sizes)
+    count, rates = sum(n for _, n in weighted), per_gpu(weighted)
 
-    def unusable(room):  # what fgd+ optimises: expected fragment for a task of the sizes plus stranded capacity
-        return fragmentation(room, sizes) / count + stranded(room, *rates)
+    def unusable(room):  # what fgd+ optimises: expected fragment for a task of the weighted sizes plus stranded capacity
+        return fragmentation(room, weighted) / count + stranded(room, *rates)
 
     def growth(choice):
         i, gpus = choice

@@ -14,7 +14,10 @@ the machine first in name order, so a plan is deterministic.
 `fgd+` adds to FGD's measure the GPU capacity a machine cannot use for want of CPU or memory (`stranded`):
 its free GPU capacity beyond what its free CPU and memory would feed at the workload's CPU and memory per GPU.
 On the Alibaba trace CPU runs out before GPUs do, and FGD alone fills the CPU-poor machines' cores first
-(benchmarks/README.md, placement section).
+(benchmarks/README.md, placement section). `fgd+` also weighs the task sizes differently (`plus_sizes`): a share
+of s thousandths by how many of it one GPU holds (1000 / s), so the small shares that alone can fill the slivers
+left beside large ones count more, and whole-GPU tasks less (`WHOLE_WEIGHT`): a partly used GPU is lost to them
+wherever a share goes. Both were chosen on the paper's protocol, where they pack more than FGD's plain counts.
 
 Policies (a cluster's `placement`): `fgd`, `fgd+`, `bestfit` (least free GPU capacity left on the machine, today's
 rule), `spread` (most left). `Placer` keeps the machines grouped by identical room, so one decision costs one
@@ -29,6 +32,9 @@ from dataclasses import dataclass
 
 WHOLE = 1000  # a whole GPU in thousandths
 POLICIES = ("fgd", "fgd+", "bestfit", "spread")
+# fgd+'s weight of a whole-GPU task against a task without GPUs (1), in tenths; chosen on the FGD protocol
+# (benchmarks/README.md, placement section).
+WHOLE_WEIGHT = 3
 
 Free = tuple[int, ...]  # per-GPU free capacity in thousandths, by GPU index
 
@@ -90,6 +96,16 @@ def per_gpu(sizes: Sizes) -> tuple[float, float]:
     return sum(n * r.cpu_milli for r, n in sizes if r.gpus) / demand, sum(n * r.memory_mib for r, n in sizes if r.gpus) / demand
 
 
+def plus_sizes(sizes: Sizes) -> Sizes:
+    """The sizes as fgd+ weighs them, in tenths: a task without GPUs 10, a whole-GPU task `WHOLE_WEIGHT`, a share
+    of s thousandths 10 * 1000 / s (how many of it one GPU holds), times its count."""
+    def weight(r: Request) -> int:
+        if r.gpus == 0:
+            return 10
+        return WHOLE_WEIGHT if r.milli == WHOLE else 10 * WHOLE // r.milli
+    return tuple((r, n * weight(r)) for r, n in sizes)
+
+
 def stranded(room: Room, cpu_per_gpu: float, mem_per_gpu: float) -> float:
     """The free GPU capacity of `room` (thousandths) its free CPU and memory cannot feed at these rates."""
     fed = [have / rate for have, rate in ((room.cpu_milli, cpu_per_gpu), (room.memory_mib, mem_per_gpu)) if rate > 0]
@@ -140,8 +156,10 @@ class Placer:
         for i, room in enumerate(self.rooms):
             self.groups.setdefault(self._shape_id(room), []).append(i)
         self._frag: dict[tuple, int] = {}
-        self._count = sum(n for _, n in self.sizes) or 1
-        self._per_gpu = per_gpu(self.sizes)
+        scored = plus_sizes(self.sizes) if policy == "fgd+" else self.sizes  # what the fragmentation weighs
+        self._scored: Sizes = scored
+        self._count = sum(n for _, n in scored) or 1
+        self._per_gpu = per_gpu(scored)
         self._unusable: dict[tuple, float] = {}
         self._best: dict[tuple[int, int], tuple | None] = {}  # (shape, request) -> (score, free value taken)
 
@@ -156,11 +174,12 @@ class Placer:
         key = shape_of(room)
         v = self._frag.get(key)
         if v is None:
-            v = self._frag[key] = fragmentation(room, self.sizes)
+            v = self._frag[key] = fragmentation(room, self._scored)
         return v
 
     def _unusable_of(self, room: Room) -> float:
-        """fgd+'s measure: the expected fragment for a task of the sizes plus the capacity stranded by CPU/memory."""
+        """fgd+'s measure: the expected fragment for a task of the weighted sizes (`plus_sizes`) plus the capacity
+        stranded by CPU/memory at the weighted sizes' rates."""
         key = shape_of(room)
         v = self._unusable.get(key)
         if v is None:

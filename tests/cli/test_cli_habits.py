@@ -194,6 +194,9 @@ def test_the_hot_commands_answer_alike_through_the_entry_module_and_typer(c, tmp
             ("same", ["slurm", "squeue", "-j", "entry-logs"]),
             ("same", ["slurm", "squeue", "--bogus"]),
         ):
+            if line[:2] == ["astraeus", "runs"]:  # the submitted runs ended: both read the same states
+                c.wait_for(lambda: all(c.run(n)["status"]["state"] == "Completed" for n in (
+                    "entry-fast", "entry-slow", "entry-sb-fast", "entry-sb-slow")), timeout=60, what="the runs' end")
             fast = astra(c, *[x.format("fast") for x in line])
             slow = astra(c, *[x.format("slow") for x in line], env={"ASTRA_NO_FASTARGS": "1"})
             if how == "submit":  # each submits its own run: the same line but for the name

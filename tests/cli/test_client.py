@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from astraeus.cli.client import ApiError, Client, Config, Response, error_message, load_config, save_config
 
@@ -166,3 +168,44 @@ def test_tls_is_verified(tmp_path, monkeypatch):
             assert c.get("runs")["path"] == "/api/v1/o/a/w/b/runs"
     finally:
         api.close()
+
+
+# --- the URL fast paths (astraeus.cli.client.split_url, q, encode_query) give urllib.parse's answers ----------
+URLS = ["http://127.0.0.1:8420/api/v1/o/acme/w/vision", "http://cp1:8420", "https://Host.Example:443/a/b?x=1&y=2",
+        "http://h", "http://h:/p", "http://h:0080/p", "http://[::1]:8420/api", "http://user@h:1/p", "HTTP://H:1/p",
+        "http://h:1/a b", "http://h:1/a%20b", "http://h:1/p#frag", "http://h:1?x=1", "http://h:1/é", "http://:80/",
+        "http://h:1//double", "ftp://h/x", "http://h.:1/p", "http://h:1/p?", "http://h:1/p?a=1?b"]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_split_url_is_urlsplit(url):
+    from urllib.parse import urlsplit
+
+    from astraeus.cli.client import split_url
+
+    p, mine = urlsplit(url), split_url(url)
+    assert (mine.scheme, mine.hostname, mine.port, mine.path, mine.query) == (p.scheme, p.hostname, p.port, p.path,
+                                                                             p.query)
+
+
+@pytest.mark.parametrize("url", ["http://h:99999/p", "http://h:x/p", "http://h:1:2/p"])
+def test_split_url_refuses_what_urlsplit_refuses(url):
+    from urllib.parse import urlsplit
+
+    from astraeus.cli.client import split_url
+
+    with pytest.raises(ValueError):
+        urlsplit(url).port  # noqa: B018
+    with pytest.raises(ValueError):
+        split_url(url).port  # noqa: B018
+
+
+@given(st.text(max_size=30))
+def test_q_and_encode_query_are_urllibs(text):
+    from urllib.parse import quote, urlencode
+
+    from astraeus.cli.client import encode_query, q
+
+    assert q(text) == quote(text, safe="")
+    for query in ({"name": text}, {text or "k": ["a", text, 3]}, {"limit": 100, "state": text, "flag": True}):
+        assert encode_query(query) == urlencode(query, doseq=True)

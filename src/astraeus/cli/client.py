@@ -14,12 +14,11 @@ from __future__ import annotations
 # Not httpx: a command starts in a fraction of the time (httpx imports rich and click with it). An http:// API is
 # spoken to by astraeus.cli.wire (HTTP/1.1 on a socket: http.client imports ssl and email, a large part of a
 # command's start); https:// by http.client. One keep-alive connection per replica serves a command's requests.
+import _socket
 import json
 import os
-import socket
 import sys
 from collections import namedtuple
-from urllib.parse import quote, urlencode, urlsplit
 
 from astraeus import envvars
 from astraeus.cli import wire
@@ -114,10 +113,10 @@ def api_urls(api: str) -> list[str]:
     urls = [u for u in urls if u]
     if not urls:
         return [api.rstrip("/")]
-    path = urlsplit(urls[0]).path if "://" in urls[0] else ""
+    path = split_url(urls[0]).path if "://" in urls[0] else ""
     out: list[str] = []
     for url in urls:
-        if "://" in url and not urlsplit(url).path and path:
+        if "://" in url and not split_url(url).path and path:
             url += path
         if url not in out:
             out.append(url)
@@ -211,9 +210,71 @@ def error_message(response: Any) -> ApiError:
     return ApiError(msg, status=status, code=code)
 
 
+# --- URLs: urllib.parse's answers; plain text (the usual case) without its import, which costs a command's start.
+# tests/cli/test_client.py holds each fast path to urllib.parse's function.
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+_PLAIN_URL = _PLAIN | frozenset("/:")
+
+
+class SplitUrl:
+    """What the client reads of a URL: urllib.parse.urlsplit's fields of those names (`port`, as there, raises
+    ValueError when read where it is no number)."""
+
+    __slots__ = ("scheme", "hostname", "path", "query", "_port", "_parsed")
+
+    def __init__(self, scheme: str, hostname: str | None, port: int | None, path: str, query: str, parsed=None):
+        self.scheme, self.hostname, self._port, self.path, self.query = scheme, hostname, port, path, query
+        self._parsed = parsed
+
+    @property
+    def port(self) -> int | None:
+        return self._parsed.port if self._parsed is not None else self._port
+
+
+def split_url(url: str) -> SplitUrl:
+    """urlsplit(url)'s scheme, hostname, port, path and query."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if (sep and scheme in ("http", "https") and netloc and _PLAIN_URL.issuperset(netloc)
+            and netloc.count(":") <= 1 and _simple_path(path)):
+        host, colon, port = netloc.partition(":")
+        path, _, query = ("/" + path if slash else "").partition("?")
+        if port.isdigit() and port.isascii() or not colon:
+            number = int(port) if port else None
+            if number is None or number <= 65535:
+                return SplitUrl(scheme, host.lower() or None, number, path, query)
+    from urllib.parse import urlsplit  # anything else: urllib.parse's own answer (and its errors)
+
+    p = urlsplit(url)
+    return SplitUrl(p.scheme, p.hostname, None, p.path, p.query, p)
+
+
+def _simple_path(path: str) -> bool:
+    return "#" not in path and "%" not in path and path.isascii() and path.isprintable() and " " not in path
+
+
 def q(name: str) -> str:
-    """A name as one path segment."""
+    """A name as one path segment (urllib.parse.quote(name, safe=""))."""
+    if _PLAIN.issuperset(name):
+        return name
+    from urllib.parse import quote
+
     return quote(name, safe="")
+
+
+def encode_query(query: dict[str, Any]) -> str:
+    """urllib.parse.urlencode(query, doseq=True)."""
+    parts = []
+    for k, v in query.items():
+        for one in v if isinstance(v, (list, tuple)) else (v,):
+            text = one if isinstance(one, str) else str(one)
+            if not (isinstance(k, str) and _PLAIN.issuperset(k) and _PLAIN.issuperset(text)
+                    and isinstance(one, (str, int))):
+                from urllib.parse import urlencode
+
+                return urlencode(query, doseq=True)
+            parts.append(f"{k}={text}")
+    return "&".join(parts)
 
 
 def _proxy(scheme: str, host: str) -> tuple[str, int] | None:
@@ -231,7 +292,7 @@ def _proxy(scheme: str, host: str) -> tuple[str, int] | None:
         bare = entry.removeprefix("*").lstrip(".")
         if entry == "*" or (bare and (host.lower() == bare or host.lower().endswith("." + bare))):
             return None
-    p = urlsplit(url if "://" in url else "http://" + url)
+    p = split_url(url if "://" in url else "http://" + url)
     if p.scheme != "http" or not p.hostname:
         raise ApiError(f"the proxy {url!r} in the environment is not an http://HOST:PORT URL: correct it or unset it")
     return p.hostname, p.port or 80
@@ -303,14 +364,14 @@ class _Connections:
             conn.close()
             raise TransportError(str(e) or type(e).__name__, connect=True) from None
         assert conn.sock is not None
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         conn.sock.settimeout(read_timeout)
         return conn, False, proxy is not None and scheme == "http"
 
     def send(self, method: str, url: str, body: bytes | None, read_timeout: float | None
              ) -> Any:
         """Send one request, the answer's headers read (its body is the caller's to read). Raises TransportError."""
-        parts = urlsplit(url)
+        parts = split_url(url)
         scheme, host = parts.scheme, parts.hostname or ""
         port = parts.port or (443 if scheme == "https" else 80)
         headers = dict(self.headers)
@@ -337,7 +398,7 @@ class _Connections:
         raise AssertionError("unreachable")
 
 
-def _stale(sock: socket.socket) -> bool:
+def _stale(sock: _socket.socket) -> bool:
     """Whether an idle kept-alive socket was closed by the server (it reads as ready: an end of file)."""
     import select
 
@@ -353,7 +414,7 @@ class Client:
         self.current = 0  # the replica in use: the one that answered last
         self.timeout = timeout
         for api in self.apis:
-            p = urlsplit(api)
+            p = split_url(api)
             try:
                 p.port  # noqa: B018 - raises on a port that is no number
             except ValueError as e:
@@ -373,7 +434,7 @@ class Client:
         url = f"{self.api}/{path}" if path else self.api  # the workspace itself: $API exactly, no trailing slash
         query = _params(params)
         if query:
-            url += ("&" if "?" in url else "?") + urlencode(query, doseq=True)
+            url += ("&" if "?" in url else "?") + encode_query(query)
         return url
 
     def _next(self) -> bool:

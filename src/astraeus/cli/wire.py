@@ -2,12 +2,14 @@
 response the CLI's client uses (request, getresponse, status, reason, getheaders, getheader, read, read1), without
 importing http.client, which imports ssl and email whatever the URL. Bodies are read by Content-Length, chunked
 transfer coding, or to the connection's end; a connection is kept alive unless the server closes it.
-https:// goes through http.client (astraeus.cli.client). Standard library only.
+https:// goes through http.client (astraeus.cli.client). Standard library only: the C socket module (`_socket`)
+itself, as socket.py's enums and selectors cost a command's start, with a buffered reader over it.
 """
 
 from __future__ import annotations
 
-import socket
+import _socket
+import io
 
 MAX_LINE = 65536  # as http.client's limits: a longer status or header line is refused
 MAX_HEADERS = 100
@@ -124,18 +126,46 @@ class Response:
             parts.append(data)
 
 
+class _SocketReader(io.RawIOBase):
+    """A socket's receiving side as raw IO, for io.BufferedReader (socket.makefile's SocketIO, reading only)."""
+
+    def __init__(self, sock: _socket.socket):
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        return self._sock.recv_into(b)
+
+
+def create_connection(host: str | bytes, port: int, timeout: float | None) -> _socket.socket:
+    """A connected TCP socket to the first of host's addresses that answers (socket.create_connection's rule)."""
+    error: OSError | None = None
+    for family, kind, proto, _name, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as e:
+            error = e
+            sock.close()
+    raise error or OSError(f"getaddrinfo returned no address for {host!r}")
+
+
 class Connection:
     def __init__(self, host: str, port: int, timeout: float | None = None):
         self.host, self.port, self.timeout = host, port, timeout
-        self.sock: socket.socket | None = None
+        self.sock: _socket.socket | None = None
         self.fp = None
         self.will_close = False
 
     def connect(self) -> None:
         # An ASCII host as bytes: getaddrinfo then skips the IDNA codec, whose import a command's start would pay.
         host = self.host.encode("ascii") if self.host.isascii() else self.host
-        self.sock = socket.create_connection((host, self.port), self.timeout)
-        self.fp = self.sock.makefile("rb")
+        self.sock = create_connection(host, self.port, self.timeout)
+        self.fp = io.BufferedReader(_SocketReader(self.sock))
         self.will_close = False
 
     def close(self) -> None:

@@ -802,12 +802,7 @@ class Cluster:
         """Take a MIG worker's devices on machine i (the first free ones in GPU order): each is one worker's whole."""
         devs = tuple(self.mig_free(i, w.mig)[:w.mig_count])
         self.mig_taken.setdefault(i, set()).update(devs)
-        self.free_c[i] -= w.cpu_cores
-        self.free_m[i] -= w.memory_bytes
-        if ends_before_shadow and i in self.held:
-            e = self.ending.setdefault(i, [0, 0.0, 0])
-            e[1] += w.cpu_cores
-            e[2] += w.memory_bytes
+        self._take_cpu_memory(i, w, ends_before_shadow)
         self._note_holder(i, run, workspace, priority, 0)
         return placement(w.index, self.names[i], tuple(sorted({d[0] for d in devs})), w.cpu_cores, w.memory_bytes,
                          gpushare.mig_milli(w.mig, len(devs)), devs)
@@ -1014,14 +1009,19 @@ class Cluster:
                     insort(b, i)
         self._share(i, g, milli, workspace)
         self._reshare(i)
+        self._take_cpu_memory(i, w, ends_before_shadow)
+        self._note_holder(i, run, workspace, priority, w.gpus)
+        return placement(w.index, self.names[i], (g,), w.cpu_cores, w.memory_bytes, milli)
+
+    def _take_cpu_memory(self, i: int, w: WorkerRequest, ends_before_shadow: bool) -> None:
+        """A MIG or fractional worker's CPU and memory on machine i (`commit` does the same inline for whole GPUs);
+        a run ending before the shadow time gives them back to the head's hold in time."""
         self.free_c[i] -= w.cpu_cores
         self.free_m[i] -= w.memory_bytes
         if ends_before_shadow and i in self.held:
             e = self.ending.setdefault(i, [0, 0.0, 0])
             e[1] += w.cpu_cores
             e[2] += w.memory_bytes
-        self._note_holder(i, run, workspace, priority, w.gpus)
-        return placement(w.index, self.names[i], (g,), w.cpu_cores, w.memory_bytes, milli)
 
     # ------------------------------------------------------------------------------ could it ever run here
 

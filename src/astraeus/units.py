@@ -123,3 +123,58 @@ def mig_milli(profile: str, count: int = 1) -> int:
     m = MIG_PROFILE.match(profile)
     slices = int(m.group(1)) if m else MIG_SLICES
     return max(1, round(count * slices * 1000 / MIG_SLICES))
+
+
+# --- GPUs as the views show them (astra and the console alike) ---------------------------------------------------
+
+
+def compress_ints(values: list[int]) -> str:
+    """[0,1,2,3,5] → 0-3,5."""
+    vals = sorted(set(values))
+    out: list[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        out.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def gpus_asked(resources: dict) -> int | float | str:
+    """The GPUs a run asks for in all: its count, its fraction of one GPU (issue 46: GPUS 0.5), or its MIG devices
+    (`2 × MIG 1g.10gb`)."""
+    gr = resources.get("gpu_requests") or {}
+    if gr.get("mig"):
+        return mig_shown(gr.get("count") or 0, gr["mig"])
+    return gr.get("fraction") or gr.get("count") or 0
+
+
+def mig_shown(count: int, profile: str) -> str:
+    """Issue 46: MIG devices as the views show them: `2 × MIG 1g.10gb`."""
+    return f"{count} × MIG {profile}"
+
+
+def worker_gpus(w: dict) -> str:
+    """A worker's GPUs as describe and the console's run page show them: its GPU indices (`0-3`), or its MIG devices
+    and the GPUs they are on (`2 × MIG 1g.10gb on GPU 0`)."""
+    devices = w.get("mig_devices") or []
+    if not devices:
+        return compress_ints(w.get("gpu_indices") or [])
+    by: dict[str, int] = {}
+    for _, profile, _ in devices:
+        by[profile] = by.get(profile, 0) + 1
+    return ", ".join(mig_shown(n, p) for p, n in by.items()) + f" on GPU {compress_ints([d[0] for d in devices])}"
+
+
+def machine_mig(m: dict) -> str:
+    """Issue 46: a machine's MIG devices free, per MIG GPU and profile (`GPU 0: 1g.10gb 5/7 free`); "" without."""
+    used = m.get("gpu_mig_used") or []
+    parts = []
+    for g, profiles in enumerate(m.get("gpu_mig") or []):
+        if profiles:
+            held = used[g] if g < len(used) else {}
+            parts.append(f"GPU {g}: " + ", ".join(f"{p} {n - held.get(p, 0)}/{n} free"
+                                                  for p, n in sorted(profiles.items())))
+    return "; ".join(parts)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import re
 
-from astraeus.units import human_bytes, human_duration  # sizes and durations live in astraeus.units
+from astraeus.units import (  # sizes and durations live in astraeus.units  # noqa: F401 - GPUs as the views show them: the console shows them alike
+    compress_ints,
+    gpus_asked,
+    human_bytes,
+    human_duration,
+    machine_mig,
+    mig_shown,
+    worker_gpus,
+)
 
 TYPE_CHECKING = False  # typing and datetime are imported where used: a command that needs neither starts sooner
 if TYPE_CHECKING:
@@ -154,20 +162,6 @@ def slurm_elapsed(seconds: int | float) -> str:
     return f"{m}:{s:02d}"
 
 
-def compress_ints(values: list[int]) -> str:
-    """[0,1,2,3,5] → 0-3,5."""
-    vals = sorted(set(values))
-    out: list[str] = []
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        out.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
 # --- squeue ----------------------------------------------------------------------------------------------------
 
 SLURM_STATE = {
@@ -276,18 +270,6 @@ def machines_table(machines: list[dict[str, Any]]) -> str:
     if mig:
         headers.insert(6 + pools, "MIG")
     return table(headers, rows)
-
-
-def machine_mig(m: dict[str, Any]) -> str:
-    """Issue 46: a machine's MIG devices free, per MIG GPU and profile (`GPU 0: 1g.10gb 5/7 free`); "" without."""
-    used = m.get("gpu_mig_used") or []
-    parts = []
-    for g, profiles in enumerate(m.get("gpu_mig") or []):
-        if profiles:
-            held = used[g] if g < len(used) else {}
-            parts.append(f"GPU {g}: " + ", ".join(f"{p} {n - held.get(p, 0)}/{n} free"
-                                                  for p, n in sorted(profiles.items())))
-    return "; ".join(parts)
 
 
 def pools_table(items: list[dict[str, Any]]) -> str:
@@ -408,32 +390,6 @@ def _num(v: Any) -> str:
 
 
 # --- describe ----------------------------------------------------------------------------------------------------
-
-
-def gpus_asked(resources: dict[str, Any]) -> int | float | str:
-    """The GPUs a run asks for in all: its count, its fraction of one GPU (issue 46: GPUS 0.5), or its MIG devices
-    (`2 × MIG 1g.10gb`)."""
-    gr = resources.get("gpu_requests") or {}
-    if gr.get("mig"):
-        return mig_shown(gr.get("count") or 0, gr["mig"])
-    return gr.get("fraction") or gr.get("count") or 0
-
-
-def mig_shown(count: int, profile: str) -> str:
-    """Issue 46: MIG devices as the views show them: `2 × MIG 1g.10gb`."""
-    return f"{count} × MIG {profile}"
-
-
-def worker_gpus(w: dict[str, Any]) -> str:
-    """A worker's GPUs as describe and the console's run page show them: its GPU indices (`0-3`), or its MIG devices
-    and the GPUs they are on (`2 × MIG 1g.10gb on GPU 0`)."""
-    devices = w.get("mig_devices") or []
-    if not devices:
-        return compress_ints(w.get("gpu_indices") or [])
-    by: dict[str, int] = {}
-    for _, profile, _ in devices:
-        by[profile] = by.get(profile, 0) + 1
-    return ", ".join(mig_shown(n, p) for p, n in by.items()) + f" on GPU {compress_ints([d[0] for d in devices])}"
 
 
 def resources_summary(resources: dict[str, Any]) -> str:

@@ -22,14 +22,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.requests import HTTPConnection
 
-from astraeus.cli.format import machine_mig, worker_gpus
 from astraeus.server import services
 from astraeus.server.core import ControlPlane
 from astraeus.server.db import ConsoleSession, Token, Workspace
 from astraeus.server.lifecycle import RunState
 from astraeus.server.routers.deps import control_plane
 from astraeus.server.services import ApiError, Caller
-from astraeus.units import human_bytes, human_duration
+from astraeus.units import human_bytes, human_duration, machine_mig, worker_gpus
 
 HERE = Path(__file__).parent
 COOKIE = services.CONSOLE_COOKIE  # a console session's own secret (never the API token)

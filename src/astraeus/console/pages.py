@@ -21,7 +21,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from astraeus import spec as S
-from astraeus.cli.format import gpus_asked
 from astraeus.console import forms
 from astraeus.console.base import (
     COOKIE,
@@ -53,6 +52,7 @@ from astraeus.server.routers.errors import validation_errors, validation_message
 from astraeus.server.services import ApiError, sso, tx
 from astraeus.server.services.auth import open_console_session
 from astraeus.server.whatif import what_if
+from astraeus.units import gpus_asked
 
 
 # ------------------------------------------------------------------------------------- sign in

@@ -317,26 +317,7 @@ def agent(
         typer.echo(f"astraeus agent: --gpu-memory-gib {gpu_memory_gib:g}: give each GPU's memory in GiB, more than 0 "
                    "(e.g. 80)", err=True)
         raise typer.Exit(2)
-    islands = None
-    if nvlink_islands is not None:
-        from astraeus.agent.gpus import discover_gpus
-        from astraeus.scheduler.topology import parse_islands
-
-        try:
-            islands = [list(i) for i in parse_islands(nvlink_islands, gpus if gpus is not None else
-                                                      discover_gpus().count)]
-        except ValueError as e:
-            typer.echo(f"astraeus agent: --nvlink-islands {nvlink_islands}: {e}", err=True)
-            raise typer.Exit(2) from None
-    mig_profiles = None
-    if mig is not None:
-        from astraeus.agent.gpus import discover_gpus, parse_mig
-
-        try:
-            mig_profiles = parse_mig(mig, gpus if gpus is not None else discover_gpus().count)
-        except ValueError as e:
-            typer.echo(f"astraeus agent: --mig {mig}: {e}", err=True)
-            raise typer.Exit(2) from None
+    islands, mig_profiles = _gpu_layout("astraeus agent", gpus, nvlink_islands, mig)
     heap.settle()  # what it imported is left out of the garbage collector's walks
     try:
         run_agent(server=server, token=token, name=name, gpus=gpus, cpu_cores=cpus,
@@ -404,22 +385,7 @@ def up(
         typer.echo(f"astraeus up: --gpu-memory-gib {gpu_memory_gib:g}: give each GPU's memory in GiB, more than 0 "
                    "(e.g. 80)", err=True)
         raise typer.Exit(2)
-    if nvlink_islands is not None:
-        from astraeus.scheduler.topology import parse_islands
-
-        try:
-            parse_islands(nvlink_islands, gpus)
-        except ValueError as e:
-            typer.echo(f"astraeus up: --nvlink-islands {nvlink_islands}: {e}", err=True)
-            raise typer.Exit(2) from None
-    if mig is not None:
-        from astraeus.agent.gpus import parse_mig
-
-        try:
-            parse_mig(mig, gpus)
-        except ValueError as e:
-            typer.echo(f"astraeus up: --mig {mig}: {e}", err=True)
-            raise typer.Exit(2) from None
+    _gpu_layout("astraeus up", gpus, nvlink_islands, mig)  # checked here; each agent is given them as written
     shared = _up_shared_fs(shared_fs or [])
     names = [f"gpu-{i + 1:02d}" for i in range(machines)]
     home = settings.home
@@ -493,6 +459,27 @@ def _up_network(home: Path, names: list[str], netns: bool):
 
 def _interrupted(*_) -> None:
     raise KeyboardInterrupt
+
+
+def _gpu_layout(command: str, gpus: int | None, nvlink_islands: str | None, mig: str | None
+                ) -> tuple[list[list[int]] | None, list[list[str]] | None]:
+    """--nvlink-islands and --mig read against the machine's GPU count (found through NVML once, when --gpus is not
+    given): (islands, MIG profiles per GPU), None where not given; a bad value exits 2 saying what to change."""
+    if nvlink_islands is None and mig is None:
+        return None, None
+    from astraeus.agent.gpus import discover_gpus, parse_mig
+    from astraeus.scheduler.topology import parse_islands
+
+    count = gpus if gpus is not None else discover_gpus().count
+    option, value = "--nvlink-islands", nvlink_islands
+    try:
+        islands = None if nvlink_islands is None else [list(i) for i in parse_islands(nvlink_islands, count)]
+        option, value = "--mig", mig
+        profiles = None if mig is None else parse_mig(mig, count)
+    except ValueError as e:
+        typer.echo(f"{command}: {option} {value}: {e}", err=True)
+        raise typer.Exit(2) from None
+    return islands, profiles
 
 
 def _up(settings, *, cp_args, names, gpus, cpus, memory_gib, runtime, shared, layout, gpu_memory_gib=80,

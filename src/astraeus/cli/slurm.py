@@ -14,6 +14,7 @@ import shlex
 from collections import namedtuple
 
 from astraeus.cli.errors import HelpRequested, SbatchError  # noqa: F401 - defined apart for the shared error handler
+from astraeus.units import compress_ints
 
 TYPE_CHECKING = False  # typing, dataclasses, difflib and pathlib cost `sbatch` a large part of its start: not imported
 if TYPE_CHECKING:
@@ -293,16 +294,7 @@ class ArrayRange(namedtuple("ArrayRange", "indices max_running", defaults=(None,
 
     def shown(self) -> str:
         """`0-19`, `1,3,5-7`: the indices as Slurm writes them."""
-        parts: list[str] = []
-        ix = self.indices
-        i = 0
-        while i < len(ix):
-            j = i
-            while j + 1 < len(ix) and ix[j + 1] == ix[j] + 1:
-                j += 1
-            parts.append(str(ix[i]) if i == j else f"{ix[i]}-{ix[j]}")
-            i = j + 1
-        return ",".join(parts)
+        return compress_ints(list(self.indices))
 
 
 def parse_array(text: str) -> ArrayRange:

@@ -540,7 +540,7 @@ def set_queue_reasons(session: Session, reasons: dict[int, str], why_not: dict[i
     (_write_shared). `reasons`: run id -> "Queued behind …"; `why_not`: worker id -> its per-machine lines. What
     set_queue_reason and set_why_not would do, said in SQL on the rows as they are now (the snapshot may be old): a
     run being deleted is left alone; its status reason follows the queue's only while it is plainly waiting
-    (Pending, not preempted, not backing off after a failure: refresh_run's rule; no History line either way); only
+    (Pending, not held, not preempted, not backing off after a failure: refresh_run's rule; no History line either way); only
     a worker still waiting gets its lines."""
     runs, workers = Run.__table__, Worker.__table__
     if reasons:
@@ -548,7 +548,7 @@ def set_queue_reasons(session: Session, reasons: dict[int, str], why_not: dict[i
             workers.c.run_id == runs.c.id, workers.c.state == W.PENDING.value,
             workers.c.restart_at > bindparam("at")).exists()
         plainly_waiting = and_(runs.c.state == R.PENDING.value, runs.c.preempted_by.is_(None),
-                               ~backing_off)
+                               runs.c.held.is_(False), ~backing_off)  # a held run keeps "Held by user" (refresh_run)
         _write_shared(session, update(runs).where(runs.c.deleting.is_(False)).values(
             queue_reason=bindparam("q"), reason=case((plainly_waiting, bindparam("q")), else_=runs.c.reason)),
             runs.c.id, "q", reasons, at=at)

@@ -881,7 +881,10 @@ class Cluster:
         # No group held these shapes with this room: none will later in the cycle (free room only shrinks).
         key = (tuple(sorted(shape(w) for w in workers)), allowed, avoid, view_b, label)
         if key not in self._no_group:
+            need, fewest = len(workers), min(w.gpus for w in workers)
             for group in self.topology_groups(label):
+                if sum(map(len, self.sub_buckets(group)[fewest:])) < need:
+                    continue  # fewer of its machines have that many free GPUs than the gang has workers
                 if allowed is None:  # the group's own free-GPU buckets (its list is kept: `sub_buckets` by id)
                     found = self._place_anywhere(workers, self._group_set(group), group, avoid, view_b)
                 else:

@@ -203,6 +203,7 @@ class Cycle:
         snap = snapshot
         self.batch = Batch(self.settle) if paths.batch and snap.fair_share and not snap.fifo and self.all_plain else None
         self._view_b: dict[float | None, bool] = {}  # time limit -> view B, behind the head
+        self._settle_keys: dict[int, int] = {}  # id(NodeSelection) -> its allowed key in `settle` (`_settle_key`)
         self.reservation_stops: list[StopUnit] = []
         # Running work as preemption and the shadow time see it: units stopped for a reservation are stopping.
         self.running: tuple[RunningUnit, ...] = snapshot.running
@@ -502,8 +503,9 @@ class Cycle:
         runs before them are handled (so its usage, and `settled`, are as they will be then), and free room only
         shrinks. Returns True when it took any."""
         settled_of = self.settled
-        by_selection = self.by_selection
+        settle_keys = self._settle_keys
         run_machines = self.run_machines
+        user_limits = self.user_limits
         reasons = self.reasons
         keyed = self.keyed_notes
         append = keyed.append
@@ -514,11 +516,10 @@ class Cycle:
         j = len(lst)
         while j:
             run = lst[j - 1]
-            workers = run.workers
-            sel = run.node_selection
             if (run.dependency is not None or run.array is not None or run.excluded_machines
-                    or sel.reservation is not None or (run.user is not None and run.workspace in self.user_limits)):
+                    or (user_limits and run.user is not None and run.workspace in user_limits)):
                 break
+            workers = run.workers
             if len(workers) != 1 and (run.start != "Gang" or not gangs):
                 break
             if run.workspace is not ws:
@@ -526,13 +527,12 @@ class Cycle:
                 settled = settled_of.get(ws)
             if not settled or (run_machines and run.name in run_machines):
                 break
-            if sel.mode == "Any" and not sel.pools and not sel.gpu_model and not sel.gpu_memory:
-                allowed_key = -1
-            else:
-                hit = by_selection.get(id(sel))
-                if hit is None or hit[0] is not sel:
+            sel = run.node_selection
+            allowed_key = settle_keys.get(id(sel))  # the selection objects live all the cycle: ids are theirs
+            if allowed_key is None:
+                allowed_key = self._settle_key(sel)
+                if allowed_key is None:
                     break
-                allowed_key = hit[1][0]
             tl = run.time_limit_seconds
             view_b = vb_of.get(tl)
             if view_b is None:
@@ -543,8 +543,8 @@ class Cycle:
                 w0 = workers[0]
                 outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
             else:  # a gang: keyed by its sorted shapes, as `place` keeps it
-                outcome = settled.get(
-                    (tuple(sorted([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])), allowed_key, view_b))
+                outcome = settled.get((tuple(sorted([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])),
+                                       allowed_key, view_b, sel.topology_same))
             if outcome is None:
                 break
             name = run.name
@@ -560,6 +560,21 @@ class Cycle:
             return False
         del lst[j:]
         return True
+
+    def _settle_key(self, sel) -> int | None:
+        """The allowed key `settle` reads for runs of this selection (kept by the object's id), or None when such a
+        run is not settled (it names a reservation; or its machines are not known yet)."""
+        if sel.reservation is not None:
+            return None
+        if sel.mode == "Any" and not sel.pools and not sel.gpu_model and not sel.gpu_memory and not sel.mig:
+            key = -1
+        else:
+            hit = self.by_selection.get(id(sel))
+            if hit is None or hit[0] is not sel:
+                return None
+            key = hit[1][0]
+        self._settle_keys[id(sel)] = key
+        return key
 
     def _behind(self, ws_id: str) -> str:
         """The reason of a run of this workspace queued behind the head (the head as the workspace may see it)."""

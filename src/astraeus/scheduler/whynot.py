@@ -58,6 +58,13 @@ EACH = 20  # on a cluster past `Snapshot.why_not_machines`: the machines that ke
 _second = itemgetter(1)
 
 
+def _interned(values: list) -> tuple[list, list[int]]:
+    """(the distinct values in order, each value's position among them): a line made per distinct value is laid
+    over the machines by list index, at C speed (no tuple hashed per machine and shape)."""
+    distinct = list(dict.fromkeys(values))
+    return distinct, list(map({v: k for k, v in enumerate(distinct)}.__getitem__, values))
+
+
 def group_name(shown: list[str], count: int) -> str:
     """How a line of `count` grouped machines names them, from the first two: `gpu-1`, `gpu-1, gpu-2`,
     `gpu-1, gpu-2 and 9,978 more machines`."""
@@ -91,7 +98,7 @@ class WhyNot:
         self._own: dict[tuple[int, str], str] = {}
         self._by_viewer: dict[str, list[int]] | None = None  # workspace -> machines where it is named
         self._caps: dict[Shape, list[str | None]] = {}
-        self._sizes: list[Shape] | None = None  # per machine (GPUs, CPU cores, memory)
+        self._sizes: tuple[list, list[int]] | None = None  # machines' sizes (GPUs, CPU cores, memory): `_interned`
         self._frees: dict[Shape, tuple[list[str | None], dict[int, str], frozenset[int]]] = {}
         self._templates: dict[tuple, tuple[list, list[int], dict[int, str]]] = {}
         self._overlays: dict[int, dict[int, str]] = {}  # allowed key -> the reasons of the machines kept from it
@@ -101,7 +108,7 @@ class WhyNot:
             for ok, m in zip(cluster.schedulable, cluster.machines, strict=True)
         ]
         self._unschedulable_idx = [i for i, ok in enumerate(cluster.schedulable) if not ok]
-        self._states: list[tuple] | None = None  # per machine (free GPUs, CPU cores, memory)
+        self._states: tuple[list, list[int]] | None = None  # machines' free (GPUs, CPU cores, memory): `_interned`
         # machine -> its failed GPUs, named in its line when it is short of GPUs (a few machines at most)
         self._quarantined = {i: quarantine_note(m.quarantined_gpus) for i, m in enumerate(cluster.machines)
                              if m.quarantined_gpus}
@@ -284,12 +291,11 @@ class WhyNot:
         """Per machine: what its size lacks for one worker of shape s, or None."""
         hit = self._caps.get(s)
         if hit is None:
-            sizes = self._sizes
-            if sizes is None:
+            if self._sizes is None:
                 c = self.cluster
-                sizes = self._sizes = list(zip(c.cap_g, c.cap_c, c.cap_m, strict=True))
-            line = {size: _size_short(s, *size) for size in set(sizes)}  # machines come in a few sizes
-            hit = list(map(line.__getitem__, sizes))
+                self._sizes = _interned(list(zip(c.cap_g, c.cap_c, c.cap_m, strict=True)))
+            sizes, size_of = self._sizes  # machines come in a few sizes: a line per size, laid over them
+            hit = list(map([_size_short(s, *size) for size in sizes].__getitem__, size_of))
             for i, note in self._quarantined.items():  # `machine has 7 GPUs (GPU 3 quarantined), 8 asked`
                 said = f"machine has {self.cluster.cap_g[i]} GPUs, "
                 if hit[i] is not None and hit[i].startswith(said):
@@ -319,27 +325,30 @@ class WhyNot:
         if grouped:
             # No holders in these lines: a line per free room (GPUs, CPU cores, memory), of which machines have a
             # few, laid over the machines at C speed.
-            states = self._states
-            if states is None:
-                states = self._states = list(zip(self.free_gpus, c.free_c, c.free_m, strict=True))
-            line: dict[tuple, str | None] = {}
-            gpu_short: dict[tuple, str | None] = {}
-            for fg, fc, fm in set(states):
-                k = (fg, fc, fm)
-                gpu_short[k] = None
+            if self._states is None:
+                self._states = _interned(list(zip(self.free_gpus, c.free_c, c.free_m, strict=True)))
+            states, state_of = self._states
+            line: list[str | None] = []
+            gpu_short: list[str | None] = []
+            for fg, fc, fm in states:
                 if fg < g:
-                    line[k] = gpu_short[k] = prefixes[fg] if fg >= 0 else f"not enough free GPUs: {fg} free, {g} asked"
-                elif fc < cpu:
-                    line[k] = f"not enough free CPU cores: {number(max(fc, 0))} free, {number(cpu)} asked"
+                    short_line = prefixes[fg] if fg >= 0 else f"not enough free GPUs: {fg} free, {g} asked"
+                    line.append(short_line)
+                    gpu_short.append(short_line)
+                    continue
+                gpu_short.append(None)
+                if fc < cpu:
+                    line.append(f"not enough free CPU cores: {number(max(fc, 0))} free, {number(cpu)} asked")
                 elif fm < mem:
-                    line[k] = f"not enough free memory: {gib(max(fm, 0))} free, {gib(mem)} asked"
+                    line.append(f"not enough free memory: {gib(max(fm, 0))} free, {gib(mem)} asked")
                 else:
-                    line[k] = None
-            out = list(map(line.__getitem__, states))
-            prefix_of = list(map(gpu_short.__getitem__, states))
+                    line.append(None)
+            out = list(map(line.__getitem__, state_of))
+            prefix_of = list(map(gpu_short.__getitem__, state_of))
             for i, note in self._quarantined.items():
                 if prefix_of[i] is not None:
-                    out[i] = prefix_of[i] = f"not enough free GPUs: {states[i][0]} free ({note}), {g} asked"
+                    fg = states[state_of[i]][0]
+                    out[i] = prefix_of[i] = f"not enough free GPUs: {fg} free ({note}), {g} asked"
             for i in self._unschedulable_idx:
                 out[i] = prefix_of[i] = None  # never asked: its line says it is not schedulable
             short = dict(compress(enumerate(prefix_of), prefix_of))

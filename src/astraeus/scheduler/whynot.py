@@ -169,12 +169,16 @@ class WhyNot:
         out = list(t)
         names = self.cluster.names
         fits = self._fits_line(u)
-        if head_shown is None:
-            for i in open_:
-                out[i] = (names[i], fits)
+        held_short = self._free_lines(s)[2] if head_shown is not None else ()
+        held_line = f"held for the head ({head_shown})"
+        if self.grouped:  # lines alone (`_template`)
+            if held_short:
+                for i in open_:
+                    out[i] = held_line if i in held_short else fits
+            else:
+                for i in open_:
+                    out[i] = fits
         else:
-            held_short = self._free_lines(s)[2]
-            held_line = f"held for the head ({head_shown})"
             for i in open_:
                 out[i] = (names[i], held_line if i in held_short else fits)
         return out, named, (("open", s, fits, head_shown) if open_ else ("open", s))
@@ -235,7 +239,7 @@ class WhyNot:
         each, rest = hit
         names = self.cluster.names
         holders = self.holders
-        return tuple([(names[i], named[i] + holders(i, viewer)) if i in named else lines[i] for i in each]) + rest
+        return tuple([(names[i], named[i] + holders(i, viewer) if i in named else lines[i]) for i in each]) + rest
 
     def _order(self, allowed_key: int, avoid: frozenset[int]) -> tuple[list[int], tuple[int, ...]]:
         """(the `EACH` machines that keep a line, every other machine in the order its group is placed): the
@@ -273,17 +277,18 @@ class WhyNot:
         get = self._getters.get(k)
         if get is None:
             get = self._getters[k] = itemgetter(*rest) if len(rest) > 1 else (lambda lines: (lines[rest[0]],))
-        texts = list(map(_second, get(lines)))
+        texts = list(get(lines))
         if over:
             texts = list(map(over.get, rest, texts))
         # A Counter keeps its reasons in the order they are first seen: each group where its first machine comes.
         out = []
         index = texts.index
+        names = self.cluster.names
         for reason, count in Counter(texts).items():
             at = index(reason)
-            shown = [lines[rest[at]][0]]
+            shown = [names[rest[at]]]
             if count > 1:
-                shown.append(lines[rest[index(reason, at + 1)]][0])
+                shown.append(names[rest[index(reason, at + 1)]])
             out.append((group_name(shown, count), reason))
         return each, tuple(out)
 
@@ -383,7 +388,8 @@ class WhyNot:
     def _template(self, s: Shape, free: bool) -> tuple[list, list[int], dict[int, str]]:
         """For a run that may use every machine, with no other worker placed: per machine (name, line) as far as
         the machine's state and size (free=False) or also its free room (free=True) decide it, None where they
-        do not; the machines where it is None; the machines short of GPUs (line without holders)."""
+        do not (on a grouped cluster the line alone: `_group` names the few machines it shows); the machines where
+        it is None; the machines short of GPUs (line without holders)."""
         k = (s, free)
         hit = self._templates.get(k)
         if hit is not None:
@@ -396,18 +402,18 @@ class WhyNot:
                 unschedulable = self._unschedulable
                 for i in self._unschedulable_idx:
                     lines[i] = unschedulable[i]
-            t: list = list(zip(names, lines, strict=True))  # (name, None) where open: filled in by the caller
-            open_ = list(compress(range(len(lines)), map(is_, lines, repeat(None))))
+            t: list = lines if self.grouped else list(zip(names, lines, strict=True))  # None where open: the
+            open_ = list(compress(range(len(lines)), map(is_, lines, repeat(None))))  # caller fills them in
             hit = (t, open_, {})
         else:
             t1, open1, _ = self._template(s, False)
             frees, short, _ = self._free_lines(s)
-            lines1 = list(map(_second, t1))  # None where open
+            lines1 = t1 if self.grouped else list(map(_second, t1))  # None where open
             # Each machine's line, or where it is None its free-room line, at C speed: a line found in `kept` is
             # kept, None is not found there and gives the free-room line.
             kept = {line: line for line in set(lines1) if line is not None}
             lines = list(map(kept.get, lines1, frees))
-            t = list(zip(names, lines, strict=True))  # (name, None) where open: filled in by the caller
+            t = lines if self.grouped else list(zip(names, lines, strict=True))  # None where open: filled in later
             open_ = list(compress(range(len(lines)), map(is_, lines, repeat(None))))
             named: dict[int, str] = {}
             if short:  # the machines short of GPUs have a free-room line: none of them is open
@@ -435,8 +441,12 @@ class WhyNot:
             if quota is not None:
                 t, open_, named = self._template(s, False)
                 out = list(t)
-                for i in open_:
-                    out[i] = (names[i], quota)
+                if self.grouped:
+                    for i in open_:
+                        out[i] = quota
+                else:
+                    for i in open_:
+                        out[i] = (names[i], quota)
                 return tuple(out), named, None, (("quota", s, quota) if open_ else ("quota", s))
             out, named, content = self._open_lines(s, u, head_shown)
             return tuple(out), named, None, content
@@ -477,7 +487,7 @@ class WhyNot:
                     line = f"held for the head ({head_shown})"
                 else:
                     line = fits
-            out.append((name, line))
+            out.append(line if self.grouped else (name, line))
         return tuple(out), named, None, None
 
     def _restricted(self, s: Shape, u: Unstarted, head_shown: str | None, allowed_key: int,

@@ -56,8 +56,27 @@ def test_a_device_held_is_never_given_again():
     p = plan(with_runs(snap, mig_run("a"), mig_run("b", at=1)), NOW)
     assert started(p, "a").placements[0].mig_devices == ((0, "1g.10gb", 1),)
     assert started(p, "b") is None
-    assert p.reasons["b"] == "Waiting for a free MIG 1g.10gb device"
+    # the head, as a GPU run would be: the holder has no time limit, so when its device frees is not known
+    assert p.head == "b" and p.shadow_time is None
+    assert p.reasons["b"] == "Next to run (priority 0): waits for running work to end"
     assert dict(p.why_not["b-0"])["gpu-01"] == "not enough free MIG 1g.10gb devices: 0 free, 1 asked"
+
+
+def test_a_mig_head_starts_by_its_holders_time_limit_and_holds_the_device_it_counts_on():
+    # Two devices: D0 held by a run of equal priority (no victim) whose time limit ends in an hour, D1 free. "pair"
+    # asks both: it is the head, its shadow time the holder's end and the machine's stop grace; D1 is held for it.
+    # A run behind it without a time limit does not take D1; one that ends by the shadow time does (backfill).
+    snap = cluster(mig_machine("gpu-01", mig=((("1g.10gb", 2),),))).build()
+    w = PlacedWorker("held-0", 0, "gpu-01", (0,), 1.0, GIB, mig_milli("1g.10gb", 1), ((0, "1g.10gb", 0),))
+    snap = replace(snap, running=(RunningUnit("held", WS_A, 0, NOW - HOUR, 2 * HOUR, (w,)),))
+    late = mig_run("late", at=2)
+    short = replace(mig_run("short", at=3), time_limit_seconds=600.0)
+    p = plan(with_runs(snap, mig_run("pair", count=2), late, short), NOW)
+    assert not p.stops and p.head == "pair" and p.shadow_time == NOW + HOUR + 30.0
+    assert p.reasons["pair"].startswith("Next to run (priority 0): starts by ")
+    assert started(p, "late") is None and p.reasons["late"].startswith("Queued behind pair")
+    assert started(p, "short").placements[0].mig_devices == ((0, "1g.10gb", 1),)
+    assert started(p, "short").backfilled
 
 
 def test_several_devices_on_one_machine():
@@ -180,8 +199,8 @@ def test_an_urgent_mig_run_preempts_the_lowest_priority_holder_and_starts_on_its
 def test_an_equal_priority_holder_is_never_a_victim():
     snap = holding(cluster(mig_machine("gpu-01", mig=((("1g.10gb", 1),),))).build(), "peer", "gpu-01", (D0,), prio=10)
     p = plan(with_runs(snap, mig_run("urgent", prio=10)), NOW)
-    assert not p.stops and started(p, "urgent") is None and p.head is None
-    assert p.reasons["urgent"] == "Waiting for a free MIG 1g.10gb device"
+    assert not p.stops and started(p, "urgent") is None and p.head == "urgent"
+    assert p.reasons["urgent"] == "Next to run (priority 10): waits for running work to end"
 
 
 def test_only_holders_of_the_profile_asked_are_victims():
@@ -209,7 +228,7 @@ def test_no_preemption_on_a_cluster_without_it():
     snap = holding(cluster(mig_machine("gpu-01", mig=((("1g.10gb", 1),),))).set(preemption=False).build(), "low",
                    "gpu-01", (D0,), prio=-5)
     p = plan(with_runs(snap, mig_run("urgent", prio=10)), NOW)
-    assert not p.stops and p.reasons["urgent"] == "Waiting for a free MIG 1g.10gb device"
+    assert not p.stops and p.reasons["urgent"] == "Next to run (priority 10): waits for running work to end"
 
 
 def test_a_whole_gpu_urgent_run_never_preempts_mig_holders_to_get_a_mig_gpu_whole():

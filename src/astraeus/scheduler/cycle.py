@@ -699,13 +699,7 @@ class Cycle:
         machines = [i for i in (cluster.all_schedulable if allowed_list is None else allowed_list) if i not in avoid]
         fit = HeadFit(cluster, waiting, machines)
         found = self.preempt(run, fit)
-        if found is None and run.node_selection.mig:
-            # Issue 46: a MIG run is the head only while preemption frees devices for it (no shadow time is
-            # reckoned for MIG devices): else it waits for a device, and a later run may be the head
-            self.head = None
-            self.reasons[run.name] = R.waits_for_mig(run.node_selection.mig)
-            return
-        if found is None:
+        if found is None:  # a MIG head's too: its holders' devices free as they end (HeadFit counts them)
             found = self.compute_shadow_time(run, fit)
         self.shadow_time, self.reasons[run.name] = found
 

@@ -73,12 +73,6 @@ def quota_reached(detail: str) -> str:
 # -------------------------------------------------------------------------------------------- run reasons
 
 
-def waits_for_mig(profile: str) -> str:
-    """Issue 46: a MIG run while every device of its profile it may use is held, and preemption frees none for it
-    (a MIG run is the head only while it preempts)."""
-    return f"Waiting for a free MIG {profile} device"
-
-
 def cannot_run(detail: str) -> str:
     return f"Cannot run on this cluster: {detail}"
 

@@ -332,8 +332,12 @@ class Cluster:
 
     def _note_holder(self, i: int, run: str, workspace: str, priority: int, gpus: int) -> None:
         holders = self._holders_on.get(i)
-        if holders is None:
-            self._taken.setdefault(i, []).append((run, workspace, priority, gpus))
+        if holders is None:  # nobody asked for them yet: kept for `holders_of`
+            taken = self._taken.get(i)
+            if taken is None:
+                self._taken[i] = [(run, workspace, priority, gpus)]
+            else:
+                taken.append((run, workspace, priority, gpus))
             return
         h = holders.get(run)
         if h is None:
@@ -680,11 +684,12 @@ class Cluster:
         buckets = self.buckets if allowed_list is None else self.sub_buckets(allowed_list)
         best = None
         free_c, free_m = self.free_c, self.free_m
-        for cnt in self.scan_order(g):
+        bestfit = self.placement == "bestfit"  # its scan order is by free GPUs, its rank the free GPUs
+        for cnt in range(g, self.top + 1) if bestfit else self.scan_order(g):
             for i in buckets[cnt]:
                 if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
                         islands is None or not islands[i] or self.island_fits(i, g)):
-                    best = (self.rank(g, cnt), i)
+                    best = (cnt if bestfit else self.rank(g, cnt), i)
                     break
             if best is not None:
                 break
@@ -744,7 +749,7 @@ class Cluster:
                 return None if hit is None else [(w, hit)]
             if w.gpus > self.max_g:
                 return None
-            i = self.best_machine(shape(w), allowed, allowed_list, avoid, view_b)
+            i = self.best_machine((w.gpus, w.cpu_cores, w.memory_bytes), allowed, allowed_list, avoid, view_b)
             return None if i is None else [(w, i)]
         return self._place_anywhere(workers, allowed, allowed_list, avoid, view_b)
 

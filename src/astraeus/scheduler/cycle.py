@@ -204,6 +204,7 @@ class Cycle:
         self.batch = Batch(self.settle) if paths.batch and snap.fair_share and not snap.fifo and self.all_plain else None
         self._view_b: dict[float | None, bool] = {}  # time limit -> view B, behind the head
         self._settle_keys: dict[int, int] = {}  # id(NodeSelection) -> its allowed key in `settle` (`_settle_key`)
+        self._missed: WaitingRun | None = None  # the run `settle` last found no outcome for
         self.reservation_stops: list[StopUnit] = []
         # Running work as preemption and the shadow time see it: units stopped for a reservation are stopping.
         self.running: tuple[RunningUnit, ...] = snapshot.running
@@ -439,7 +440,7 @@ class Cycle:
         machines found without a lookup (any machine, or a selection object seen before), a run of its workspace
         with the same shape, machines and view settled already (`place` keeps the outcomes)."""
         workers = run.workers
-        if len(workers) != 1 or not self.all_plain or run.excluded_machines:
+        if len(workers) != 1 or not self.all_plain or run.excluded_machines or run is self._missed:
             return self.place(run)
         sel = run.node_selection
         if sel.mode == "Any" and not sel.pools and not sel.gpu_model and sel.reservation is None \
@@ -546,6 +547,7 @@ class Cycle:
                 outcome = settled.get((tuple(sorted([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])),
                                        allowed_key, view_b, sel.topology_same))
             if outcome is None:
+                self._missed = run  # `behind` would look it up in vain again
                 break
             name = run.name
             reasons[name] = outcome[0]

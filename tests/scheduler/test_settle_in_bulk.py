@@ -15,6 +15,9 @@ from __future__ import annotations
 import gc
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from astraeus.scheduler import (
     Machine,
     PlacedWorker,
@@ -28,6 +31,7 @@ from astraeus.scheduler import (
 )
 from astraeus.scheduler import cycle as cycle_module
 from astraeus.scheduler.cycle import FAST
+from astraeus.scheduler.queue import _sort_by_submission
 
 from .builders import GIB, HOUR, NOW
 
@@ -115,3 +119,15 @@ def test_a_cycle_leaves_no_reference_cycle_behind():
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from("abcd")), max_size=40))
+def test_the_queue_sorts_a_workspaces_runs_by_submission_then_name(items):
+    """`_sort_by_submission` (the queue's sort, by keys read as the runs were grouped) gives the order of a plain sort
+    by (submitted_at, name), with ties of submission time or not."""
+    runs = [WaitingRun(f"{name}{k}", "ws", 0, float(t), ()) for k, (t, name) in enumerate(items)]
+    expected = sorted(runs, key=lambda r: (r.submitted_at, r.name))
+    got = list(runs)
+    _sort_by_submission(got, [r.submitted_at for r in got])
+    assert got == expected

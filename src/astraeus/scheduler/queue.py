@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import partial
 from itertools import islice
 from operator import attrgetter, eq
 
@@ -79,8 +80,9 @@ def _sort_by_submission(runs: list[WaitingRun], times: list[float] | None = None
     `times`: the runs' submission times, read as the runs were grouped (then the runs are not read again here:
     they are put in order by their positions)."""
     if times is not None and len(set(times)) == len(times):
-        order = sorted(range(len(times)), key=times.__getitem__)
-        runs[:] = map(runs.__getitem__, order)
+        # list.sort computes each key once, in list order, before it sorts: the k-th run's key is times[k] (no run
+        # read again, no index list sorted and mapped back)
+        runs.sort(key=partial(next, iter(times)))
         return
     runs.sort(key=_by_submitted_at)
     times = list(map(_by_submitted_at, runs))

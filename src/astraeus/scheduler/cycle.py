@@ -26,6 +26,7 @@ from __future__ import annotations
 import gc
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, is_not, itemgetter
 
@@ -50,22 +51,10 @@ from .whynot import Unstarted, WhyNot
 
 _UNSET = object()
 _EMPTY: frozenset[int] = frozenset()
-_order_key = itemgetter(0, 1, 2, 3, 4)  # of a keyed note: (-priority, share, submitted, name, workspace, note)
-_last = itemgetter(5)
+# A keyed note: (-priority, share, submitted, name, workspace, message); its note made from the last three.
+_note_of, _note_fields = partial(tuple.__new__, QuotaReached), itemgetter(3, 4, 5)
 _name, _unit_run, _unit_array = attrgetter("name"), attrgetter("run"), attrgetter("array")
-_new = object.__new__
-_set_run, _set_workspace, _set_message = (QuotaReached.run.__set__, QuotaReached.workspace.__set__,
-                                          QuotaReached.message.__set__)
 
-
-def _quota_reached(run: str, workspace: str, message: str) -> QuotaReached:
-    """QuotaReached(run, workspace, message), made without the frozen dataclass's __init__ (a third of the cost;
-    a cycle may make tens of thousands of them)."""
-    q = _new(QuotaReached)
-    _set_run(q, run)
-    _set_workspace(q, workspace)
-    _set_message(q, message)
-    return q
 
 @dataclass(frozen=True)
 class Paths:
@@ -474,12 +463,11 @@ class Cycle:
             self.unstarted.append((Unstarted(run, workers, view_b, detail, _EMPTY), allowed_key))
 
     def _note(self, run: WaitingRun, message: str) -> None:
-        note = _quota_reached(run.name, run.workspace, message)
         batch = self.batch
         if batch is not None and batch.on:
-            self.keyed_notes.append((-run.priority, batch.share, run.submitted_at, run.name, run.workspace, note))
+            self.keyed_notes.append((-run.priority, batch.share, run.submitted_at, run.name, run.workspace, message))
         else:
-            self.quota_notes.append(note)
+            self.quota_notes.append(QuotaReached(run.name, run.workspace, message))
 
     def _notes(self) -> tuple[QuotaReached, ...]:
         """The quota notes in queue order: those made before runs were settled in bulk, then the others by their
@@ -487,13 +475,9 @@ class Cycle:
         keyed = self.keyed_notes
         if not keyed:
             return tuple(self.quota_notes)
-        try:
-            # The tuples themselves compared: no key tuple made per note (they mostly come in order already). Two
-            # notes of one run name and workspace would compare their notes, which have no order.
-            ordered = sorted(keyed)
-        except TypeError:
-            ordered = sorted(keyed, key=_order_key)  # stable
-        return (*self.quota_notes, *map(_last, ordered))
+        # The tuples themselves compared (no key tuple made per note; a run name and workspace come once), the notes
+        # made at C speed.
+        return (*self.quota_notes, *map(_note_of, map(_note_fields, sorted(keyed))))
 
     def settle(self, lst: list[WaitingRun], share: float) -> bool:
         """Behind the head, once the why-not runs are found: take from the end of `lst` (next run last) the runs
@@ -551,12 +535,8 @@ class Cycle:
                 break
             name = run.name
             reasons[name] = outcome[0]
-            if outcome[1] is not None and not run.quota_noted:
-                note = _new(QuotaReached)  # _quota_reached, inline (tens of thousands of notes in a cycle)
-                _set_run(note, name)
-                _set_workspace(note, ws)
-                _set_message(note, outcome[1])
-                append((-run.priority, share, run.submitted_at, name, ws, note))
+            if outcome[1] is not None and not run.quota_noted:  # its note, made by `_notes`
+                append((-run.priority, share, run.submitted_at, name, ws, outcome[1]))
             j -= 1
         if j == len(lst):
             return False

@@ -16,7 +16,7 @@ Vocabulary (the product's own words):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Start = Literal["Gang", "Independent"]
 
@@ -254,8 +254,10 @@ class StopUnit:
     reason: str  # "Preempted by higher-priority work (<run>)" or "... (a job in another namespace)"
 
 
-@dataclass(frozen=True, slots=True)
-class QuotaReached:
+class QuotaReached(NamedTuple):
+    """A run that reached its namespace's quota (an event, once per run). A named tuple, not a dataclass: a cycle
+    may make tens of thousands of them, at C speed (`Cycle._notes`)."""
+
     run: str
     workspace: str
     message: str  # "Quota reached: gpus 6 in use + 4 asked > 8"

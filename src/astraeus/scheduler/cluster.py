@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import Counter
-from itertools import filterfalse, islice
+from itertools import chain, filterfalse, islice
+from operator import attrgetter
 
 from . import fragments, gpushare, topology
 from . import reasons as R
@@ -30,6 +31,7 @@ SCAN_AT_MOST = 32
 
 
 _UNSET = object()
+_gpus, _workers = attrgetter("gpus"), attrgetter("workers")
 
 
 def shape(w: WorkerRequest) -> Shape:
@@ -633,7 +635,7 @@ class Cluster:
         """The workload FGD scores against: the snapshot's, or its waiting and running workers' requests."""
         if self._sizes is None:
             snap = self._snapshot
-            counts = Counter(w.gpus for run in snap.waiting for w in run.workers)
+            counts = Counter(map(_gpus, chain.from_iterable(map(_workers, snap.waiting))))  # at C speed
             counts.update(w.gpu_milli / 1000 if w.gpu_milli else len(w.gpu_indices)
                           for unit in snap.running for w in unit.workers)
             self._sizes = snap.task_sizes or fragments.sizes_of_gpus(counts)
@@ -684,12 +686,13 @@ class Cluster:
         buckets = self.buckets if allowed_list is None else self.sub_buckets(allowed_list)
         best = None
         free_c, free_m = self.free_c, self.free_m
-        bestfit = self.placement == "bestfit"  # its scan order is by free GPUs, its rank the free GPUs
-        for cnt in range(g, self.top + 1) if bestfit else self.scan_order(g):
+        order = self.scan_order(g)
+        ranks = None if self.placement == "bestfit" else self._ranks[g]  # bestfit's rank: the free GPUs
+        for cnt in order:
             for i in buckets[cnt]:
                 if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
                         islands is None or not islands[i] or self.island_fits(i, g)):
-                    best = (cnt if bestfit else self.rank(g, cnt), i)
+                    best = (cnt if ranks is None else ranks[cnt], i)
                     break
             if best is not None:
                 break

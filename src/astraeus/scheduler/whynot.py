@@ -65,6 +65,32 @@ def _interned(values: list) -> tuple[list, list[int]]:
     return distinct, list(map({v: k for k, v in enumerate(distinct)}.__getitem__, values))
 
 
+class _Prefixes:
+    """Per machine the line of a machine short of GPUs (holders left out), or None, read as a mapping of the machines
+    that have one; given a template's lines (`open_`, None where a machine is open), of the open ones among them. A
+    grouped cluster's: a list made at C speed, of which only the few machines shown are read."""
+
+    __slots__ = ("lines", "open")
+
+    def __init__(self, lines: list[str | None], open_: list[str | None] | None = None):
+        self.lines = lines
+        self.open = open_
+
+    def __contains__(self, i: int) -> bool:
+        return self.lines[i] is not None and (self.open is None or self.open[i] is None)
+
+    def __getitem__(self, i: int) -> str:
+        if i not in self:
+            raise KeyError(i)
+        return self.lines[i]
+
+    def __setitem__(self, i: int, line: str) -> None:
+        self.lines[i] = line
+
+    def get(self, i: int, default: str | None = None) -> str | None:
+        return self.lines[i] if i in self else default
+
+
 def group_name(shown: list[str], count: int) -> str:
     """How a line of `count` grouped machines names them, from the first two: `gpu-1`, `gpu-1, gpu-2`,
     `gpu-1, gpu-2 and 9,978 more machines`."""
@@ -356,7 +382,7 @@ class WhyNot:
                     out[i] = prefix_of[i] = f"not enough free GPUs: {fg} free ({note}), {g} asked"
             for i in self._unschedulable_idx:
                 out[i] = prefix_of[i] = None  # never asked: its line says it is not schedulable
-            short = dict(compress(enumerate(prefix_of), prefix_of))
+            short = _Prefixes(prefix_of)
         else:
             for i, (fg, fc, fm) in enumerate(zip(self.free_gpus, c.free_c, c.free_m, strict=True)):
                 if not sched[i]:
@@ -416,7 +442,9 @@ class WhyNot:
             t = lines if self.grouped else list(zip(names, lines, strict=True))  # None where open: filled in later
             open_ = list(compress(range(len(lines)), map(is_, lines, repeat(None))))
             named: dict[int, str] = {}
-            if short:  # the machines short of GPUs have a free-room line: none of them is open
+            if self.grouped:  # looked up for the few machines shown
+                named = _Prefixes(short.lines, lines1)
+            elif short:  # the machines short of GPUs have a free-room line: none of them is open
                 gpus_short = list(filter(short.__contains__, open1))
                 named = dict(zip(gpus_short, map(short.__getitem__, gpus_short), strict=True))
             hit = (t, open_, named)

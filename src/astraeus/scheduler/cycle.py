@@ -53,7 +53,7 @@ _UNSET = object()
 _EMPTY: frozenset[int] = frozenset()
 # A keyed note: (-priority, share, submitted, name, workspace, message); its note made from the last three.
 _note_of, _note_fields = partial(tuple.__new__, QuotaReached), itemgetter(3, 4, 5)
-_name, _unit_run, _unit_array = attrgetter("name"), attrgetter("run"), attrgetter("array")
+_unit_run, _unit_array = attrgetter("run"), attrgetter("array")
 
 
 @dataclass(frozen=True)
@@ -204,27 +204,20 @@ class Cycle:
     def room(self) -> None:
         snapshot = self.snapshot
         self.usage: dict[str, Usage] = defaultdict(Usage)  # counted as the cluster's room is taken
-        self.cluster = cluster = Cluster(snapshot, self.now, self.usage, self.paths.share_index)
+        self.cluster = Cluster(snapshot, self.now, self.usage, self.paths.share_index)
         self.workspaces = {ws.id: ws for ws in snapshot.workspaces}
         # Per workspace: True when nothing restricts its runs beyond their own node selection (no pools of its
         # own, no reservation of another namespace now or ahead): the fast path of `place`.
         self.plain: dict[str, bool] = {}
         self.all_plain = not snapshot.reservations and all(ws.pools is None for ws in snapshot.workspaces)
         self.by_selection: dict[int, tuple] = {}  # id(NodeSelection) -> (it, Cluster.allowed's answer) when all_plain
-        # Machines holding workers of a run now, for the runs that also wait (an Independent run's other workers).
-        self.run_machines: dict[str, set[int]] = defaultdict(set)
+        # The runs that hold room now: one that also waits (an Independent run's other workers) avoids the machines
+        # it is on (`held_by`, made when first asked: no pass over every waiting run here).
+        self.running_runs = frozenset(map(_unit_run, snapshot.running))
+        self._held_by: dict[str, frozenset[int]] | None = None
         # Job arrays: (workspace, array) -> the runs of it that hold room now (counted once however many units).
         self.array_runs: dict[tuple[str, str], set[str]] = defaultdict(set)
-        # The runs that hold room and also wait (at C speed: no set of every waiting run made by a Python loop).
-        waiting = set(map(_unit_run, snapshot.running)).intersection(map(_name, snapshot.waiting))
-        index_get = cluster.index.get
         running = snapshot.running
-        if waiting:
-            for u in compress(running, map(waiting.__contains__, map(_unit_run, running))):
-                for w in u.workers:
-                    i = index_get(w.machine)
-                    if i is not None:
-                        self.run_machines[u.run].add(i)
         for u in compress(running, map(is_not, map(_unit_array, running), repeat(None))):
             self.array_runs[u.workspace, u.array].add(u.run)
         # Per (workspace, user) with a per-user limit: the GPUs that user's running work holds (all of it, stopping
@@ -267,6 +260,19 @@ class Cycle:
                     ))
         if stopped:
             self.running = tuple(replace(u, stopping=True) if k in stopped else u for k, u in enumerate(self.running))
+
+    def held_by(self, name: str) -> frozenset[int]:
+        """The machines where run `name` holds workers now."""
+        if self._held_by is None:
+            by: dict[str, set[int]] = defaultdict(set)
+            index_get = self.cluster.index.get
+            for u in self.snapshot.running:
+                for w in u.workers:
+                    i = index_get(w.machine)
+                    if i is not None:
+                        by[u.run].add(i)
+            self._held_by = {run: frozenset(machines) for run, machines in by.items()}
+        return self._held_by.get(name, _EMPTY)
 
     def is_plain(self, ws_id: str) -> bool:
         plain = self.plain.get(ws_id)
@@ -363,8 +369,7 @@ class Cycle:
         else:
             ordered = tuple([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])
             shapes = tuple(sorted(ordered))
-        rm = self.run_machines.get(run.name)
-        avoid = frozenset(rm) if rm else _EMPTY
+        avoid = self.held_by(run.name) if run.name in self.running_runs else _EMPTY
         # Behind the head a run may use the head's room only if its time limit, and the stop grace after it,
         # end it by the shadow time.
         settled = None
@@ -441,7 +446,7 @@ class Cycle:
                 return self.place(run)
             allowed_key = hit[1][0]
         settled = self.settled.get(run.workspace)
-        if settled is None or run.name in self.run_machines:
+        if settled is None or run.name in self.running_runs:
             return self.place(run)
         tl = run.time_limit_seconds
         st = self.shadow_time
@@ -489,7 +494,7 @@ class Cycle:
         shrinks. Returns True when it took any."""
         settled_of = self.settled
         settle_keys = self._settle_keys
-        run_machines = self.run_machines
+        running_runs = self.running_runs
         user_limits = self.user_limits
         reasons = self.reasons
         keyed = self.keyed_notes
@@ -510,7 +515,7 @@ class Cycle:
             if run.workspace is not ws:
                 ws = run.workspace  # the merged runs of workspaces without a quota
                 settled = settled_of.get(ws)
-            if not settled or (run_machines and run.name in run_machines):
+            if not settled or run.name in running_runs:
                 break
             sel = run.node_selection
             allowed_key = settle_keys.get(id(sel))  # the selection objects live all the cycle: ids are theirs

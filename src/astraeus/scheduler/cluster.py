@@ -700,9 +700,10 @@ class Cluster:
             if i in avoid or (allowed is not None and i not in allowed):
                 continue
             fg, fc, fm = self.room(i, True)
-            if fg >= g and fc >= c and fm >= m and (best is None or (self.rank(g, fg), i) < best) and (
-                    islands is None or self.island_fits(i, g)):
-                best = (self.rank(g, fg), i)
+            if fg >= g and fc >= c and fm >= m:
+                k = (fg if ranks is None else ranks[fg], i)
+                if (best is None or k < best) and (islands is None or self.island_fits(i, g)):
+                    best = k
         return None if best is None else best[1]
 
     def tidy(self) -> None:

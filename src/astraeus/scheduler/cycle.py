@@ -510,7 +510,8 @@ class Cycle:
                     or (user_limits and run.user is not None and run.workspace in user_limits)):
                 break
             workers = run.workers
-            if len(workers) != 1 and (run.start != "Gang" or not gangs):
+            one = len(workers) == 1
+            if not one and (run.start != "Gang" or not gangs):
                 break
             if run.workspace is not ws:
                 ws = run.workspace  # the merged runs of workspaces without a quota
@@ -529,7 +530,7 @@ class Cycle:
                 st = self.shadow_time
                 view_b = vb_of[tl] = not (
                     st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st)
-            if len(workers) == 1:
+            if one:
                 w0 = workers[0]
                 outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
             else:  # a gang: keyed by its sorted shapes, as `place` keeps it

@@ -281,11 +281,12 @@ def fgd_share(candidates, milli: int, sizes: Sizes, memo: dict | None = None) ->
         return v
 
     best = None
-    on: dict[Free, tuple | None] = {}  # machines with the same free tuple score the same
+    # Machines with the same free tuple score the same, for this share: kept with the memo (a cycle's)
+    on: dict[tuple[Free, int], tuple | None] = frag.setdefault("on", {})
     for i, free in candidates:
-        hit = on.get(free, on)
+        hit = on.get((free, milli), on)
         if hit is on:
-            hit = on[free] = _share_on(free, milli, f)
+            hit = on[free, milli] = _share_on(free, milli, f)
         if hit is not None:
             key = (hit[0], hit[1], i, hit[2])
             if best is None or key < best:

@@ -943,9 +943,8 @@ class Cluster:
     ) -> tuple[Placement, ...]:
         """Take the room; lowest free GPU indices first (inside one NVLink island: `topology.island_gpus`)."""
         out = []
-        free_g, buckets, held, subs_of = self.free_g, self.buckets, self.held, self._subs_of
+        free_g, held = self.free_g, self.held
         islands = self.fleet.islands if self.fleet.any_islands else None
-        unsorted = self._unsorted
         for w, i in chosen:
             if w.mig_count:  # MIG devices, each whole
                 out.append(self._commit_mig(run, workspace, priority, w, i, ends_before_shadow))
@@ -965,26 +964,7 @@ class Cluster:
                 for g in gpus:
                     free.remove(g)
             if n and self.schedulable[i]:
-                after = before - len(gpus)
-                b = buckets[before]
-                del b[bisect_left(b, i)]
-                b = buckets[after]
-                if after:
-                    insort(b, i)
-                else:  # full: appended, sorted when next read
-                    if b and b[-1] > i:
-                        unsorted[id(b)] = b
-                    b.append(i)
-                for sub in subs_of[i] if subs_of else ():
-                    b = sub[before]
-                    del b[bisect_left(b, i)]
-                    b = sub[after]
-                    if after:
-                        insort(b, i)
-                    else:
-                        if b and b[-1] > i:
-                            unsorted[id(b)] = b
-                        b.append(i)
+                self._move(i, before, before - len(gpus))
             self.free_c[i] -= w.cpu_cores
             self.free_m[i] -= w.memory_bytes
             if ends_before_shadow and i in held:
@@ -1001,6 +981,22 @@ class Cluster:
             out.sort(key=by_worker_index)
         return tuple(out)
 
+    def _move(self, i: int, before: int, after: int) -> None:
+        """Machine i had `before` free GPUs and has `after`: its place in the free-GPU buckets, the cluster's and the
+        restricted ones it is in. A machine left with none is appended to the full machines' bucket, sorted when
+        next read (`tidy`): an insort there moved thousands of machines at every start."""
+        unsorted = self._unsorted
+        for bs in (self.buckets, *self._subs_of[i]) if self._subs_of else (self.buckets,):
+            b = bs[before]
+            del b[bisect_left(b, i)]
+            b = bs[after]
+            if after:
+                insort(b, i)
+            else:
+                if b and b[-1] > i:
+                    unsorted[id(b)] = b
+                b.append(i)
+
     def _commit_share(self, run: str, workspace: str, priority: int, w: WorkerRequest, at: tuple[int, int],
                       ends_before_shadow: bool) -> Placement:
         """Take a fractional worker's share of GPU g on machine i (an empty GPU leaves free_g and its bucket)."""
@@ -1012,13 +1008,7 @@ class Cluster:
             before = len(free)
             free.remove(g)
             if self.schedulable[i]:
-                for bs in [self.buckets] + ([sub for sub in self._subs_of[i]] if self._subs_of else []):
-                    b = bs[before]
-                    del b[bisect_left(b, i)]
-                    b = bs[before - 1]
-                    if self._unsorted.pop(id(b), None) is not None:
-                        b.sort()  # a full machines' bucket `commit` appended to: sorted before the insort
-                    insort(b, i)
+                self._move(i, before, before - 1)
         self._share(i, g, milli, workspace)
         self._reshare(i)
         self._take_cpu_memory(i, w, ends_before_shadow)

@@ -647,7 +647,8 @@ class Cluster:
             return range(g, self.top + 1)
         order = self._orders.get(g)
         if order is None:
-            order = self._orders[g] = fragments.whole_order(g, self.max_g, self.task_sizes(), self.placement)
+            sizes = self.task_sizes() if self.placement == "fgd" else ()  # spread's order reads none
+            order = self._orders[g] = fragments.whole_order(g, self.max_g, sizes, self.placement)
             self._ranks[g] = {cnt: k for k, cnt in enumerate(order)}
         return order
 

@@ -754,7 +754,7 @@ class Cluster:
                 return None if hit is None else [(w, hit)]
             if w.gpus > self.max_g:
                 return None
-            i = self.best_machine((w.gpus, w.cpu_cores, w.memory_bytes), allowed, allowed_list, avoid, view_b)
+            i = self.best_machine(shape(w), allowed, allowed_list, avoid, view_b)
             return None if i is None else [(w, i)]
         return self._place_anywhere(workers, allowed, allowed_list, avoid, view_b)
 

@@ -376,10 +376,8 @@ class Cycle:
         if self.head is None:
             ends_before = view_b = False
         else:
-            tl = run.time_limit_seconds
-            st = self.shadow_time
-            ends_before = st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st
-            view_b = not ends_before
+            view_b = self._view_b_for(run.time_limit_seconds)
+            ends_before = not view_b
             if not avoid and (len(workers) == 1 or (run.start == "Gang" and self.settle_gangs)):
                 # One worker, or a gang, behind the head: a run of its workspace with the same shapes, machines
                 # and view that waited already waits the same way (free room only shrinks; the workspace's usage,
@@ -437,20 +435,15 @@ class Cycle:
         if len(workers) != 1 or not self.all_plain or run.excluded_machines or run is self._missed:
             return self.place(run)
         sel = run.node_selection
-        if sel.mode == "Any" and not sel.pools and not sel.gpu_model and sel.reservation is None \
-                and not sel.gpu_memory and not sel.mig:
-            allowed_key = -1
-        else:
-            hit = self.by_selection.get(id(sel))
-            if hit is None or hit[0] is not sel:
+        allowed_key = self._settle_keys.get(id(sel))
+        if allowed_key is None:
+            allowed_key = self._settle_key(sel)
+            if allowed_key is None:
                 return self.place(run)
-            allowed_key = hit[1][0]
         settled = self.settled.get(run.workspace)
         if settled is None or run.name in self.running_runs:
             return self.place(run)
-        tl = run.time_limit_seconds
-        st = self.shadow_time
-        view_b = not (st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st)
+        view_b = self._view_b_for(run.time_limit_seconds)
         w0 = workers[0]
         outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
         if outcome is None:
@@ -527,9 +520,7 @@ class Cycle:
             tl = run.time_limit_seconds
             view_b = vb_of.get(tl)
             if view_b is None:
-                st = self.shadow_time
-                view_b = vb_of[tl] = not (
-                    st is not None and tl is not None and self.now + tl + self.cluster.max_grace <= st)
+                view_b = self._view_b_for(tl)
             if one:
                 w0 = workers[0]
                 outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
@@ -549,9 +540,20 @@ class Cycle:
         del lst[j:]
         return True
 
+    def _view_b_for(self, time_limit: float | None) -> bool:
+        """Behind the head: does a run with this time limit see view B (the room less the head's hold)? Only one whose
+        time limit, and the stop grace after it, end it by the shadow time may use the head's room. Kept per time
+        limit for the cycle (the shadow time is set once)."""
+        view_b = self._view_b.get(time_limit)
+        if view_b is None:
+            st = self.shadow_time
+            view_b = self._view_b[time_limit] = not (
+                st is not None and time_limit is not None and self.now + time_limit + self.cluster.max_grace <= st)
+        return view_b
+
     def _settle_key(self, sel) -> int | None:
-        """The allowed key `settle` reads for runs of this selection (kept by the object's id), or None when such a
-        run is not settled (it names a reservation; or its machines are not known yet)."""
+        """The allowed key `settle` and `behind` read for runs of this selection (kept by the object's id), or None
+        when such a run goes through `place` (it names a reservation; or its machines are not known yet)."""
         if sel.reservation is not None:
             return None
         if sel.mode == "Any" and not sel.pools and not sel.gpu_model and not sel.gpu_memory and not sel.mig:

@@ -196,7 +196,7 @@ class WhyNot:
         names = self.cluster.names
         fits = self._fits_line(u)
         held_short = self._free_lines(s)[2] if head_shown is not None else ()
-        held_line = f"held for the head ({head_shown})"
+        held_line = f"held for the head ({head_shown})" if held_short else ""
         if self.grouped:  # lines alone (`_template`)
             if held_short:
                 for i in open_:

@@ -168,6 +168,17 @@ def worker_gpus(w: dict) -> str:
     return ", ".join(mig_shown(n, p) for p, n in by.items()) + f" on GPU {compress_ints([d[0] for d in devices])}"
 
 
+def machine_shared(m: dict) -> str:
+    """Issue 46: a machine's GPUs shared by fractional workers, each with the part of it still free (`GPU 0: 0.25
+    free`; a GPU of MIG devices is `machine_mig`'s); "" without."""
+    mig = m.get("gpu_mig") or []
+    parts = []
+    for g, held in enumerate(m.get("gpu_allocated") or []):
+        if 0 < held < 1 and not (g < len(mig) and mig[g]):
+            parts.append(f"GPU {g}: {round(1 - held, 3):g} free")
+    return "; ".join(parts)
+
+
 def machine_mig(m: dict) -> str:
     """Issue 46: a machine's MIG devices free, per MIG GPU and profile (`GPU 0: 1g.10gb 5/7 free`); "" without."""
     used = m.get("gpu_mig_used") or []

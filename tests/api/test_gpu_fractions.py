@@ -4,8 +4,12 @@ GPU, shown as such; the cluster setting decides whether workspaces share a GPU."
 
 from __future__ import annotations
 
+import re
+from html import unescape
+
 import pytest
 
+from astraeus.cli import format as fmt
 from tests.api.test_whatif import ORG, _h, counts, other_workspace, placed, register, submit
 from tests.conftest import wait_for
 
@@ -74,3 +78,41 @@ def test_other_workspaces_share_a_gpu_only_where_the_cluster_allows(app):
     assert r.status_code == 200, r.text
     assert r.json()["gpu_sharing"] == "any"
     assert placed(app, "theirs-0", ws=nlp)["gpu_indices"] == [0]
+
+
+def test_a_machines_view_shows_each_gpus_part_held_and_its_memory_in_the_api_the_cli_and_the_console(app):
+    """gpu_allocated / gpus_allocated count a shared GPU by its tenants' shares (gpus_used counts it once);
+    gpu_memory_bytes is what the agent reported; `astra machines` has a SHARED column and the console a line
+    naming the part of each shared GPU still free."""
+    r = app.client.post("/api/v1/agent/register", headers=_h(app.boot["machine_token"]),
+                        json={"name": "gpu-01", "gpus": 3, "cpu_cores": 32, "memory_bytes": 1 << 38,
+                              "stop_grace_seconds": 1, "gpu_memory_bytes": [80 << 30] * 3})
+    assert r.status_code == 200, r.text
+    submit(app, frac("quarter", {"count": 1, "fraction": 0.25}))
+    placed(app, "quarter-0")
+    submit(app, frac("whole", {"count": 1}))
+    placed(app, "whole-0")
+    (m,) = app.client.get(app.api + "/machines", headers=app.h()).json()["items"]
+    assert (m["gpus_used"], m["gpus_free"]) == (2, 1)
+    assert (m["gpu_allocated"], m["gpus_allocated"]) == ([0.25, 1, 0], 1.25)
+    assert m["gpu_memory_bytes"] == [80 << 30] * 3
+    assert fmt.machine_shared(m) == "GPU 0: 0.75 free"
+    table = fmt.machines_table([m]).splitlines()
+    assert re.search(r"GPUS FREE +SHARED +CPUS", table[0]), table[0]  # the column after GPUS FREE
+    assert "GPU 0: 0.75 free" in table[1]
+    org, ws = app.boot["org"], app.boot["workspace"]
+    page = app.client.get(f"/o/{org}/w/{ws}/machines", headers=app.h())
+    assert page.status_code == 200
+    text = re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", page.text)))
+    assert "GPU 0: 0.75 free" in text and "80 GiB" in text, text
+    assert 'title="2 of 3 used (1.25 held: shared GPUs count by their share)"' in page.text
+
+
+def test_a_machine_with_no_gpu_shared_shows_no_shared_column(app):
+    register(app, "gpu-02", gpus=2)
+    submit(app, frac("whole", {"count": 1}))
+    placed(app, "whole-0")
+    (m,) = app.client.get(app.api + "/machines", headers=app.h()).json()["items"]
+    assert (m["gpu_allocated"], m["gpus_allocated"], m["gpu_memory_bytes"]) == ([1, 0], 1, [])
+    assert fmt.machine_shared(m) == ""
+    assert re.search(r"GPUS FREE +CPUS", fmt.machines_table([m]).splitlines()[0])  # no SHARED column between

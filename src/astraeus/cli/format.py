@@ -10,6 +10,7 @@ from astraeus.units import (  # sizes and durations live in astraeus.units  # no
     human_bytes,
     human_duration,
     machine_mig,
+    machine_shared,
     mig_shown,
     worker_gpus,
 )
@@ -248,9 +249,11 @@ def events_table(events: list[dict[str, Any]]) -> str:
 
 def machines_table(machines: list[dict[str, Any]]) -> str:
     """Machines; a POOLS column (the pools each is in) when the API says which (control planes since pools), a MIG
-    column (each MIG GPU's devices free: `machine_mig`) when a machine has MIG devices."""
+    column (each MIG GPU's devices free: `machine_mig`) when a machine has MIG devices, a SHARED column (each GPU that
+    fractional workers share, with the part of it free: `machine_shared`) when one has such a GPU."""
     pools = any("pools" in m for m in machines)
     mig = any(m.get("gpu_mig") for m in machines)
+    shared = [machine_shared(m) for m in machines]
     rows = []
     for m in machines:
         state = m.get("state", "") + (f" ({m['reason']})" if m.get("reason") else "")  # e.g. disk pressure
@@ -262,6 +265,8 @@ def machines_table(machines: list[dict[str, Any]]) -> str:
             row.insert(3, ",".join(m.get("pools") or []) or "-")
         if mig:  # after GPUS FREE
             row.insert(6 + pools, machine_mig(m) or "-")
+        if any(shared):  # after GPUS FREE and MIG
+            row.insert(6 + pools + mig, shared[len(rows)] or "-")
         rows.append(row)
     headers = ["NAME", "CLUSTER", "STATE", "GPUS", "GPUS USED", "GPUS FREE", "CPUS", "MEMORY", "RUNTIME", "ADDRESS",
                "SHARED FS"]
@@ -269,6 +274,8 @@ def machines_table(machines: list[dict[str, Any]]) -> str:
         headers.insert(3, "POOLS")
     if mig:
         headers.insert(6 + pools, "MIG")
+    if any(shared):
+        headers.insert(6 + pools + mig, "SHARED")
     return table(headers, rows)
 
 

@@ -28,7 +28,7 @@ from astraeus.server.db import ConsoleSession, Token, Workspace
 from astraeus.server.lifecycle import RunState
 from astraeus.server.routers.deps import control_plane
 from astraeus.server.services import ApiError, Caller
-from astraeus.units import human_bytes, human_duration, machine_mig, worker_gpus
+from astraeus.units import human_bytes, human_duration, machine_mig, machine_shared, worker_gpus
 
 HERE = Path(__file__).parent
 COOKIE = services.CONSOLE_COOKIE  # a console session's own secret (never the API token)
@@ -44,6 +44,7 @@ templates.env.filters["duration"] = human_duration
 # Issue 46: GPUs as `astra` shows them (a MIG worker's `2 × MIG 1g.10gb on GPU 0`, a machine's MIG devices free)
 templates.env.filters["worker_gpus"] = worker_gpus
 templates.env.filters["machine_mig"] = machine_mig
+templates.env.filters["machine_shared"] = machine_shared
 templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False)
 templates.env.globals["STATIC"] = STATIC
 templates.env.globals["STATES"] = STATES

@@ -305,6 +305,16 @@ class MachineOut(Out):
     gpu_mig_used: list[dict[str, int]] = Field(
         default_factory=list, description="Per GPU how many of its MIG devices of each profile workers hold "
                                           "([{\"1g.10gb\": 2}, {}]); [] on a machine without MIG")
+    # Issue 46 (docs/gpu-sharing.md): how much of each GPU workers hold, whole, by fractions or by MIG devices
+    gpu_allocated: list[Num] = Field(
+        default_factory=list, description="Per GPU the part of it workers hold: 1 held whole, 0.5 by fractional "
+                                          "workers or MIG devices making half of it, 0 free ([1, 0.5, 0, 0])")
+    gpus_allocated: Num = Field(0, description="The GPUs workers hold, fractions and MIG devices counted by their "
+                                               "share (gpu_allocated's sum: 1.5); gpus_used counts a GPU shared "
+                                               "at all as one")
+    gpu_memory_bytes: list[int] = Field(
+        default_factory=list, description="Each GPU's memory in bytes as its agent reports it (NVML); [] where "
+                                          "none is reported")
 
 
 class MachinePage(Out):

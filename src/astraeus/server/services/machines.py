@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from astraeus.scheduler import gpushare
 from astraeus.server import lifecycle
 from astraeus.server.db import (
     Access,
@@ -41,13 +42,21 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
         machines = list_machines(session, cluster_ids)
     counts: dict[int, set] = {}  # machine -> its GPUs in use (a GPU shared by fractional workers counts once)
     mig_used: dict[int, list] = {}  # issue 46: machine -> its MIG devices held by workers, [gpu, profile, k] each
-    q = select(Worker.machine_id, Worker.gpu_indices, Worker.mig_devices).where(Worker.state.in_(lifecycle.ACTIVE))
+    held: dict[int, dict[int, int]] = {}  # issue 46: machine -> per GPU the thousandths workers hold of it
+    q = select(Worker.machine_id, Worker.gpu_indices, Worker.mig_devices, Worker.gpu_milli).where(
+        Worker.state.in_(lifecycle.ACTIVE))
     if len(machines) <= 1000:
         q = q.where(Worker.machine_id.in_([m.id for m in machines]))
-    for mid, idx, mig in session.execute(q):
+    for mid, idx, mig, milli in session.execute(q):
         counts.setdefault(mid, set()).update(idx or [])
+        on = held.setdefault(mid, {})
         if mig:
             mig_used.setdefault(mid, []).extend(mig)
+            for g, profile, _ in mig:
+                on[g] = on.get(g, 0) + gpushare.mig_milli(profile)
+        else:
+            for g in idx or []:  # a fractional worker's share of its one GPU, else each GPU whole
+                on[g] = on.get(g, 0) + (milli or gpushare.FULL)
     out = []
     names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
     in_pools: dict[tuple[int, str], list[str]] = {}  # (cluster id, machine) -> the pools it is in
@@ -70,7 +79,7 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
                     "address": m.address, "shared_filesystems": m.shared_filesystems or {},
                     "nfs": m.nfs or {"server": None, "client": False, "rdma": False},
                     **_disk_view(m), "last_heartbeat": iso(m.last_heartbeat), **h,
-                    **_mig_view(m, mig_used.get(m.id, ()))})
+                    **_mig_view(m, mig_used.get(m.id, ())), **_allocated_view(m, held.get(m.id, {}))})
         if m.cordon and m.state == "Ready":  # cordoned or drained: says so where disk pressure would
             out[-1]["schedulable"], out[-1]["reason"] = False, health.unschedulable(m)
         if h["quarantined_gpus"]:  # and its failed GPUs, after that
@@ -89,6 +98,20 @@ def _mig_view(m: Machine, held) -> dict:
         if 0 <= g < len(used):
             used[g][profile] = used[g].get(profile, 0) + 1
     return {"gpu_mig": reported, "gpu_mig_used": used}
+
+
+def _allocated_view(m: Machine, on: dict[int, int]) -> dict:
+    """Issue 46: how much of each GPU workers hold (`gpu_allocated`: 1 held whole, 0.5 by fractional workers or MIG
+    devices making half of it, 0 free), their sum (`gpus_allocated`) and each GPU's memory as its agent reports it
+    (`gpu_memory_bytes`; [] where none is reported)."""
+    milli = [min(on.get(g, 0), gpushare.FULL) for g in range(m.gpus)]
+    return {"gpu_allocated": [_gpus(n) for n in milli], "gpus_allocated": _gpus(sum(milli)),
+            "gpu_memory_bytes": list(m.gpu_memory or [])[:m.gpus]}
+
+
+def _gpus(milli: int) -> int | float:
+    """Thousandths of a GPU as GPUs: 2, 0.5."""
+    return milli // gpushare.FULL if milli % gpushare.FULL == 0 else gpushare.from_milli(milli)
 
 
 def _disk_view(m: Machine) -> dict:

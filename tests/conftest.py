@@ -33,19 +33,46 @@ SHARED_GROUPS = {"tests/e2e/test_recipe.py": "ft-ckpt", "tests/e2e/test_sbatch_t
                  "tests/cli/test_commands.py": "ft-ckpt", "tests/console/test_browser.py": "ft-ckpt"}
 
 
+# Files whose tests take minutes (by the durations `make test` prints), started first and in this order, so that
+# none of them starts late and ends the suite alone while the other workers wait: xdist would start the files with
+# the most tests first, and these have few. The other files follow, those with the most tests first.
+RUN_FIRST = ["tests/examples/test_readmes.py", "tests/faults/test_agent_faults.py", "tests/faults/test_fuzz.py",
+             "tests/e2e/test_ft_lowprio.py", "tests/e2e/test_slurm_in_job.py", "tests/examples/test_demo.py",
+             "tests/schedules/test_live.py", "tests/e2e/test_container_finetune.py", "tests/fleet/test_nfs.py",
+             "tests/faults/test_partition.py", "tests/e2e/test_gang_finetune.py", "tests/e2e/test_reservations_live.py",
+             "tests/e2e/test_gang_torchrun.py", "tests/faults/test_resubmit.py"]
+
+
+def _scope(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return SHARED_GROUPS.get(path, path)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files in RUN_FIRST's order, then by their count of tests (most first); each file's tests as they were.
+    Every xdist worker collects the same order, and FileGroups hands the files out in it."""
+    first = {path: k for k, path in enumerate(RUN_FIRST)}
+    count: dict[str, int] = {}
+    for item in items:
+        count[_scope(item.nodeid)] = count.get(_scope(item.nodeid), 0) + 1
+    at = {scope: k for k, scope in enumerate(count)}  # ties: as collected
+    items.sort(key=lambda item: (first.get(_scope(item.nodeid), len(first)), -count[_scope(item.nodeid)],
+                                 at[_scope(item.nodeid)]))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadfile, with SHARED_GROUPS' files as one scope (xdist's own loadgroup cannot read its marks from
-    pytest 9's node ids)."""
+    pytest 9's node ids), handed out in the order of the collection (`pytest_collection_modifyitems`)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class FileGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return SHARED_GROUPS.get(path, path)
+            return _scope(nodeid)
 
+    config.option.loadscopereorder = False  # the collection's order, not xdist's count of tests
     return FileGroups(config, log)
 
 

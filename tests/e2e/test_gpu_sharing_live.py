@@ -49,6 +49,9 @@ def test_sixteen_halves_run_at_once_on_eight_gpus_each_with_its_share(tmp_path, 
             seen = said.split()[3]
             assert seen == ("0" if runtime.kind == "container" else str(gpu)), said
         assert sorted(gpus) == list(range(8)) and set(gpus.values()) == {2}  # two tenants on each GPU, none over
+        with c.client() as cl:  # the machine's view: every GPU held by two halves, as a whole
+            (m,) = cl.get("/machines").json()["items"]
+        assert (m["gpus_used"], m["gpus_allocated"], m["gpu_allocated"]) == (8, 8, [1] * 8), m
         table = c.run(names[0])["spec"]["task_template"]["requested_resources"]["gpu_requests"]
         assert table["count"] == 1 and table["fraction"] == 0.5
         log = (tmp_path / "home" / "agent-gpu-01.log").read_text()

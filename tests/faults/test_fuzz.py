@@ -217,6 +217,8 @@ class ClusterMachine(RuleBasedStateMachine):
                                            headers=self.h(self.boot["admin_token"])))["items"]
         for m in machines:
             assert m["gpus_used"] <= m["gpus"], m
+            # no GPU held past whole, and what is held is on GPUs in use
+            assert all(0 <= x <= 1 for x in m["gpu_allocated"]) and m["gpus_allocated"] <= m["gpus_used"], m
 
     @invariant()
     def quota_never_exceeded(self):

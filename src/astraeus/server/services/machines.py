@@ -104,7 +104,7 @@ def _allocated_view(m: Machine, on: dict[int, int]) -> dict:
     """Issue 46: how much of each GPU workers hold (`gpu_allocated`: 1 held whole, 0.5 by fractional workers or MIG
     devices making half of it, 0 free), their sum (`gpus_allocated`) and each GPU's memory as its agent reports it
     (`gpu_memory_bytes`; [] where none is reported)."""
-    milli = [min(on.get(g, 0), gpushare.FULL) for g in range(m.gpus)]
+    milli = [on.get(g, 0) for g in range(m.gpus)]
     return {"gpu_allocated": [_gpus(n) for n in milli], "gpus_allocated": _gpus(sum(milli)),
             "gpu_memory_bytes": list(m.gpu_memory or [])[:m.gpus]}
 

@@ -33,6 +33,7 @@ def test_a_mig_workers_devices_and_the_machines_in_the_api_the_cli_and_the_conso
 
     (m,) = app.client.get(app.api + "/machines", headers=app.h()).json()["items"]
     assert (m["gpu_mig"], m["gpu_mig_used"]) == ([{"1g.10gb": 7}, {}], [{"1g.10gb": 3}, {}])
+    assert (m["gpu_allocated"], m["gpus_allocated"]) == ([0.429, 0], 0.429)  # three 1g devices: 3/7 of GPU 0
     assert fmt.machine_mig(m) == "GPU 0: 1g.10gb 4/7 free"
     table = fmt.machines_table([m]).splitlines()
     assert re.search(r"GPUS FREE +MIG +CPUS", table[0]), table[0]  # the column after GPUS FREE

@@ -42,7 +42,7 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
         machines = list_machines(session, cluster_ids)
     counts: dict[int, set] = {}  # machine -> its GPUs in use (a GPU shared by fractional workers counts once)
     mig_used: dict[int, list] = {}  # issue 46: machine -> its MIG devices held by workers, [gpu, profile, k] each
-    held: dict[int, dict[int, int]] = {}  # issue 46: machine -> per GPU the thousandths workers hold of it
+    held: dict[int, dict[int, int]] = {}  # issue 46: machine -> per GPU the part workers hold of it, in _WHOLE
     q = select(Worker.machine_id, Worker.gpu_indices, Worker.mig_devices, Worker.gpu_milli).where(
         Worker.state.in_(lifecycle.ACTIVE))
     if len(machines) <= 1000:
@@ -52,11 +52,12 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
         on = held.setdefault(mid, {})
         if mig:
             mig_used.setdefault(mid, []).extend(mig)
-            for g, profile, _ in mig:
-                on[g] = on.get(g, 0) + gpushare.mig_milli(profile)
+            for g, profile, _ in mig:  # by compute slices, so that a GPU's seven 1g devices make one whole
+                slices = gpushare.MIG_PROFILE.match(profile)
+                on[g] = on.get(g, 0) + (int(slices.group(1)) if slices else gpushare.MIG_SLICES) * _SLICE
         else:
             for g in idx or []:  # a fractional worker's share of its one GPU, else each GPU whole
-                on[g] = on.get(g, 0) + (milli or gpushare.FULL)
+                on[g] = on.get(g, 0) + (milli or gpushare.FULL) * _MILLI
     out = []
     names = dict(session.execute(select(Cluster.id, Cluster.name)).all())
     in_pools: dict[tuple[int, str], list[str]] = {}  # (cluster id, machine) -> the pools it is in
@@ -104,14 +105,19 @@ def _allocated_view(m: Machine, on: dict[int, int]) -> dict:
     """Issue 46: how much of each GPU workers hold (`gpu_allocated`: 1 held whole, 0.5 by fractional workers or MIG
     devices making half of it, 0 free), their sum (`gpus_allocated`) and each GPU's memory as its agent reports it
     (`gpu_memory_bytes`; [] where none is reported)."""
-    milli = [on.get(g, 0) for g in range(m.gpus)]
-    return {"gpu_allocated": [_gpus(n) for n in milli], "gpus_allocated": _gpus(sum(milli)),
+    per = [on.get(g, 0) for g in range(m.gpus)]
+    return {"gpu_allocated": [_gpus(n) for n in per], "gpus_allocated": _gpus(sum(per)),
             "gpu_memory_bytes": list(m.gpu_memory or [])[:m.gpus]}
 
 
-def _gpus(milli: int) -> int | float:
-    """Thousandths of a GPU as GPUs: 2, 0.5."""
-    return milli // gpushare.FULL if milli % gpushare.FULL == 0 else gpushare.from_milli(milli)
+# A GPU counted in parts that both thousandths (fractional workers) and sevenths (MIG compute slices) divide exactly.
+_WHOLE = gpushare.FULL * gpushare.MIG_SLICES
+_MILLI, _SLICE = _WHOLE // gpushare.FULL, _WHOLE // gpushare.MIG_SLICES
+
+
+def _gpus(parts: int) -> int | float:
+    """Parts of a GPU (_WHOLE each) as GPUs: 2, 0.5, 0.429 (three MIG slices of seven)."""
+    return parts // _WHOLE if parts % _WHOLE == 0 else round(parts / _WHOLE, 3)
 
 
 def _disk_view(m: Machine) -> dict:

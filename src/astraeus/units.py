@@ -117,12 +117,16 @@ def check_mig_profile(profile: str) -> str:
     return profile
 
 
+def mig_slices(profile: str) -> int:
+    """A MIG device's compute slices of its GPU's seven: N for a profile "Ng.*" (all seven for a name unknown)."""
+    m = MIG_PROFILE.match(profile)
+    return int(m.group(1)) if m else MIG_SLICES
+
+
 def mig_milli(profile: str, count: int = 1) -> int:
     """The thousandths of a GPU `count` MIG devices of `profile` count for in quotas and usage: N/7 of a GPU each
     for a profile "Ng.*" (its compute slices of the GPU's seven)."""
-    m = MIG_PROFILE.match(profile)
-    slices = int(m.group(1)) if m else MIG_SLICES
-    return max(1, round(count * slices * 1000 / MIG_SLICES))
+    return max(1, round(count * mig_slices(profile) * 1000 / MIG_SLICES))
 
 
 # --- GPUs as the views show them (astra and the console alike) ---------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from astraeus import units
 from astraeus.scheduler import gpushare
 from astraeus.server import lifecycle
 from astraeus.server.db import (
@@ -53,8 +54,7 @@ def machines_view(session: Session, cluster_ids: list[int], machines: list[Machi
         if mig:
             mig_used.setdefault(mid, []).extend(mig)
             for g, profile, _ in mig:  # by compute slices, so that a GPU's seven 1g devices make one whole
-                slices = gpushare.MIG_PROFILE.match(profile)
-                on[g] = on.get(g, 0) + (int(slices.group(1)) if slices else gpushare.MIG_SLICES) * _SLICE
+                on[g] = on.get(g, 0) + units.mig_slices(profile) * _SLICE
         else:
             for g in idx or []:  # a fractional worker's share of its one GPU, else each GPU whole
                 on[g] = on.get(g, 0) + (milli or gpushare.FULL) * _MILLI

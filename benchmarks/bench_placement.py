@@ -33,13 +33,15 @@ def with_fractions_and_topology(snap, seed: int = 11, fractions: bool = True):
                                                                         RACK: f"r{k // 64:03d}"}).items())))
                      for k, m in enumerate(snap.machines))
     waiting = []
+    shared = {}  # equal workers and selections are one object each, as the control plane gives them
     for r in snap.waiting:
         if len(r.workers) == 1 and rnd.random() < 0.1 and fractions:
             w = r.workers[0]
-            r = replace(r, workers=(replace(w, gpus=rnd.choice([0.25, 0.5, 0.75]), cpu_cores=2.0,
-                                            memory_bytes=8 << 30),))
+            ws = (replace(w, gpus=rnd.choice([0.25, 0.5, 0.75]), cpu_cores=2.0, memory_bytes=8 << 30),)
+            r = replace(r, workers=shared.setdefault(ws, ws))
         elif len(r.workers) > 1 and rnd.random() < 0.5:
-            r = replace(r, node_selection=replace(r.node_selection, topology_same="block"))
+            sel = replace(r.node_selection, topology_same="block")
+            r = replace(r, node_selection=shared.setdefault(sel, sel))
         waiting.append(r)
     return replace(snap, machines=machines, waiting=tuple(waiting))
 

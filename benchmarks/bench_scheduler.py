@@ -101,11 +101,13 @@ def make_cluster(machines: int, running: int, waiting: int, seed: int = 7, const
     # per distinct selection in a snapshot, 67400b9); until the fourth round each run had its own.
     any_machine = NodeSelection()
     runs = []
+    shared = {}  # and one workers tuple per distinct shape, as the control plane interns them too
     for k in range(waiting):
         gang = rnd.random() < 0.05
         count = rnd.choice([2, 4]) if gang else 1
         gpus = 8 if gang else rnd.choice([1, 1, 1, 2, 4, 8])
         reqs = tuple(WorkerRequest(i, gpus, 8 * gpus, 64 * GIB * gpus) for i in range(count))
+        reqs = shared.setdefault(reqs, reqs)
         sel = any_machine
         if selections and k % 3 == 0:  # a third of the runs, spread over the queue
             sel = selections[rnd.randrange(len(selections))]

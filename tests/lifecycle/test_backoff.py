@@ -164,7 +164,7 @@ def test_the_loop_does_not_place_a_worker_still_backing_off(world):
     world.s.flush()
     plan = sched.Plan(starts=(sched.StartRun(run="r", placements=(sched.Placement(
         worker_index=0, machine="gpu-01", gpu_indices=(0,), cpu_cores=1.0, memory_bytes=0),)),))
-    lookups = loop.Lookups(runs={"r": run.id}, machines={"gpu-01": world.machines["gpu-01"].id}, selections={},
+    lookups = loop.Lookups(runs={"r": run.id}, machines={"gpu-01": world.machines["gpu-01"].id}, interned={},
                            max_run_id=run.id, queue_reasons={}, why_not={}, workers={})
     touched, skipped = loop.apply_plan(world.s, plan, lookups, T0 + 5)
     assert (touched, skipped, run.workers[0].state) == (set(), True, "Pending")

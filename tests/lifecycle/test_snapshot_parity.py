@@ -13,9 +13,9 @@ from tests.lifecycle.rows import T0, World, exits, place, running
 
 
 def lookups_of(lk: loop.Lookups) -> dict:
-    """The lookups as plain data (the selections compared by value, the keys by their text and run)."""
+    """The lookups as plain data (the interned selections and workers compared by value, the keys by their text and run)."""
     d = {f.name: getattr(lk, f.name) for f in fields(lk)}
-    d["selections"] = sorted(map(repr, lk.selections))
+    d["interned"] = sorted(map(repr, lk.interned))
     d["shared"] = sorted((str(k), k.run_id) for k in lk.shared)
     d["runs"] = {(str(k), getattr(k, "run_id", v)): v for k, v in lk.runs.items()}
     return d
@@ -95,3 +95,22 @@ def test_a_name_another_workspace_uses_needs_the_full_read_whose_keys_tell_them_
     # each key names its own run, and the words of a plan show the name alone
     assert {k.run_id for k in lk.runs} == set(lk.runs.values())
     assert lk.shown("Queued behind train@ws-ba9876543210, which starts") == "Queued behind train, which starts"
+
+
+def test_equal_workers_and_selections_are_one_object_in_the_snapshot(world):
+    """A cycle reads every waiting run's workers and selection: runs that ask the same share one object (read from
+    the cache run after run), on the full read and on a kept snapshot extended alike."""
+    at = T0 + 1
+    world.run("a")
+    world.run("b")
+    world.run("gang", workers=2)
+    snap, lk = fresh(world, at)
+    a, b, gang = sorted(snap.waiting, key=lambda r: str(r.name))
+    assert a.workers == b.workers and a.workers is b.workers
+    assert a.node_selection is b.node_selection is gang.node_selection
+    assert gang.workers is not a.workers and len(gang.workers) == 2
+
+    world.run("c")
+    snap2, _ = extended(world, loop.Kept(snap, lk, at))
+    c = next(r for r in snap2.waiting if str(r.name) == "c")
+    assert c.workers is a.workers and c.node_selection is a.node_selection

@@ -67,11 +67,12 @@ class Lookups:
     """What the apply step needs to find a snapshot's rows again (under the state lock, in its own session) and to
     write only what changed: ids by the scheduler's keys, and the reasons and per-machine lines the snapshot saw
     (`queue_reasons` and `why_not` are brought up to date by each apply: a kept snapshot's next apply writes only
-    what changes again). `selections` and `max_run_id`: for Kept.extend."""
+    what changes again). `interned` and `max_run_id`: for Kept.extend."""
 
     runs: dict[str, int]  # RunKey -> run id
     machines: dict[str, int]  # machine name -> id
-    selections: dict[sched.NodeSelection, sched.NodeSelection]
+    # One object per distinct node selection and per distinct workers tuple of the waiting runs (`waiting_run`)
+    interned: dict
     max_run_id: int
     queue_reasons: dict[str, str]  # RunKey -> the run's queue reason
     why_not: dict[str, list]  # "<run key>-<index>" of each waiting worker -> its per-machine lines
@@ -112,7 +113,7 @@ class Offer:
 
 
 def waiting_of(run: RunRow, key: RunKey, ns: str, offer: Offer, active: bool,
-               selections: dict) -> sched.WaitingRun | None:
+               interned: dict) -> sched.WaitingRun | None:
     """The run's waiting workers as the snapshot offers them (None: none to offer): not while a gang still holds
     room (it is queued again only once none of its workers still stops), nor a worker backing off after a failure
     (a gang waits for the latest restart_at of its workers). Shared by the full read and Kept.extend."""
@@ -141,7 +142,7 @@ def waiting_of(run: RunRow, key: RunKey, ns: str, offer: Offer, active: bool,
                                           keeper)
             if why:
                 excluded.append((m.name, why))
-    return waiting_run(run, key, ns, pending, excluded, offer.deps.get(run.id), selections, offer.machines)
+    return waiting_run(run, key, ns, pending, excluded, offer.deps.get(run.id), interned, offer.machines)
 
 
 def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) -> tuple[sched.Snapshot, Lookups]:
@@ -191,7 +192,7 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
     offer = Offer(at, tuple(machines), drives, facts, deps)
     running: list[sched.RunningUnit] = []
     waiting: list[sched.WaitingRun] = []
-    selections: dict[sched.NodeSelection, sched.NodeSelection] = {}
+    interned: dict = {}
     for run in runs:
         ns = wss[run.workspace_id].ns
         key = keys[run.id]
@@ -199,7 +200,7 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
         independent = run.spec.get("start") == "Independent"
         for g in [[w] for w in active] if independent else ([active] if active else []):
             running.append(running_unit(run, key, ns, g, mby_id))
-        offered = waiting_of(run, key, ns, offer, bool(active), selections)
+        offered = waiting_of(run, key, ns, offer, bool(active), interned)
         if offered is not None:
             waiting.append(offered)
     workspaces = []
@@ -218,7 +219,7 @@ def build_snapshot(session: Session, cluster: Cluster, at: float | None = None) 
                           victims=getattr(cluster, "preemption_victims", None) or "recent",
                           gpu_sharing=getattr(cluster, "gpu_sharing", None) or "workspace",
                           placement=getattr(cluster, "placement", None) or "bestfit")
-    lookups = Lookups(runs={}, machines={m.name: m.id for m in machines}, selections=selections, max_run_id=0,
+    lookups = Lookups(runs={}, machines={m.name: m.id for m in machines}, interned=interned, max_run_id=0,
                       queue_reasons={}, why_not={}, workers={})
     return snap, lookups.plus(runs, keys)
 
@@ -270,15 +271,16 @@ def _last_checkpoint(group: list[WorkerRow]) -> float | None:
 
 
 def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependency: sched.Dependency | None,
-                selections: dict, machines=()) -> sched.WaitingRun:
+                interned: dict, machines=()) -> sched.WaitingRun:
     """A waiting run of the snapshot (its `pending` workers), from its row (live_runs)."""
     tt = run.spec["task_template"]
     sel = tt.get("requested_resources", {}).get("node_selection") or {}
     gpu_requests = tt.get("requested_resources", {}).get("gpu_requests") or {}
     gpu_memory = gpu_requests.get("memory_bytes") or 0
     mig = gpu_requests.get("mig")  # issue 46: `count` MIG devices of this profile on one machine
-    # one object per distinct selection: the scheduler keeps a selection's answer (its machines, buckets,
-    # never-fits) and settles the runs behind the head by the object, so equal selections share it
+    # one object per distinct selection (and workers tuple, below): the scheduler keeps a selection's answer (its
+    # machines, buckets, never-fits) by the object, and a cycle reads every waiting run's selection and workers:
+    # shared objects are read from the cache, not from memory, run after run
     selection = sched.NodeSelection(mode=sel.get("mode", "Any"), names=tuple(sel.get("names") or ()),
                                     labels=tuple(sorted((sel.get("labels") or {}).items())),
                                     pools=tuple(sel.get("pools") or ()),
@@ -287,15 +289,16 @@ def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependenc
                                     reservation=sel.get("reservation"),
                                     topology_same=(sel.get("topology") or {}).get("same"),
                                     gpu_memory=gpu_memory or None, mig=mig)
-    selection = selections.setdefault(selection, selection)
+    selection = interned.setdefault(selection, selection)
     independent = run.spec.get("start") == "Independent"
+    workers = tuple(sched.WorkerRequest(index=w.index, gpus=(gpu_share_asked(gpu_memory, machines) if gpu_memory
+                                                             else w.gpu_milli / 1000 if w.gpu_milli else w.gpus),
+                                        cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
+                                        gpu_memory_bytes=gpu_memory, mig=mig or "",
+                                        mig_count=gpu_requests.get("count", 0) if mig else 0) for w in pending)
     return sched.WaitingRun(
         name=key, workspace=ns, priority=run.priority, submitted_at=run.created_at,
-        workers=tuple(sched.WorkerRequest(index=w.index, gpus=(gpu_share_asked(gpu_memory, machines) if gpu_memory
-                                                               else w.gpu_milli / 1000 if w.gpu_milli else w.gpus),
-                                          cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
-                                          gpu_memory_bytes=gpu_memory, mig=mig or "",
-                                          mig_count=gpu_requests.get("count", 0) if mig else 0) for w in pending),
+        workers=interned.setdefault(workers, workers),
         start="Independent" if independent else "Gang", time_limit_seconds=tt.get("time_limit_seconds"),
         node_selection=selection,
         excluded_machines=tuple(excluded), quota_noted=run.quota_noted,
@@ -347,7 +350,7 @@ class Kept:
                     or any(w.state != lifecycle.WorkerState.PENDING or w.restart_at for w in run.workers)):
                 return None
             names.add(run.name)
-            waiting.append(waiting_of(run, RunKey(run.id, run.name), ns, offer, False, lookups.selections))
+            waiting.append(waiting_of(run, RunKey(run.id, run.name), ns, offer, False, lookups.interned))
         lookups = lookups.plus(new, {r.id: RunKey(r.id, r.name) for r in new})
         return replace(self.snap, waiting=self.snap.waiting + tuple(waiting)), lookups
 

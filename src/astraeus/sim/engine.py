@@ -52,6 +52,7 @@ _END, _GRACE_END, _ARRIVAL = 0, 1, 2
 # A plan that keeps changing state at one virtual time (each change triggering another plan) is a bug in
 # the scheduler or here; 1,000 plans at one instant is far beyond any real cascade of starts and stops.
 _MAX_PLANS_AT_ONE_TIME = 1000
+_ANY = NodeSelection()  # the selection of a task that names no machines
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,7 @@ class Simulator:
         if len(self.states) != len(trace.tasks):
             raise ValueError("task names must be unique")
         self.waiting: dict[str, WaitingRun] = {}
+        self._interned: dict = {}  # `_waiting_run`'s shared workers and selections
         self.running: dict[str, RunningUnit] = {}
         # The simulator's own books, to check each placement: GPU indices, CPU and memory in use per machine.
         self.gpus_used: dict[str, set[int]] = {m.name: set() for m in self.machines}
@@ -149,19 +151,19 @@ class Simulator:
         heapq.heappush(self.events, (when, self._seq, kind, name, attempt))
 
     def _waiting_run(self, task: Task) -> WaitingRun:
+        # Equal workers and selections are one object each, as the control plane gives them (server/loop.waiting_run)
+        interned = self._interned
+        workers = (WorkerRequest(index=0, gpus=task.gpus, cpu_cores=task.cpu_cores, memory_bytes=task.memory_bytes),)
+        sel = NodeSelection(mode="Names", names=task.machine_names) if task.machine_names is not None else _ANY
         return WaitingRun(
             name=task.name,
             workspace=task.workspace,
             priority=task.priority,
             submitted_at=task.submit_time,
-            workers=(WorkerRequest(index=0, gpus=task.gpus, cpu_cores=task.cpu_cores, memory_bytes=task.memory_bytes),),
+            workers=interned.setdefault(workers, workers),
             start="Gang",
             time_limit_seconds=task.time_limit,
-            node_selection=(
-                NodeSelection(mode="Names", names=task.machine_names)
-                if task.machine_names is not None
-                else NodeSelection()
-            ),
+            node_selection=interned.setdefault(sel, sel),
         )
 
     def _arrive(self, name: str, now: float) -> None:

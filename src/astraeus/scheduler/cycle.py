@@ -174,6 +174,9 @@ class Cycle:
         # Notes made once runs may be settled in bulk, with the run's order key: (-priority, share, submitted,
         # name, workspace); sorted by it, they follow `quota_notes` in queue order.
         self.keyed_notes: list[tuple] = []
+        # Where each batch of keyed notes begins (one `settle` call's, or one `_note`'s): each batch is in queue
+        # order, so the notes are when every batch's first follows the one before it (`_notes` sorts only if not).
+        self.note_batches: list[int] = []
         self.unstarted: list[tuple[Unstarted, int]] = []  # the first runs left waiting: they get why-not lines
         limit = snapshot.why_not_limit
         self.keep = len(snapshot.waiting) if limit is None else max(limit, 0)
@@ -463,6 +466,7 @@ class Cycle:
     def _note(self, run: WaitingRun, message: str) -> None:
         batch = self.batch
         if batch is not None and batch.on:
+            self.note_batches.append(len(self.keyed_notes))
             self.keyed_notes.append((-run.priority, batch.share, run.submitted_at, run.name, run.workspace, message))
         else:
             self.quota_notes.append(QuotaReached(run.name, run.workspace, message))
@@ -474,8 +478,10 @@ class Cycle:
         if not keyed:
             return tuple(self.quota_notes)
         # The tuples themselves compared (no key tuple made per note; a run name and workspace come once), the notes
-        # made at C speed.
-        return (*self.quota_notes, *map(_note_of, map(_note_fields, sorted(keyed))))
+        # made at C speed; sorted only when some batch begins before the end of the one before it.
+        if any(keyed[k - 1] > keyed[k] for k in self.note_batches if k):
+            keyed = sorted(keyed)
+        return (*self.quota_notes, *map(_note_of, map(_note_fields, keyed)))
 
     def settle(self, lst: list[WaitingRun], share: float) -> bool:
         """Behind the head, once the why-not runs are found: take from the end of `lst` (next run last) the runs
@@ -492,6 +498,7 @@ class Cycle:
         reasons = self.reasons
         keyed = self.keyed_notes
         append = keyed.append
+        first_note = len(keyed)
         vb_of = self._view_b
         gangs = self.settle_gangs
         ws = lst[-1].workspace if lst else None
@@ -537,6 +544,8 @@ class Cycle:
             j -= 1
         if j == len(lst):
             return False
+        if len(keyed) > first_note:
+            self.note_batches.append(first_note)
         del lst[j:]
         return True
 

@@ -196,6 +196,7 @@ class Cycle:
         self.batch = Batch(self.settle) if paths.batch and snap.fair_share and not snap.fifo and self.all_plain else None
         self._view_b: dict[float | None, bool] = {}  # time limit -> view B, behind the head
         self._settle_keys: dict[int, int] = {}  # id(NodeSelection) -> its allowed key in `settle` (`_settle_key`)
+        self._settle_memo: dict[tuple, tuple] = {}  # (id(workers), id(selection), time limit) -> `settle`'s key
         self._missed: WaitingRun | None = None  # the run `settle` last found no outcome for
         self.reservation_stops: list[StopUnit] = []
         # Running work as preemption and the shadow time see it: units stopped for a reservation are stopping.
@@ -492,52 +493,43 @@ class Cycle:
         runs before them are handled (so its usage, and `settled`, are as they will be then), and free room only
         shrinks. Returns True when it took any."""
         settled_of = self.settled
-        settle_keys = self._settle_keys
         running_runs = self.running_runs
         user_limits = self.user_limits
         reasons = self.reasons
         keyed = self.keyed_notes
         append = keyed.append
         first_note = len(keyed)
-        vb_of = self._view_b
-        gangs = self.settle_gangs
         ws = lst[-1].workspace if lst else None
         settled = settled_of.get(ws)
         j = len(lst)
+        memo = self._settle_memo
         while j:
             run = lst[j - 1]
             if (run.dependency is not None or run.array is not None or run.excluded_machines
                     or (user_limits and run.user is not None and run.workspace in user_limits)):
                 break
-            workers = run.workers
-            one = len(workers) == 1
-            if not one and (run.start != "Gang" or not gangs):
-                break
             if run.workspace is not ws:
                 ws = run.workspace  # the merged runs of workspaces without a quota
                 settled = settled_of.get(ws)
-            if not settled or run.name in running_runs:
+            if not settled:
                 break
-            sel = run.node_selection
-            allowed_key = settle_keys.get(id(sel))  # the selection objects live all the cycle: ids are theirs
-            if allowed_key is None:
-                allowed_key = self._settle_key(sel)
-                if allowed_key is None:
+            # The run's key in `settled` by its workers, selection and time limit (the objects live all the cycle:
+            # ids are theirs; the allowed key and view are fixed once the head is known)
+            workers, sel, tl = run.workers, run.node_selection, run.time_limit_seconds
+            mk = (id(workers), id(sel), tl)
+            sk = memo.get(mk)
+            if sk is None:
+                sk = self._settle_memo_key(workers, sel, tl, run.start)
+                if sk is None:
                     break
-            tl = run.time_limit_seconds
-            view_b = vb_of.get(tl)
-            if view_b is None:
-                view_b = self._view_b_for(tl)
-            if one:
-                w0 = workers[0]
-                outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
-            else:  # a gang: keyed by its sorted shapes, as `place` keeps it
-                outcome = settled.get((tuple(sorted([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])),
-                                       allowed_key, view_b, sel.topology_same))
+                memo[mk] = sk
+            name = run.name
+            if name in running_runs:
+                break
+            outcome = settled.get(sk)
             if outcome is None:
                 self._missed = run  # `behind` would look it up in vain again
                 break
-            name = run.name
             reasons[name] = outcome[0]
             if outcome[1] is not None and not run.quota_noted:  # its note, made by `_notes`
                 append((-run.priority, share, run.submitted_at, name, ws, outcome[1]))
@@ -548,6 +540,25 @@ class Cycle:
             self.note_batches.append(first_note)
         del lst[j:]
         return True
+
+    def _settle_memo_key(self, workers, sel, tl, start: str) -> tuple | None:
+        """`settle`'s key in `settled` for runs of these workers, selection and time limit (as `place` keeps their
+        outcome), or None when such a run is never settled (an independent run of many workers, a selection
+        `place` must look up)."""
+        one = len(workers) == 1
+        if not one and (start != "Gang" or not self.settle_gangs):
+            return None
+        allowed_key = self._settle_keys.get(id(sel))
+        if allowed_key is None:
+            allowed_key = self._settle_key(sel)
+            if allowed_key is None:
+                return None
+        view_b = self._view_b_for(tl)
+        if one:
+            w0 = workers[0]
+            return (w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b)
+        return (tuple(sorted([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])), allowed_key, view_b,
+                sel.topology_same)
 
     def _view_b_for(self, time_limit: float | None) -> bool:
         """Behind the head: does a run with this time limit see view B (the room less the head's hold)? Only one whose

@@ -164,6 +164,24 @@ def test_the_fast_path_gives_the_plan_of_the_plain_path_on_plain_queues(switch, 
     assert plan(snap, NOW) == plan(snap, NOW, _off(switch))
 
 
+def test_quota_notes_settled_in_batches_that_interleave_come_in_queue_order():
+    """Behind the head, two workspaces at the same share (each with a quota, nothing in use) take turns in the
+    queue by submission; the batch path settles each one's runs together, so its notes are put back in queue order
+    (`Cycle._notes`), as the plain path makes them one by one."""
+    machines = (Machine("m00", 4, 32, 256 * GIB),)
+    spaces = (Workspace(SPACES[0], "a", Quota(gpus=2)), Workspace(SPACES[1], "b", Quota(gpus=2)),
+              Workspace(SPACES[2], "c"))
+    busy = RunningUnit("busy", SPACES[2], 0, NOW - 60, HOUR, (PlacedWorker("busy-0", 0, "m00", (0, 1), 4, GIB),))
+    four = (WorkerRequest(0, 4, 1, GIB),)
+    head = WaitingRun("head", SPACES[2], 10, NOW - 100, four)
+    waiting = [head] + [WaitingRun(f"r{k}", SPACES[k % 2], 0, NOW - 50 + k, four) for k in range(12)]
+    snap = Snapshot("c", machines, (busy,), tuple(waiting), spaces, why_not_limit=1)
+    fast, plain = plan(snap, NOW), plan(snap, NOW, PLAIN)
+    assert fast.head == "head" and not fast.starts
+    assert [n.run for n in fast.quota_reached] == [f"r{k}" for k in range(12)]
+    assert fast.quota_reached == plain.quota_reached and fast == plain
+
+
 @SETTINGS
 @given(restricted_snapshots())
 def test_why_not_lines_of_restricted_runs_equal_the_machine_by_machine_reference(snap):

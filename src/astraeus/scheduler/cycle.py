@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from operator import attrgetter, is_not
 
 from . import reasons as R
 from .cluster import Cluster, by_worker_index
@@ -51,8 +51,8 @@ from .whynot import Unstarted, WhyNot
 
 _UNSET = object()
 _EMPTY: frozenset[int] = frozenset()
-# A keyed note: (-priority, share, submitted, name, workspace, message); its note made from the last three.
-_note_of, _note_fields = partial(tuple.__new__, QuotaReached), itemgetter(3, 4, 5)
+# A quota note made at C speed from (run, workspace, message)
+_note_of = partial(tuple.__new__, QuotaReached)
 _unit_run, _unit_array = attrgetter("run"), attrgetter("array")
 
 
@@ -159,6 +159,11 @@ def _plan(snapshot: Snapshot, now: float, paths: Paths = FAST) -> Plan:
     return cycle.result()
 
 
+def _order_key(run: WaitingRun, share: float) -> tuple:
+    """A run's place in the queue, with the share its workspace had when the queue yielded it."""
+    return (-run.priority, share, run.submitted_at, run.name, run.workspace)
+
+
 class Cycle:
     """What one cycle knows: the room, each workspace's usage, the head, and the plan so far."""
 
@@ -171,12 +176,13 @@ class Cycle:
         self.stops: list[StopUnit] = []
         self.reasons: dict[str, str] = {}
         self.quota_notes: list[QuotaReached] = []
-        # Notes made once runs may be settled in bulk, with the run's order key: (-priority, share, submitted,
-        # name, workspace); sorted by it, they follow `quota_notes` in queue order.
-        self.keyed_notes: list[tuple] = []
-        # Where each batch of keyed notes begins (one `settle` call's, or one `_note`'s): each batch is in queue
-        # order, so the notes are when every batch's first follows the one before it (`_notes` sorts only if not).
-        self.note_batches: list[int] = []
+        # Notes made once runs may be settled in bulk, and their runs; sorted by the runs' order key (-priority,
+        # share, submitted, name, workspace), they follow `quota_notes` in queue order. Each batch of them (one
+        # `settle` call's, or one `_note`'s: (where it begins, the share its runs had)) is in queue order, so all
+        # are when every batch's first run comes after the one before it (`_notes` sorts only if not).
+        self.bulk_notes: list[QuotaReached] = []
+        self.bulk_runs: list[WaitingRun] = []
+        self.note_batches: list[tuple[int, float]] = []
         self.unstarted: list[tuple[Unstarted, int]] = []  # the first runs left waiting: they get why-not lines
         limit = snapshot.why_not_limit
         self.keep = len(snapshot.waiting) if limit is None else max(limit, 0)
@@ -467,22 +473,28 @@ class Cycle:
     def _note(self, run: WaitingRun, message: str) -> None:
         batch = self.batch
         if batch is not None and batch.on:
-            self.note_batches.append(len(self.keyed_notes))
-            self.keyed_notes.append((-run.priority, batch.share, run.submitted_at, run.name, run.workspace, message))
+            self.note_batches.append((len(self.bulk_notes), batch.share))
+            self.bulk_notes.append(_note_of((run.name, run.workspace, message)))
+            self.bulk_runs.append(run)
         else:
             self.quota_notes.append(QuotaReached(run.name, run.workspace, message))
 
     def _notes(self) -> tuple[QuotaReached, ...]:
         """The quota notes in queue order: those made before runs were settled in bulk, then the others by their
         runs' order key (the order the queue yields them in)."""
-        keyed = self.keyed_notes
-        if not keyed:
+        bulk = self.bulk_notes
+        if not bulk:
             return tuple(self.quota_notes)
-        # The tuples themselves compared (no key tuple made per note; a run name and workspace come once), the notes
-        # made at C speed; sorted only when some batch begins before the end of the one before it.
-        if any(keyed[k - 1] > keyed[k] for k in self.note_batches if k):
-            keyed = sorted(keyed)
-        return (*self.quota_notes, *map(_note_of, map(_note_fields, keyed)))
+        runs, batches = self.bulk_runs, self.note_batches
+        if any(_order_key(runs[k - 1], batches[b - 1][1]) > _order_key(runs[k], share)
+               for b, (k, share) in enumerate(batches) if b):
+            shares = [0.0] * len(bulk)
+            for b, (k, share) in enumerate(batches):
+                end = batches[b + 1][0] if b + 1 < len(batches) else len(bulk)
+                shares[k:end] = [share] * (end - k)
+            order = sorted(range(len(bulk)), key=lambda k: _order_key(runs[k], shares[k]))
+            bulk = [bulk[k] for k in order]
+        return (*self.quota_notes, *bulk)
 
     def settle(self, lst: list[WaitingRun], share: float) -> bool:
         """Behind the head, once the why-not runs are found: take from the end of `lst` (next run last) the runs
@@ -496,9 +508,9 @@ class Cycle:
         running_runs = self.running_runs
         user_limits = self.user_limits
         reasons = self.reasons
-        keyed = self.keyed_notes
-        append = keyed.append
-        first_note = len(keyed)
+        bulk = self.bulk_notes
+        append, noted = bulk.append, self.bulk_runs.append
+        first_note = len(bulk)
         ws = lst[-1].workspace if lst else None
         settled = settled_of.get(ws)
         j = len(lst)
@@ -532,12 +544,13 @@ class Cycle:
                 break
             reasons[name] = outcome[0]
             if outcome[1] is not None and not run.quota_noted:  # its note, made by `_notes`
-                append((-run.priority, share, run.submitted_at, name, ws, outcome[1]))
+                append(_note_of((name, ws, outcome[1])))
+                noted(run)
             j -= 1
         if j == len(lst):
             return False
-        if len(keyed) > first_note:
-            self.note_batches.append(first_note)
+        if len(bulk) > first_note:
+            self.note_batches.append((first_note, share))
         del lst[j:]
         return True
 

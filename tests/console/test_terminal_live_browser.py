@@ -37,11 +37,14 @@ def test_the_terminal_comes_in_when_the_worker_starts_and_survives_refreshes(bro
         expect(status).to_have_text("not connected")
         page.click("button:has-text('Open a shell')")
         expect(status).to_have_text("connected")
+        # the shell's prompt first, as test_terminal_browser waits for it; the answer within 20 s, not Playwright's
+        # 5: under the whole suite's load on 2 cores the `42` once took longer
+        expect(page.locator("#terminal .xterm-rows")).to_contain_text("$", timeout=20_000)
         page.locator("#terminal").click()
         page.keyboard.type("echo $((6*7))")
         page.keyboard.press("Enter")
         lines = page.locator("#terminal .xterm-rows > div")
-        expect(lines.filter(has_text=re.compile(r"^\s*42\s*$"))).to_have_count(1)
+        expect(lines.filter(has_text=re.compile(r"^\s*42\s*$"))).to_have_count(1, timeout=20_000)
         # the live part is replaced (its "ago" changes); the shell stays open, the same one session
         page.evaluate("""() => { window.__refreshes = 0;
             new MutationObserver(() => { window.__refreshes++; })

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_scheduler import cycle_figures, make_cluster  # noqa: E402
 
+from astraeus.scheduler import interned_workers  # noqa: E402
 from astraeus.scheduler.topology import BLOCK, RACK  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def with_fractions_and_topology(snap, seed: int = 11, fractions: bool = True):
         if len(r.workers) == 1 and rnd.random() < 0.1 and fractions:
             w = r.workers[0]
             ws = (replace(w, gpus=rnd.choice([0.25, 0.5, 0.75]), cpu_cores=2.0, memory_bytes=8 << 30),)
-            r = replace(r, workers=shared.setdefault(ws, ws))
+            r = replace(r, workers=interned_workers(shared, ws))
         elif len(r.workers) > 1 and rnd.random() < 0.5:
             sel = replace(r.node_selection, topology_same="block")
             r = replace(r, node_selection=shared.setdefault(sel, sel))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from astraeus import scheduler as sched
 from astraeus.server import lifecycle as L
 from astraeus.server import loop
 from astraeus.server.db import Workspace
@@ -114,3 +115,15 @@ def test_equal_workers_and_selections_are_one_object_in_the_snapshot(world):
     snap2, _ = extended(world, loop.Kept(snap, lk, at))
     c = next(r for r in snap2.waiting if str(r.name) == "c")
     assert c.workers is a.workers and c.node_selection is a.node_selection
+
+
+def test_a_share_of_one_gpu_is_never_interned_as_the_whole_gpu():
+    """1.0 == 1 in Python, but a worker asking a share (a float) is placed on a shared GPU and one asking a whole GPU
+    (an int) is not: equal-looking workers of the two kinds stay two objects."""
+    interned: dict = {}
+    whole = (sched.WorkerRequest(0, 1, 4.0, 1 << 30),)
+    share = (sched.WorkerRequest(0, 1.0, 4.0, 1 << 30),)
+    assert sched.interned_workers(interned, whole) is whole
+    assert sched.interned_workers(interned, share) is share
+    assert sched.interned_workers(interned, (sched.WorkerRequest(0, 1, 4.0, 1 << 30),)) is whole
+    assert sched.interned_workers(interned, (sched.WorkerRequest(0, 1.0, 4, 1 << 30),)) is share

@@ -27,6 +27,7 @@ from .model import (
     WaitingRun,
     WorkerRequest,
     Workspace,
+    interned_workers,
 )
 from .whatif import WhatIf, answer, what_if
 
@@ -51,6 +52,7 @@ __all__ = [
     "WorkerRequest",
     "Workspace",
     "answer",
+    "interned_workers",
     "plan",
     "what_if",
 ]

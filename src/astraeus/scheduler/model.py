@@ -313,3 +313,11 @@ def start_run(run: str, placements: tuple[Placement, ...], backfilled: bool) -> 
     _st_placements(s, placements)
     _st_backfilled(s, backfilled)
     return s
+
+
+def interned_workers(interned: dict, workers: tuple[WorkerRequest, ...]) -> tuple[WorkerRequest, ...]:
+    """One object for equal workers tuples of a snapshot's waiting runs (a cycle reads every run's workers: shared
+    ones are read from the cache). Keyed with their GPUs' types too: a share of 1.0 is not the whole GPU 1, though
+    the two compare equal."""
+    key = ("workers", workers, tuple(w.gpus.__class__ for w in workers))
+    return interned.setdefault(key, workers)

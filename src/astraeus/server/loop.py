@@ -298,7 +298,7 @@ def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependenc
                                         mig_count=gpu_requests.get("count", 0) if mig else 0) for w in pending)
     return sched.WaitingRun(
         name=key, workspace=ns, priority=run.priority, submitted_at=run.created_at,
-        workers=interned.setdefault(workers, workers),
+        workers=sched.interned_workers(interned, workers),
         start="Independent" if independent else "Gang", time_limit_seconds=tt.get("time_limit_seconds"),
         node_selection=selection,
         excluded_machines=tuple(excluded), quota_noted=run.quota_noted,

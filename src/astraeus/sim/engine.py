@@ -42,6 +42,7 @@ from astraeus.scheduler.model import (
     WaitingRun,
     WorkerRequest,
     Workspace,
+    interned_workers,
 )
 from astraeus.sim.trace import Task, Trace
 
@@ -160,7 +161,7 @@ class Simulator:
             workspace=task.workspace,
             priority=task.priority,
             submitted_at=task.submit_time,
-            workers=interned.setdefault(workers, workers),
+            workers=interned_workers(interned, workers),
             start="Gang",
             time_limit_seconds=task.time_limit,
             node_selection=interned.setdefault(sel, sel),

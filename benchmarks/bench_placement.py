@@ -38,8 +38,7 @@ def with_fractions_and_topology(snap, seed: int = 11, fractions: bool = True):
     for r in snap.waiting:
         if len(r.workers) == 1 and rnd.random() < 0.1 and fractions:
             w = r.workers[0]
-            ws = (replace(w, gpus=rnd.choice([0.25, 0.5, 0.75]), cpu_cores=2.0, memory_bytes=8 << 30),)
-            r = replace(r, workers=interned_workers(shared, ws))
+            r = replace(r, workers=interned_workers(shared, ((w.index, rnd.choice([0.25, 0.5, 0.75]), 2.0, 8 << 30),)))
         elif len(r.workers) > 1 and rnd.random() < 0.5:
             sel = replace(r.node_selection, topology_same="block")
             r = replace(r, node_selection=shared.setdefault(sel, sel))

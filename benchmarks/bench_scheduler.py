@@ -107,8 +107,7 @@ def make_cluster(machines: int, running: int, waiting: int, seed: int = 7, const
         gang = rnd.random() < 0.05
         count = rnd.choice([2, 4]) if gang else 1
         gpus = 8 if gang else rnd.choice([1, 1, 1, 2, 4, 8])
-        reqs = tuple(WorkerRequest(i, gpus, 8 * gpus, 64 * GIB * gpus) for i in range(count))
-        reqs = interned_workers(shared, reqs)
+        reqs = interned_workers(shared, tuple((i, gpus, 8 * gpus, 64 * GIB * gpus) for i in range(count)))
         sel = any_machine
         if selections and k % 3 == 0:  # a third of the runs, spread over the queue
             sel = selections[rnd.randrange(len(selections))]

@@ -119,11 +119,11 @@ def test_equal_workers_and_selections_are_one_object_in_the_snapshot(world):
 
 def test_a_share_of_one_gpu_is_never_interned_as_the_whole_gpu():
     """1.0 == 1 in Python, but a worker asking a share (a float) is placed on a shared GPU and one asking a whole GPU
-    (an int) is not: equal-looking workers of the two kinds stay two objects."""
+    (an int) is not: equal-looking asks of the two kinds give two objects."""
     interned: dict = {}
-    whole = (sched.WorkerRequest(0, 1, 4.0, 1 << 30),)
-    share = (sched.WorkerRequest(0, 1.0, 4.0, 1 << 30),)
-    assert sched.interned_workers(interned, whole) is whole
-    assert sched.interned_workers(interned, share) is share
-    assert sched.interned_workers(interned, (sched.WorkerRequest(0, 1, 4.0, 1 << 30),)) is whole
-    assert sched.interned_workers(interned, (sched.WorkerRequest(0, 1.0, 4, 1 << 30),)) is share
+    whole = sched.interned_workers(interned, ((0, 1, 4.0, 1 << 30),))
+    share = sched.interned_workers(interned, ((0, 1.0, 4.0, 1 << 30),))
+    assert whole == (sched.WorkerRequest(0, 1, 4.0, 1 << 30),) and whole[0].gpus.__class__ is int
+    assert share[0].gpus.__class__ is float and share is not whole
+    assert sched.interned_workers(interned, ((0, 1, 4.0, 1 << 30),)) is whole
+    assert sched.interned_workers(interned, ((0, 1.0, 4.0, 1 << 30),)) is share

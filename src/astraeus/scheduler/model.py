@@ -315,9 +315,13 @@ def start_run(run: str, placements: tuple[Placement, ...], backfilled: bool) -> 
     return s
 
 
-def interned_workers(interned: dict, workers: tuple[WorkerRequest, ...]) -> tuple[WorkerRequest, ...]:
-    """One object for equal workers tuples of a snapshot's waiting runs (a cycle reads every run's workers: shared
-    ones are read from the cache). Keyed with their GPUs' types too: a share of 1.0 is not the whole GPU 1, though
-    the two compare equal."""
-    key = ("workers", workers, tuple(w.gpus.__class__ for w in workers))
-    return interned.setdefault(key, workers)
+def interned_workers(interned: dict, asks: tuple[tuple, ...]) -> tuple[WorkerRequest, ...]:
+    """The workers of a waiting run from their asks, each (index, gpus, cpu cores, memory bytes[, GPU memory bytes,
+    MIG profile, MIG count]): one object for equal asks across a snapshot's runs (a cycle reads every run's
+    workers: shared ones are read from the cache), made only for the first. Keyed with the GPUs' and cores' types
+    too: a share of 1.0 equals the whole GPU 1 in Python but is placed otherwise."""
+    key = (asks, tuple(x.__class__ for a in asks for x in a[1:3]))
+    hit = interned.get(key)
+    if hit is None:
+        hit = interned[key] = tuple(WorkerRequest(*a) for a in asks)
+    return hit

@@ -291,14 +291,14 @@ def waiting_run(run, key: str, ns: str, pending: list, excluded: list, dependenc
                                     gpu_memory=gpu_memory or None, mig=mig)
     selection = interned.setdefault(selection, selection)
     independent = run.spec.get("start") == "Independent"
-    workers = tuple(sched.WorkerRequest(index=w.index, gpus=(gpu_share_asked(gpu_memory, machines) if gpu_memory
-                                                             else w.gpu_milli / 1000 if w.gpu_milli else w.gpus),
-                                        cpu_cores=w.cpu_cores, memory_bytes=w.memory_bytes,
-                                        gpu_memory_bytes=gpu_memory, mig=mig or "",
-                                        mig_count=gpu_requests.get("count", 0) if mig else 0) for w in pending)
+    # each worker's ask in sched.WorkerRequest's field order: index, gpus, cpu cores, memory, GPU memory, MIG
+    mig_count = gpu_requests.get("count", 0) if mig else 0
+    asks = tuple((w.index, (gpu_share_asked(gpu_memory, machines) if gpu_memory
+                            else w.gpu_milli / 1000 if w.gpu_milli else w.gpus),
+                  w.cpu_cores, w.memory_bytes, gpu_memory, mig or "", mig_count) for w in pending)
     return sched.WaitingRun(
         name=key, workspace=ns, priority=run.priority, submitted_at=run.created_at,
-        workers=sched.interned_workers(interned, workers),
+        workers=sched.interned_workers(interned, asks),
         start="Independent" if independent else "Gang", time_limit_seconds=tt.get("time_limit_seconds"),
         node_selection=selection,
         excluded_machines=tuple(excluded), quota_noted=run.quota_noted,

@@ -40,7 +40,6 @@ from astraeus.scheduler.model import (
     Snapshot,
     StartRun,
     WaitingRun,
-    WorkerRequest,
     Workspace,
     interned_workers,
 )
@@ -154,14 +153,14 @@ class Simulator:
     def _waiting_run(self, task: Task) -> WaitingRun:
         # Equal workers and selections are one object each, as the control plane gives them (server/loop.waiting_run)
         interned = self._interned
-        workers = (WorkerRequest(index=0, gpus=task.gpus, cpu_cores=task.cpu_cores, memory_bytes=task.memory_bytes),)
+        asks = ((0, task.gpus, task.cpu_cores, task.memory_bytes),)
         sel = NodeSelection(mode="Names", names=task.machine_names) if task.machine_names is not None else _ANY
         return WaitingRun(
             name=task.name,
             workspace=task.workspace,
             priority=task.priority,
             submitted_at=task.submit_time,
-            workers=interned_workers(interned, workers),
+            workers=interned_workers(interned, asks),
             start="Gang",
             time_limit_seconds=task.time_limit,
             node_selection=interned.setdefault(sel, sel),

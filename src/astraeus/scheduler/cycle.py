@@ -201,7 +201,6 @@ class Cycle:
         snap = snapshot
         self.batch = Batch(self.settle) if paths.batch and snap.fair_share and not snap.fifo and self.all_plain else None
         self._view_b: dict[float | None, bool] = {}  # time limit -> view B, behind the head
-        self._settle_keys: dict[int, int] = {}  # id(NodeSelection) -> its allowed key in `settle` (`_settle_key`)
         self._settle_memo: dict[tuple, tuple] = {}  # (id(workers), id(selection), time limit) -> `settle`'s key
         self._missed: WaitingRun | None = None  # the run `settle` last found no outcome for
         self.reservation_stops: list[StopUnit] = []
@@ -444,21 +443,14 @@ class Cycle:
         workers = run.workers
         if len(workers) != 1 or not self.all_plain or run.excluded_machines or run is self._missed:
             return self.place(run)
-        sel = run.node_selection
-        allowed_key = self._settle_keys.get(id(sel))
-        if allowed_key is None:
-            allowed_key = self._settle_key(sel)
-            if allowed_key is None:
-                return self.place(run)
+        sk = self._memo_key(run)
         settled = self.settled.get(run.workspace)
-        if settled is None or run.name in self.running_runs:
+        if sk is None or settled is None or run.name in self.running_runs:
             return self.place(run)
-        view_b = self._view_b_for(run.time_limit_seconds)
-        w0 = workers[0]
-        outcome = settled.get((w0.gpus, w0.cpu_cores, w0.memory_bytes, allowed_key, view_b))
+        outcome = settled.get(sk)
         if outcome is None:
             return self.place(run)
-        return self._waits(run, workers, outcome, allowed_key)
+        return self._waits(run, workers, outcome, sk[3])  # a one-worker key: (gpus, cpu, memory, allowed key, view)
 
     def _waits(self, run: WaitingRun, workers, outcome: tuple, allowed_key: int) -> None:
         """A one-worker run behind the head that does not start, as `outcome` says: (its reason, the quota note or
@@ -488,12 +480,10 @@ class Cycle:
         runs, batches = self.bulk_runs, self.note_batches
         if any(_order_key(runs[k - 1], batches[b - 1][1]) > _order_key(runs[k], share)
                for b, (k, share) in enumerate(batches) if b):
-            shares = [0.0] * len(bulk)
-            for b, (k, share) in enumerate(batches):
-                end = batches[b + 1][0] if b + 1 < len(batches) else len(bulk)
-                shares[k:end] = [share] * (end - k)
-            order = sorted(range(len(bulk)), key=lambda k: _order_key(runs[k], shares[k]))
-            bulk = [bulk[k] for k in order]
+            ends = [k for k, _ in batches[1:]] + [len(bulk)]
+            keys = [_order_key(runs[k], share) for (start, share), end in zip(batches, ends, strict=True)
+                    for k in range(start, end)]
+            bulk = [bulk[k] for k in sorted(range(len(bulk)), key=keys.__getitem__)]
         return (*self.quota_notes, *bulk)
 
     def settle(self, lst: list[WaitingRun], share: float) -> bool:
@@ -525,16 +515,12 @@ class Cycle:
                 settled = settled_of.get(ws)
             if not settled:
                 break
-            # The run's key in `settled` by its workers, selection and time limit (the objects live all the cycle:
-            # ids are theirs; the allowed key and view are fixed once the head is known)
-            workers, sel, tl = run.workers, run.node_selection, run.time_limit_seconds
-            mk = (id(workers), id(sel), tl)
-            sk = memo.get(mk)
+            # `_memo_key` inline: this loop reads every run behind the head
+            sk = memo.get((id(run.workers), id(run.node_selection), run.time_limit_seconds))
             if sk is None:
-                sk = self._settle_memo_key(workers, sel, tl, run.start)
+                sk = self._memo_key(run)
                 if sk is None:
                     break
-                memo[mk] = sk
             name = run.name
             if name in running_runs:
                 break
@@ -554,18 +540,27 @@ class Cycle:
         del lst[j:]
         return True
 
-    def _settle_memo_key(self, workers, sel, tl, start: str) -> tuple | None:
-        """`settle`'s key in `settled` for runs of these workers, selection and time limit (as `place` keeps their
-        outcome), or None when such a run is never settled (an independent run of many workers, a selection
-        `place` must look up)."""
+    def _memo_key(self, run: WaitingRun) -> tuple | None:
+        """Behind the head: the run's key in `settled` (as `place` keeps outcomes), found once per (workers,
+        selection, time limit) objects of the cycle (they live all the cycle: ids are theirs; the allowed key and
+        view are fixed once the head is known); None when such a run is never settled (an independent run of
+        many workers, a selection `place` must look up first)."""
+        workers, sel, tl = run.workers, run.node_selection, run.time_limit_seconds
+        mk = (id(workers), id(sel), tl)
+        sk = self._settle_memo.get(mk)
+        if sk is None:
+            sk = self._settle_key_for(workers, sel, tl, run.start)
+            if sk is not None:
+                self._settle_memo[mk] = sk
+        return sk
+
+    def _settle_key_for(self, workers, sel, tl, start: str) -> tuple | None:
         one = len(workers) == 1
         if not one and (start != "Gang" or not self.settle_gangs):
             return None
-        allowed_key = self._settle_keys.get(id(sel))
+        allowed_key = self._settle_key(sel)
         if allowed_key is None:
-            allowed_key = self._settle_key(sel)
-            if allowed_key is None:
-                return None
+            return None
         view_b = self._view_b_for(tl)
         if one:
             w0 = workers[0]
@@ -585,8 +580,8 @@ class Cycle:
         return view_b
 
     def _settle_key(self, sel) -> int | None:
-        """The allowed key `settle` and `behind` read for runs of this selection (kept by the object's id), or None
-        when such a run goes through `place` (it names a reservation; or its machines are not known yet)."""
+        """The allowed key `settle` and `behind` read for runs of this selection, or None when such a run goes
+        through `place` (it names a reservation; or its machines are not known yet)."""
         if sel.reservation is not None:
             return None
         if sel.mode == "Any" and not sel.pools and not sel.gpu_model and not sel.gpu_memory and not sel.mig:
@@ -596,7 +591,6 @@ class Cycle:
             if hit is None or hit[0] is not sel:
                 return None
             key = hit[1][0]
-        self._settle_keys[id(sel)] = key
         return key
 
     def _behind(self, ws_id: str) -> str:

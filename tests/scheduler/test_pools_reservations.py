@@ -119,6 +119,23 @@ def test_unrestricted_namespace_and_run_use_every_machine():
     assert machines_of(plan(snap, NOW), "r") == ["c1"]
 
 
+@pytest.mark.parametrize("namespace_pools", [False, True], ids=["run-pools", "namespace-pools"])
+def test_a_pool_redrawn_between_cycles_moves_the_runs_that_name_it(namespace_pools):
+    """Cycles that pass the same machines share what the machines decide (the fleet); which machines a pool holds
+    is read from each snapshot: a pool an admin redraws takes effect in the next cycle, and an equal one read
+    again gives the same answer."""
+    builder = gpu_cluster()
+    builder = (builder.workspace(WS_A, pools=("a100",)).waiting("r", gpus=1) if namespace_pools
+               else builder.waiting("r", gpus=1, pools=("a100",)))
+    snap = builder.build()
+    assert machines_of(plan(snap, NOW), "r") == ["a1"]
+    again = replace(snap, pools=tuple(Pool(p.name, tuple(p.machines)) for p in snap.pools))
+    assert again.machines is snap.machines and again.pools is not snap.pools
+    assert machines_of(plan(again, NOW), "r") == ["a1"]
+    redrawn = replace(snap, pools=(Pool("a100", ("h1",)), Pool("h100", ("a1",))))
+    assert machines_of(plan(redrawn, NOW), "r") == ["h1"]
+
+
 # ------------------------------------------------------------------------------------------ reservations
 
 

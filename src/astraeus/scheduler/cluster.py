@@ -159,6 +159,10 @@ class Fleet:
         self.allowed_by_selection: dict[NodeSelection, tuple[dict[int, str], frozenset[int] | None,
                                                                list[int] | None]] = {}
         self.fixed: set[int] = set()
+        # Likewise per (node selection, its workspace's pools) where pools restrict it, while `pools` are the
+        # snapshot's pools
+        self.pools: tuple | None = None
+        self.allowed_by_pools: dict[tuple, tuple[dict[int, str], frozenset[int] | None, list[int] | None]] = {}
         self.never: dict[tuple, str | None] = {}
         self.topology_groups: dict[str, list[list[int]]] = {}  # topology label -> its groups (Cluster.topology_groups)
         # Issue 46: a GPU with MIG devices takes MIG workers only: it is not among the machine's GPUs here; per
@@ -291,6 +295,7 @@ class Cluster:
         # Per allowed key: the why-not line of each machine that pools, the GPU model or reservations keep from it.
         self.restricted: dict[int, dict[int, str]] = {}
         self._pools: dict[str, tuple[str, ...]] = {p.name: p.machines for p in snapshot.pools}
+        self._pools_checked = False  # the fleet's answers by pools are for these pools (`allowed`)
         self._pool_sets: dict[tuple[str, ...], frozenset[int]] = {}
         self.reserved = Reserved(snapshot, self.index, machines, now)
         # Constraint indexes, made on first use (the label index is the fleet's): per allowed list (by id; the entry
@@ -395,20 +400,32 @@ class Cluster:
         if hit is not None:
             return hit
         key = len(self._allowed_cache)
-        if res_key is None and not run.excluded_machines and ws_pools is None and not sel.pools and \
-                sel.reservation is None:  # the machines alone decide (names, labels, GPU model): kept by the fleet
+        if res_key is None and not run.excluded_machines and sel.reservation is None:
+            # The machines alone decide (names, labels, GPU model), and the pools: kept by the fleet (by pools while
+            # the snapshot's pools stay the same)
             f = self.fleet
-            fixed = f.allowed_by_selection.get(sel)
+            pooled = ws_pools is not None or bool(sel.pools)
+            if pooled:
+                if not self._pools_checked:
+                    if f.pools != self._snapshot.pools:
+                        f.pools = self._snapshot.pools
+                        f.allowed_by_pools.clear()
+                    self._pools_checked = True
+                cache, ck = f.allowed_by_pools, (sel, ws_pools)
+            else:
+                cache, ck = f.allowed_by_selection, sel
+            fixed = cache.get(ck)
             if fixed is None:
-                lines = self._restrictions(sel, None, {})
+                lines = self._restrictions(sel, ws_pools, {})
                 if sel.mode == "Any" and not lines:
                     fixed = (lines, None, None)
                 else:
                     chosen = list(filterfalse(lines.__contains__, self._candidates(sel)) if lines
                                   else self._candidates(sel))
                     fixed = (lines, frozenset(chosen), chosen)
-                    f.fixed.add(id(chosen))
-                f.allowed_by_selection[sel] = fixed
+                    if not pooled:  # `never_fits` keeps its answers by such a list's id (pools' lists may go)
+                        f.fixed.add(id(chosen))
+                cache[ck] = fixed
             lines, fs, chosen = fixed
             result: tuple = (key, fs, chosen)
             if lines:

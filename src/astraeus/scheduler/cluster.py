@@ -291,6 +291,7 @@ class Cluster:
         # before the shadow time took on those machines (that room comes back in time).
         self.held: dict[int, list] = {}
         self.ending: dict[int, list] = {}
+        self._held_room: dict[int, tuple[int, float, int]] = {}  # a held machine's room in view B, until it changes
         self._allowed_cache: dict[tuple, tuple[int, frozenset[int] | None, list[int] | None]] = {}
         # Per allowed key: the why-not line of each machine that pools, the GPU model or reservations keep from it.
         self.restricted: dict[int, dict[int, str]] = {}
@@ -548,6 +549,18 @@ class Cluster:
                 fm = min(fm, fm + e[2] - h[2])
         return fg, fc, fm
 
+    def hold(self, held: dict[int, list]) -> None:
+        """Hold the head's room: machine -> [gpus, cpu, memory] nothing behind it may take."""
+        self.held = held
+        self._held_room.clear()
+
+    def held_room(self, i: int) -> tuple[int, float, int]:
+        """`room(i, True)` of a held machine, kept until something is placed on it (`commit`)."""
+        r = self._held_room.get(i)
+        if r is None:
+            r = self._held_room[i] = self.room(i, True)
+        return r
+
     def island_fits(self, i: int, g: int, extra: tuple[int, ...] = ()) -> bool:
         """Do g of machine i's free GPUs (and `extra`, GPUs that victims free) lie in one NVLink island? True on a
         machine that reports no islands, and for one GPU."""
@@ -717,7 +730,7 @@ class Cluster:
         for i in held:
             if i in avoid or (allowed is not None and i not in allowed):
                 continue
-            fg, fc, fm = self.room(i, True)
+            fg, fc, fm = self.held_room(i)
             if fg >= g and fc >= c and fm >= m:
                 k = (fg if ranks is None else ranks[fg], i)
                 if (best is None or k < best) and (islands is None or self.island_fits(i, g)):
@@ -985,11 +998,13 @@ class Cluster:
                 self._move(i, before, before - len(gpus))
             self.free_c[i] -= w.cpu_cores
             self.free_m[i] -= w.memory_bytes
-            if ends_before_shadow and i in held:
-                e = self.ending.setdefault(i, [0, 0.0, 0])
-                e[0] += n
-                e[1] += w.cpu_cores
-                e[2] += w.memory_bytes
+            if i in held:
+                self._held_room.pop(i, None)
+                if ends_before_shadow:
+                    e = self.ending.setdefault(i, [0, 0.0, 0])
+                    e[0] += n
+                    e[1] += w.cpu_cores
+                    e[2] += w.memory_bytes
             if n:
                 self._note_holder(i, run, workspace, priority, n)
                 if i in self._share_keys:
@@ -1038,10 +1053,12 @@ class Cluster:
         a run ending before the shadow time gives them back to the head's hold in time."""
         self.free_c[i] -= w.cpu_cores
         self.free_m[i] -= w.memory_bytes
-        if ends_before_shadow and i in self.held:
-            e = self.ending.setdefault(i, [0, 0.0, 0])
-            e[1] += w.cpu_cores
-            e[2] += w.memory_bytes
+        if i in self.held:
+            self._held_room.pop(i, None)
+            if ends_before_shadow:
+                e = self.ending.setdefault(i, [0, 0.0, 0])
+                e[1] += w.cpu_cores
+                e[2] += w.memory_bytes
 
     # ------------------------------------------------------------------------------ could it ever run here
 

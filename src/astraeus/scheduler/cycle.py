@@ -732,7 +732,7 @@ class Cycle:
         if for_head:
             chosen = fit.placement()
             if chosen is not None:
-                cluster.held = fit.holds(chosen)
+                cluster.hold(fit.holds(chosen))
                 t = now + max(unit_grace(cluster, u) for u in for_head)
                 return t, R.head_waiting_for_victims(sum(len(u.workers) for u in for_head))
         if self.snapshot.preemption:
@@ -745,7 +745,7 @@ class Cycle:
             found = choose_victims(fit, head.priority, running, least_work_lost_order(now) if least else None)
             if found is not None:
                 victims, chosen = found
-                cluster.held = fit.holds(chosen)
+                cluster.hold(fit.holds(chosen))
                 t = now + max(unit_grace(cluster, u) for u in victims + for_head)
                 self.stops.extend(
                     StopUnit(
@@ -770,7 +770,7 @@ class Cycle:
         if deadlines:
             deadlines = {i: t for i, t in deadlines.items() if i in fit.machine_set}
         t, held = shadow(self.cluster, fit, self.running, self.now, deadlines)
-        self.cluster.held = held
+        self.cluster.hold(held)
         return t, R.head_next(head.priority, t)
 
     # ---------------------------------------------------------------------------------- queue_behind_head

@@ -194,7 +194,8 @@ class Cycle:
         # Behind the head, per workspace: (shape, allowed key, view B) -> why a one-worker run did not start (it
         # cannot run here, waits for quota, or waits behind the head: `_waits`), until the workspace's usage
         # changes when it has a quota (`_take`); a gang's likewise, keyed by (its sorted shapes, allowed key,
-        # view B).
+        # view B, topology). `settle` keeps an outcome it found under the key of its `_settle_memo` too (id of
+        # the workers, id of the selection, time limit: three items, never equal to those keys' four or five).
         self.settled: dict[str, dict[tuple, tuple]] = {}
         self.fails: dict[str, str] = {}  # runs whose dependency can no longer be met, or whose reservation ended
         self.room()
@@ -515,18 +516,23 @@ class Cycle:
                 settled = settled_of.get(ws)
             if not settled:
                 break
-            # `_memo_key` inline: this loop reads every run behind the head
-            sk = memo.get((id(run.workers), id(run.node_selection), run.time_limit_seconds))
-            if sk is None:
-                sk = self._memo_key(run)
+            # An outcome found before for the same (workers, selection, time limit) objects is kept under those
+            # objects' key too (`settled`): most runs here find theirs in one lookup
+            mk = (id(run.workers), id(run.node_selection), run.time_limit_seconds)
+            outcome = settled.get(mk)
+            if outcome is None:
+                sk = memo.get(mk)  # `_memo_key` inline
                 if sk is None:
+                    sk = self._memo_key(run)
+                    if sk is None:
+                        break
+                outcome = settled.get(sk)
+                if outcome is None:
+                    self._missed = run  # `behind` would look it up in vain again
                     break
+                settled[mk] = outcome
             name = run.name
             if name in running_runs:
-                break
-            outcome = settled.get(sk)
-            if outcome is None:
-                self._missed = run  # `behind` would look it up in vain again
                 break
             reasons[name] = outcome[0]
             if outcome[1] is not None and not run.quota_noted:  # its note, made by `_notes`

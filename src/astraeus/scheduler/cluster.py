@@ -159,10 +159,10 @@ class Fleet:
         self.allowed_by_selection: dict[NodeSelection, tuple[dict[int, str], frozenset[int] | None,
                                                                list[int] | None]] = {}
         self.fixed: set[int] = set()
-        # Likewise per (node selection, its workspace's pools) where pools restrict it, while `pools` are the
-        # snapshot's pools
-        self.pools: tuple | None = None
-        self.allowed_by_pools: dict[tuple, tuple[dict[int, str], frozenset[int] | None, list[int] | None]] = {}
+        # Likewise per (node selection, its workspace's pools) where pools restrict it: (the pools, those answers)
+        # for the last pools a cycle read (a cycle of other pools puts a new pair here; one that holds the old
+        # answers still reads them)
+        self.allowed_by_pools: tuple[tuple, dict[tuple, tuple]] | None = None
         self.never: dict[tuple, str | None] = {}
         self.topology_groups: dict[str, list[list[int]]] = {}  # topology label -> its groups (Cluster.topology_groups)
         # Issue 46: a GPU with MIG devices takes MIG workers only: it is not among the machine's GPUs here; per
@@ -296,7 +296,7 @@ class Cluster:
         # Per allowed key: the why-not line of each machine that pools, the GPU model or reservations keep from it.
         self.restricted: dict[int, dict[int, str]] = {}
         self._pools: dict[str, tuple[str, ...]] = {p.name: p.machines for p in snapshot.pools}
-        self._pools_checked = False  # the fleet's answers by pools are for these pools (`allowed`)
+        self._by_pools: dict[tuple, tuple] | None = None  # the fleet's answers for these pools (`allowed`)
         self._pool_sets: dict[tuple[str, ...], frozenset[int]] = {}
         self.reserved = Reserved(snapshot, self.index, machines, now)
         # Constraint indexes, made on first use (the label index is the fleet's): per allowed list (by id; the entry
@@ -407,12 +407,13 @@ class Cluster:
             f = self.fleet
             pooled = ws_pools is not None or bool(sel.pools)
             if pooled:
-                if not self._pools_checked:
-                    if f.pools != self._snapshot.pools:
-                        f.pools = self._snapshot.pools
-                        f.allowed_by_pools.clear()
-                    self._pools_checked = True
-                cache, ck = f.allowed_by_pools, (sel, ws_pools)
+                cache = self._by_pools
+                if cache is None:
+                    kept = f.allowed_by_pools
+                    if kept is None or kept[0] != self._snapshot.pools:
+                        kept = f.allowed_by_pools = (self._snapshot.pools, {})
+                    cache = self._by_pools = kept[1]
+                ck = (sel, ws_pools)
             else:
                 cache, ck = f.allowed_by_selection, sel
             fixed = cache.get(ck)

@@ -555,16 +555,17 @@ class Cycle:
         mk = (id(workers), id(sel), tl)
         sk = self._settle_memo.get(mk)
         if sk is None:
-            sk = self._settle_key_for(workers, sel, tl, run.start)
+            sk = self._settled_key(workers, sel, tl, run.start)
             if sk is not None:
                 self._settle_memo[mk] = sk
         return sk
 
-    def _settle_key_for(self, workers, sel, tl, start: str) -> tuple | None:
+    def _settled_key(self, workers, sel, tl, start: str) -> tuple | None:
+        """The key `place` keeps such a run's outcome under in `settled`, or None (`_memo_key`)."""
         one = len(workers) == 1
         if not one and (start != "Gang" or not self.settle_gangs):
             return None
-        allowed_key = self._settle_key(sel)
+        allowed_key = self._allowed_key_behind(sel)
         if allowed_key is None:
             return None
         view_b = self._view_b_for(tl)
@@ -585,7 +586,7 @@ class Cycle:
                 st is not None and time_limit is not None and self.now + time_limit + self.cluster.max_grace <= st)
         return view_b
 
-    def _settle_key(self, sel) -> int | None:
+    def _allowed_key_behind(self, sel) -> int | None:
         """The allowed key `settle` and `behind` read for runs of this selection, or None when such a run goes
         through `place` (it names a reservation; or its machines are not known yet)."""
         if sel.reservation is not None:

@@ -130,9 +130,25 @@ def reference_best(c: Cluster, shape, allowed_list, avoid, view_b: bool) -> int 
     return min(fits)[2] if fits else None
 
 
-@pytest.fixture(params=[0, 32], ids=["always-indexed", "lists-up-to-32"])
+# How a restricted run scans (cluster.SCAN_AT_MOST, WIDE, PROBE_AT_MOST): always in buckets of its own list; a
+# list of any size in the cluster's buckets, each machine checked; the same, taking buckets of its own at the
+# first machine outside it (`Cluster.narrow`); and the defaults (a list up to 32 scanned whole).
+INDEX_MODES = {
+    "always-indexed": (0, 0, 64),
+    "wide-in-the-cluster's-buckets": (0, 10**6, 64),
+    "wide-then-narrowed": (0, 10**6, 0),
+    "lists-up-to-32": (32, cluster_module.WIDE, cluster_module.PROBE_AT_MOST),
+}
+
+
+def set_index_mode(monkeypatch, mode: tuple[int, int, int]) -> None:
+    for name, value in zip(("SCAN_AT_MOST", "WIDE", "PROBE_AT_MOST"), mode, strict=True):
+        monkeypatch.setattr(cluster_module, name, value)
+
+
+@pytest.fixture(params=list(INDEX_MODES.values()), ids=list(INDEX_MODES))
 def scan_at_most(request, monkeypatch):
-    monkeypatch.setattr(cluster_module, "SCAN_AT_MOST", request.param)
+    set_index_mode(monkeypatch, request.param)
     return request.param
 
 
@@ -174,8 +190,8 @@ def test_best_fit_over_the_index_is_the_reference_best_fit(scan_at_most, snap, d
         assert sub == want
 
 
-def _plan_with(monkeypatch, snap: Snapshot, scan_at_most: int):
-    monkeypatch.setattr(cluster_module, "SCAN_AT_MOST", scan_at_most)
+def _plan_with(monkeypatch, snap: Snapshot, mode: tuple[int, int, int]):
+    set_index_mode(monkeypatch, mode)
     return plan(snap, NOW)
 
 
@@ -183,9 +199,9 @@ def _plan_with(monkeypatch, snap: Snapshot, scan_at_most: int):
 @given(snapshots())
 def test_plans_over_the_index_equal_plans_of_the_plain_scan(snap):
     with pytest.MonkeyPatch.context() as mp:
-        reference = _plan_with(mp, snap, 10**9)  # every restricted run scans its whole list of machines
-        for n in (0, 4):
-            assert _plan_with(mp, snap, n) == reference
+        reference = _plan_with(mp, snap, (10**9, 0, 0))  # every restricted run scans its whole list of machines
+        for mode in (*INDEX_MODES.values(), (4, 2, 1)):
+            assert _plan_with(mp, snap, mode) == reference
 
 
 @SETTINGS

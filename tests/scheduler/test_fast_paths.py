@@ -33,13 +33,13 @@ from astraeus.scheduler import (
     WorkerRequest,
     Workspace,
 )
-from astraeus.scheduler import cluster as cluster_module
 from astraeus.scheduler.cycle import FAST, PLAIN, Paths, plan
 from astraeus.scheduler.fragments import POLICIES
 from astraeus.scheduler.gpushare import SHARING
 from astraeus.scheduler.topology import BLOCK
 
 from .builders import GIB, HOUR, NOW
+from .test_constraint_index import INDEX_MODES, set_index_mode
 from .test_constraint_index import snapshots as restricted_snapshots
 
 SETTINGS = settings(max_examples=150, deadline=None,
@@ -221,14 +221,14 @@ def shared_queues(draw) -> Snapshot:
                    placement=draw(st.sampled_from(POLICIES)), gpu_sharing=draw(st.sampled_from(SHARING)))
 
 
-@pytest.mark.parametrize("scan_at_most", [0, 32], ids=["always-indexed", "lists-up-to-32"])
+@pytest.mark.parametrize("scan_at_most", list(INDEX_MODES.values()), ids=list(INDEX_MODES))
 @SETTINGS
 @given(snap=shared_queues())
 def test_the_share_index_gives_the_plan_of_scoring_every_machine(scan_at_most, snap):
     """Fractional workers placed through the share index (best fit, FGD or spread; sharing in one workspace or
     any) land where scoring every machine puts them, and so does every other run of the plan."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cluster_module, "SCAN_AT_MOST", scan_at_most)
+        set_index_mode(mp, scan_at_most)
         fast = plan(snap, NOW)
         assert fast == plan(snap, NOW, replace(FAST, share_index=False))
         assert fast == plan(snap, NOW, PLAIN)

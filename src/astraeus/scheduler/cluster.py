@@ -28,6 +28,12 @@ Shape = tuple[int, float, int]  # (gpus, cpu cores, memory bytes) of one worker
 # A run restricted to more machines than this gets free-GPU buckets of its own (`Cluster.sub_buckets`), so best
 # fit scans only its machines; up to this many, scanning its list is cheaper. 0 in tests: always the buckets.
 SCAN_AT_MOST = 32
+# A restricted list of at least 1/WIDE of the schedulable machines scans the cluster's buckets instead, each machine
+# checked against it: buckets of its own would cost every start on its machines one more move (`_move`). When one
+# bucket shows more than PROBE_AT_MOST machines outside it before one of its own fits, it takes its own after all.
+# 0: no list scans the cluster's buckets. Tests set both to exercise each way.
+WIDE = 8
+PROBE_AT_MOST = 64
 
 
 _UNSET = object()
@@ -303,6 +309,7 @@ class Cluster:
         # keeps the list alive) free-GPU buckets restricted to its machines, and per machine the restricted
         # buckets it is in (`commit` keeps them); per names tuple of a selection (by id, likewise) its set.
         self._sub: dict[int, tuple[list[int], list[list[int]]]] = {}
+        self._wide: dict[int, tuple[list[int], frozenset[int] | None]] = {}  # `scan_buckets`' choice per list, by id
         self._selected_sets: dict[NodeSelection, frozenset[int]] = {}
         self._subs_of: list[list[list[list[int]]]] = []  # per machine (made on first use)
         self._name_sets: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
@@ -631,10 +638,16 @@ class Cluster:
         # Machines without room shared to this worker score by their whole free GPUs alone; under FGD a machine
         # with shared room is scored by its group instead (its score differs); under best fit either way is right.
         sharing = self._share_members.get(who, ()) if self.placement == "fgd" else ()
-        buckets = self.buckets if allowed_list is None else self.sub_buckets(allowed_list)
+        buckets, member = (self.buckets, None) if allowed_list is None else self.scan_buckets(allowed_list, allowed)
         for cnt in range(1, len(buckets)):
+            outside = 0
             for i in buckets[cnt]:
-                if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and i not in sharing and (
+                if member is not None and i not in member:
+                    outside += 1
+                    if outside > PROBE_AT_MOST:
+                        self.narrow(allowed_list)
+                        return self._share_reps(milli, c, m, workspace, allowed, allowed_list, avoid, view_b)
+                elif free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and i not in sharing and (
                         allowed is None or i in allowed):
                     out.append(i)
                     break
@@ -714,20 +727,37 @@ class Cluster:
             self.tidy()
         while self.top > 0 and not self.buckets[self.top]:
             self.top -= 1
-        # A restricted run scans the buckets of its own machines (every one of them allowed).
-        buckets = self.buckets if allowed_list is None else self.sub_buckets(allowed_list)
+        # A restricted run scans the buckets of its own machines (every one of them allowed), or the cluster's with
+        # each machine checked (`scan_buckets`).
+        buckets, member = (self.buckets, None) if allowed_list is None else self.scan_buckets(allowed_list, allowed)
         best = None
         free_c, free_m = self.free_c, self.free_m
         order = self.scan_order(g)
         ranks = None if self.placement == "bestfit" else self._ranks[g]  # bestfit's rank: the free GPUs
-        for cnt in order:
-            for i in buckets[cnt]:
-                if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
-                        islands is None or not islands[i] or self.island_fits(i, g)):
-                    best = (cnt if ranks is None else ranks[cnt], i)
+        if member is None:
+            for cnt in order:
+                for i in buckets[cnt]:
+                    if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
+                            islands is None or not islands[i] or self.island_fits(i, g)):
+                        best = (cnt if ranks is None else ranks[cnt], i)
+                        break
+                if best is not None:
                     break
-            if best is not None:
-                break
+        else:
+            for cnt in order:
+                outside = 0
+                for i in buckets[cnt]:
+                    if i not in member:
+                        outside += 1
+                        if outside > PROBE_AT_MOST:
+                            self.narrow(allowed_list)
+                            return self.best_machine(s, allowed, allowed_list, avoid, view_b)
+                    elif free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
+                            islands is None or not islands[i] or self.island_fits(i, g)):
+                        best = (cnt if ranks is None else ranks[cnt], i)
+                        break
+                if best is not None:
+                    break
         for i in held:
             if i in avoid or (allowed is not None and i not in allowed):
                 continue
@@ -743,6 +773,21 @@ class Cluster:
         for b in self._unsorted.values():
             b.sort()
         self._unsorted.clear()
+
+    def scan_buckets(self, allowed_list: list[int], allowed) -> tuple[list[list[int]], frozenset[int] | None]:
+        """The free-GPU buckets a run restricted to these machines scans, and the set to check each machine in them
+        against: the cluster's buckets and the list's set for a list of at least 1/WIDE of the machines, else the
+        list's own buckets (`sub_buckets`) and None."""
+        hit = self._wide.get(id(allowed_list))
+        if hit is None or hit[0] is not allowed_list:
+            wide = WIDE and len(allowed_list) * WIDE >= len(self.all_schedulable)
+            member = (allowed if allowed is not None else frozenset(allowed_list)) if wide else None
+            hit = self._wide[id(allowed_list)] = (allowed_list, member)
+        return (self.buckets, hit[1]) if hit[1] is not None else (self.sub_buckets(allowed_list), None)
+
+    def narrow(self, allowed_list: list[int]) -> None:
+        """The list's machines lie far apart in the cluster's buckets: it scans buckets of its own from now on."""
+        self._wide[id(allowed_list)] = (allowed_list, None)
 
     def sub_buckets(self, allowed_list: list[int]) -> list[list[int]]:
         """`buckets` restricted to these machines: made on first use from the room now, then kept by `commit`."""

@@ -53,7 +53,7 @@ _UNSET = object()
 _EMPTY: frozenset[int] = frozenset()
 # A quota note made at C speed from (run, workspace, message)
 _note_of = partial(tuple.__new__, QuotaReached)
-_unit_run, _unit_array = attrgetter("run"), attrgetter("array")
+_unit_run, _unit_array, _run_name = attrgetter("run"), attrgetter("array"), attrgetter("name")
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,6 @@ class Cycle:
         self.batch = Batch(self.settle) if paths.batch and snap.fair_share and not snap.fifo and self.all_plain else None
         self._view_b: dict[float | None, bool] = {}  # time limit -> view B, behind the head
         self._settle_memo: dict[tuple, tuple] = {}  # (id(workers), id(selection), time limit) -> `settle`'s key
-        self._missed: WaitingRun | None = None  # the run `settle` last found no outcome for
         self.reservation_stops: list[StopUnit] = []
         # Running work as preemption and the shadow time see it: units stopped for a reservation are stopping.
         self.running: tuple[RunningUnit, ...] = snapshot.running
@@ -221,9 +220,9 @@ class Cycle:
         self.plain: dict[str, bool] = {}
         self.all_plain = not snapshot.reservations and all(ws.pools is None for ws in snapshot.workspaces)
         self.by_selection: dict[int, tuple] = {}  # id(NodeSelection) -> (it, Cluster.allowed's answer) when all_plain
-        # The runs that hold room now: one that also waits (an Independent run's other workers) avoids the machines
-        # it is on (`held_by`, made when first asked: no pass over every waiting run here).
-        self.running_runs = frozenset(map(_unit_run, snapshot.running))
+        # The waiting runs that hold room now too (an Independent run's other workers): they avoid the machines they
+        # are on (`held_by`, made when first asked). Few or none: most runs' test reads a small set.
+        self.running_runs = frozenset(map(_unit_run, snapshot.running)).intersection(map(_run_name, snapshot.waiting))
         self._held_by: dict[str, frozenset[int]] | None = None
         # Job arrays: (workspace, array) -> the runs of it that hold room now (counted once however many units).
         self.array_runs: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -442,7 +441,9 @@ class Cycle:
         machines found without a lookup (any machine, or a selection object seen before), a run of its workspace
         with the same shape, machines and view settled already (`place` keeps the outcomes)."""
         workers = run.workers
-        if len(workers) != 1 or not self.all_plain or run.excluded_machines or run is self._missed:
+        batch = self.batch
+        if len(workers) != 1 or not self.all_plain or run.excluded_machines or (batch is not None
+                                                                                and run is batch.missed):
             return self.place(run)
         sk = self._memo_key(run)
         settled = self.settled.get(run.workspace)
@@ -528,7 +529,7 @@ class Cycle:
                         break
                 outcome = settled.get(sk)
                 if outcome is None:
-                    self._missed = run  # `behind` would look it up in vain again
+                    self.batch.missed = run  # neither the queue's next `settle` nor `behind` looks it up again
                     break
                 settled[mk] = outcome
             name = run.name

@@ -101,12 +101,13 @@ class Batch:
     yielded (on or not): the share its order key had (with its priority, submission and name, the runs' order key: the runs
     of one priority come in ascending order of it, since a workspace's share only grows)."""
 
-    __slots__ = ("on", "share", "settle")
+    __slots__ = ("on", "share", "settle", "missed")
 
     def __init__(self, settle) -> None:
         self.on = False
         self.share = 0.0
         self.settle = settle
+        self.missed: WaitingRun | None = None  # the run `settle` stopped at without an outcome: not asked again
 
 
 def queue_order(
@@ -160,7 +161,7 @@ def queue_order(
                     while flat:
                         if batch is not None:
                             batch.share = 0.0
-                            if batch.on and batch.settle(flat, 0.0):
+                            if batch.on and flat[-1] is not batch.missed and batch.settle(flat, 0.0):
                                 continue
                         yield flat.pop()
                     continue
@@ -168,7 +169,7 @@ def queue_order(
                 if (0.0, nxt.submitted_at, nxt.name, nxt.workspace) < heap[0]:
                     if batch is not None:
                         batch.share = 0.0
-                        if batch.on and batch.settle(flat, 0.0):
+                        if batch.on and nxt is not batch.missed and batch.settle(flat, 0.0):
                             continue
                     yield flat.pop()
                     continue
@@ -179,7 +180,7 @@ def queue_order(
             lst = per_ws[ws_id]
             if batch is not None:
                 batch.share = top[0]
-                if batch.on and batch.settle(lst, top[0]):
+                if batch.on and lst[-1] is not batch.missed and batch.settle(lst, top[0]):
                     # Settled runs start nothing: the workspace's share is the same, its next run takes its place.
                     if lst:
                         nxt = lst[-1]

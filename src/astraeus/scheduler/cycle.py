@@ -222,7 +222,7 @@ class Cycle:
         self.by_selection: dict[int, tuple] = {}  # id(NodeSelection) -> (it, Cluster.allowed's answer) when all_plain
         # The waiting runs that hold room now too (an Independent run's other workers): they avoid the machines they
         # are on (`held_by`, made when first asked). Few or none: most runs' test reads a small set.
-        self.running_runs = frozenset(map(_unit_run, snapshot.running)).intersection(map(_run_name, snapshot.waiting))
+        self.also_running = frozenset(map(_unit_run, snapshot.running)).intersection(map(_run_name, snapshot.waiting))
         self._held_by: dict[str, frozenset[int]] | None = None
         # Job arrays: (workspace, array) -> the runs of it that hold room now (counted once however many units).
         self.array_runs: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -378,7 +378,7 @@ class Cycle:
         else:
             ordered = tuple([(w.gpus, w.cpu_cores, w.memory_bytes) for w in workers])
             shapes = tuple(sorted(ordered))
-        avoid = self.held_by(run.name) if run.name in self.running_runs else _EMPTY
+        avoid = self.held_by(run.name) if run.name in self.also_running else _EMPTY
         # Behind the head a run may use the head's room only if its time limit, and the stop grace after it,
         # end it by the shadow time.
         settled = None
@@ -447,7 +447,7 @@ class Cycle:
             return self.place(run)
         sk = self._memo_key(run)
         settled = self.settled.get(run.workspace)
-        if sk is None or settled is None or run.name in self.running_runs:
+        if sk is None or settled is None or run.name in self.also_running:
             return self.place(run)
         outcome = settled.get(sk)
         if outcome is None:
@@ -497,7 +497,7 @@ class Cycle:
         runs before them are handled (so its usage, and `settled`, are as they will be then), and free room only
         shrinks. Returns True when it took any."""
         settled_of = self.settled
-        running_runs = self.running_runs
+        also_running = self.also_running
         user_limits = self.user_limits
         reasons = self.reasons
         bulk = self.bulk_notes
@@ -533,7 +533,7 @@ class Cycle:
                     break
                 settled[mk] = outcome
             name = run.name
-            if name in running_runs:
+            if name in also_running:
                 break
             reasons[name] = outcome[0]
             if outcome[1] is not None and not run.quota_noted:  # its note, made by `_notes`

@@ -734,30 +734,20 @@ class Cluster:
         free_c, free_m = self.free_c, self.free_m
         order = self.scan_order(g)
         ranks = None if self.placement == "bestfit" else self._ranks[g]  # bestfit's rank: the free GPUs
-        if member is None:
-            for cnt in order:
-                for i in buckets[cnt]:
-                    if free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
-                            islands is None or not islands[i] or self.island_fits(i, g)):
-                        best = (cnt if ranks is None else ranks[cnt], i)
-                        break
-                if best is not None:
+        for cnt in order:
+            outside = 0
+            for i in buckets[cnt]:
+                if member is not None and i not in member:
+                    outside += 1
+                    if outside > PROBE_AT_MOST:
+                        self.narrow(allowed_list)
+                        return self.best_machine(s, allowed, allowed_list, avoid, view_b)
+                elif free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
+                        islands is None or not islands[i] or self.island_fits(i, g)):
+                    best = (cnt if ranks is None else ranks[cnt], i)
                     break
-        else:
-            for cnt in order:
-                outside = 0
-                for i in buckets[cnt]:
-                    if i not in member:
-                        outside += 1
-                        if outside > PROBE_AT_MOST:
-                            self.narrow(allowed_list)
-                            return self.best_machine(s, allowed, allowed_list, avoid, view_b)
-                    elif free_c[i] >= c and free_m[i] >= m and i not in avoid and i not in held and (
-                            islands is None or not islands[i] or self.island_fits(i, g)):
-                        best = (cnt if ranks is None else ranks[cnt], i)
-                        break
-                if best is not None:
-                    break
+            if best is not None:
+                break
         for i in held:
             if i in avoid or (allowed is not None and i not in allowed):
                 continue

@@ -99,7 +99,9 @@ class Batch:
     of the workspaces without a quota, share 0) the runs whose outcome it knows already and which change nothing
     (no start: no usage, no share, no room), and returns True if it took any. `share` is set before each run is
     yielded (on or not): the share its order key had (with its priority, submission and name, the runs' order key: the runs
-    of one priority come in ascending order of it, since a workspace's share only grows)."""
+    of one priority come in ascending order of it, since a workspace's share only grows). `missed`: the run `settle`
+    last stopped at without an outcome; it is yielded without asking `settle` again (nothing of its workspace has
+    changed since: its runs before it are handled)."""
 
     __slots__ = ("on", "share", "settle", "missed")
 

@@ -28,7 +28,8 @@ def test_the_table_case_differs_between_fgd_and_bestfit():
     cands = [(0, (500,)), (1, (1000,))]
     sizes = fragments.sizes_of_gpus({0.5: 1, 0.25: 1})
     assert fragments.fgd_share(cands, 250, sizes) == (1, 0)
-    assert best_fit(cands, 250) == (0, 0)
+    ws = "ws-000000000001"
+    assert best_fit([(0, [], {0: [500, {ws: 1}]}), (1, [0], {})], 250, ws, "workspace") == (0, 0)
 
 
 @pytest.mark.parametrize("placement, machine", [("fgd", "gpu-02"), ("bestfit", "gpu-01")])

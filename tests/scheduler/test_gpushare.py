@@ -164,9 +164,41 @@ def test_preemption_frees_enough_of_a_shared_gpu(s):
     assert [x.run for x in plan(left, NOW).starts] == [head.name]
 
 
-def test_best_fit_is_one_function_over_free_thousandths():
-    assert gpushare.best_fit([(0, (1000, 300)), (1, (600, 0))], 250) == (0, 1)
-    assert gpushare.best_fit([(0, (100,))], 250) is None
+@st.composite
+def machines_room(draw) -> tuple[int, list[int], dict[int, list]]:
+    """(GPUs, whole free GPUs in index order, shared GPUs {gpu: [used, {workspace: tenants}]}) of one machine."""
+    n = draw(st.integers(1, 8))
+    kinds = draw(st.lists(st.sampled_from(["free", "held", "shared"]), min_size=n, max_size=n))
+    whole = [g for g, k in enumerate(kinds) if k == "free"]
+    shared = {g: [draw(st.integers(1, 1000)),
+                  draw(st.dictionaries(st.sampled_from([WS_A, WS_B]), st.integers(1, 3), min_size=1))]
+              for g, k in enumerate(kinds) if k == "shared"}
+    return n, whole, shared
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(machines_room(), max_size=5), st.integers(1, 999), st.sampled_from(list(gpushare.SHARING)))
+def test_best_fit_gives_the_tightest_gpu_of_the_free_thousandths(rooms, milli, sharing):
+    """Best fit over the machines' whole and shared GPUs is the GPU whose `free_milli` room is left smallest by the
+    share (ties: machine, then GPU), as FGD's tuple gives each GPU."""
+    fits = [(f - milli, i, g) for i, (n, whole, shared) in enumerate(rooms)
+            for g, f in enumerate(gpushare.free_milli(n, whole, shared, WS_A, sharing)) if f >= milli]
+    want = min(fits)[1:] if fits else None
+    cands = [(i, whole, shared) for i, (_, whole, shared) in enumerate(rooms)]
+    assert gpushare.best_fit(cands, milli, WS_A, sharing) == want
+
+
+def test_best_fit_weighs_the_room_free_milli_gives_each_gpu():
+    # gpu-0: GPU 0 empty, GPU 1 shared with 300 free; gpu-1: GPU 0 shared with 600 free, GPU 1 held whole
+    cands = [(0, [0], {1: [700, {WS_A: 1}]}), (1, [], {0: [400, {WS_A: 1}]})]
+    assert gpushare.best_fit(cands, 250, WS_A, "workspace") == (0, 1)
+    assert gpushare.best_fit(cands, 350, WS_A, "workspace") == (1, 0)
+    assert gpushare.best_fit(cands, 650, WS_A, "workspace") == (0, 0)  # only an empty GPU holds it
+    assert gpushare.best_fit([(0, [], {0: [900, {WS_A: 1}]})], 250, WS_A, "workspace") is None
+    # another workspace's tenants keep the GPU from it unless the cluster lets any workspace share
+    other = [(0, [1], {0: [500, {WS_B: 1}]})]
+    assert gpushare.best_fit(other, 250, WS_A, "workspace") == (0, 1)
+    assert gpushare.best_fit(other, 250, WS_A, "any") == (0, 0)
     assert gpushare.free_milli(2, [1], {0: [500, {WS_B: 1}]}, WS_A, "workspace") == (0, 1000)
     assert gpushare.free_milli(2, [1], {0: [500, {WS_B: 1}]}, WS_A, "any") == (500, 1000)
 

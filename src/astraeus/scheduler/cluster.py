@@ -37,6 +37,7 @@ PROBE_AT_MOST = 64
 
 
 _UNSET = object()
+_NO_SHARES: dict[int, list] = {}  # a machine without shared GPUs (read only)
 _gpus, _workers = attrgetter("gpus"), attrgetter("workers")
 
 
@@ -600,6 +601,7 @@ class Cluster:
             machines = allowed_list if allowed_list is not None else (
                 sorted(allowed) if allowed is not None else self.all_schedulable)
         shared, free_g, sharing = self.shared, self.free_g, self.gpu_sharing
+        fgd = self.placement == "fgd"
         cands = []
         for i in machines:
             if i in avoid or not self.schedulable[i]:
@@ -611,10 +613,11 @@ class Cluster:
             if not on and fg < 1:
                 continue
             whole = free_g[i] if fg >= 1 else ()
-            cands.append((i, gpushare.free_milli(self.machines[i].gpus, whole, on or {}, workspace, sharing)))
-        if self.placement == "fgd":
+            cands.append((i, gpushare.free_milli(self.machines[i].gpus, whole, on or {}, workspace, sharing)) if fgd
+                         else (i, whole, on or _NO_SHARES))
+        if fgd:
             return fragments.fgd_share(cands, milli, self.task_sizes(), self._frag_memo)
-        return gpushare.best_fit(cands, milli)
+        return gpushare.best_fit(cands, milli, workspace, sharing)
 
     def _share_reps(self, milli: int, c: float, m: int, workspace: str, allowed, allowed_list, avoid,
                     view_b: bool) -> list[int]:

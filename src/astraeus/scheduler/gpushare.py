@@ -3,8 +3,9 @@
 A GPU holds FULL (1000) thousandths, as the Alibaba trace's `gpu_milli`. A fractional worker asks for part of one
 GPU (`WorkerRequest.gpus` 0 < g < 1, e.g. 0.5); it takes room on a GPU that already has tenants, or a GPU with
 nothing on it. Whole-GPU workers only take GPUs with nothing on them (`Cluster.free_g` never lists a shared GPU),
-so a GPU is never oversubscribed. The per-GPU free capacity of a machine is a tuple of ints (`free_milli`): both
-best fit here and a fragmentation score beside it read the same tuple.
+so a GPU is never oversubscribed. The per-GPU free capacity of a machine is a tuple of ints (`free_milli`), as the
+fragmentation score (`fragments.fgd_share`) reads it; best fit reads the same capacities from the machine's whole
+free GPUs and its shared GPUs (`best_fit`: a GPU's room is all it weighs, so no tuple is made per machine).
 """
 
 from __future__ import annotations
@@ -72,17 +73,21 @@ def free_milli(gpus: int, whole_free: list[int] | tuple[int, ...], shared: dict[
     return tuple(out)
 
 
-def best_fit(candidates, milli: int) -> tuple[int, int] | None:
-    """(machine, gpu) for a fractional worker of `milli` thousandths: the GPU left with the least free room after
-    it (a shared GPU before an empty one), ties by machine then GPU index; None when no GPU has room.
-    `candidates`: (machine index, its `free_milli` tuple), in any order."""
+def best_fit(candidates, milli: int, workspace: str, sharing: str) -> tuple[int, int] | None:
+    """(machine, gpu) for a fractional worker of `workspace` taking `milli` thousandths: the GPU left with the least
+    free room after it (a shared GPU before an empty one), ties by machine then GPU index; None when no GPU has
+    room. `candidates`: (machine index, its whole free GPUs in index order, its shared GPUs as `free_milli` reads
+    them), in any order: the GPUs `free_milli` gives room, each with that room."""
     best = None
-    for i, free in candidates:
-        for g, f in enumerate(free):
-            if f >= milli:
-                key = (f - milli, i, g)
-                if best is None or key < best:
-                    best = key
+    empty = FULL - milli
+    for i, whole, shared in candidates:
+        if whole and (best is None or (empty, i, whole[0]) < best):
+            best = (empty, i, whole[0])  # every empty GPU is left the same: the first of them
+        for g, (used, tenants) in shared.items():
+            left = FULL - used - milli
+            if left >= 0 and (best is None or (left, i, g) < best) and (
+                    sharing == ANY_WORKSPACE or not tenants or (len(tenants) == 1 and workspace in tenants)):
+                best = (left, i, g)
     return None if best is None else (best[1], best[2])
 
 

@@ -505,10 +505,9 @@ class Cycle:
         first_note = len(bulk)
         ws = lst[-1].workspace if lst else None
         settled = settled_of.get(ws)
-        j = len(lst)
+        taken = 0
         memo = self._settle_memo
-        while j:
-            run = lst[j - 1]
+        for run in reversed(lst):
             if (run.dependency is not None or run.array is not None or run.excluded_machines
                     or (user_limits and run.user is not None and run.workspace in user_limits)):
                 break
@@ -533,18 +532,18 @@ class Cycle:
                     break
                 settled[mk] = outcome
             name = run.name
-            if name in also_running:
+            if also_running and name in also_running:
                 break
             reasons[name] = outcome[0]
             if outcome[1] is not None and not run.quota_noted:  # its note, made by `_notes`
                 append(_note_of((name, ws, outcome[1])))
                 noted(run)
-            j -= 1
-        if j == len(lst):
+            taken += 1
+        if not taken:
             return False
         if len(bulk) > first_note:
             self.note_batches.append((first_note, share))
-        del lst[j:]
+        del lst[len(lst) - taken:]
         return True
 
     def _memo_key(self, run: WaitingRun) -> tuple | None:

@@ -266,7 +266,7 @@ def sizes_of(requests: Iterable[Request]) -> Sizes:
 def fgd_share(candidates, milli: int, sizes: Sizes, memo: dict | None = None) -> tuple[int, int] | None:
     """(machine, gpu) for a worker sharing `milli` thousandths of one GPU, where the fragmentation grows least
     (ties: the tighter fit, then machine and GPU index); None when no GPU has room. `candidates`: (machine index,
-    its per-GPU free thousandths), as for `gpushare.best_fit`; CPU and memory are already checked by the caller,
+    its per-GPU free thousandths: `gpushare.free_milli`); CPU and memory are already checked by the caller,
     so the sizes are scored on GPUs alone. `memo`: a dict kept across calls with the same sizes (a cycle's)."""
     frag: dict = {} if memo is None else memo
     gpu_sizes = frag.get("sizes")

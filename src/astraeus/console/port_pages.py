@@ -13,7 +13,7 @@ import json
 from urllib.parse import quote
 
 import anyio.to_thread
-from fastapi import Request
+from fastapi import Request, WebSocketDisconnect
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
@@ -88,8 +88,11 @@ async def _through(p: X.Pending, send: bytes) -> bytes:
     """Send the request through the worker's port-forward session and read its answer until the worker's server
     closes the connection."""
     agent = await X.agent_socket(p)
-    await agent.send_bytes(bytes([P.EXEC_STDIN]) + send)
-    await agent.send_text(P.ExecControl(type="eof").model_dump_json())
+    try:
+        await agent.send_bytes(bytes([P.EXEC_STDIN]) + send)
+        await agent.send_text(P.ExecControl(type="eof").model_dump_json())
+    except WebSocketDisconnect:
+        pass  # the agent ended the session first (nothing answers on the port, say): its reason is read below
     out = bytearray()
     while True:
         msg = await agent.receive()

@@ -767,7 +767,8 @@ class Cluster:
             b.sort()
         self._unsorted.clear()
 
-    def scan_buckets(self, allowed_list: list[int], allowed) -> tuple[list[list[int]], frozenset[int] | None]:
+    def scan_buckets(self, allowed_list: list[int], allowed: frozenset[int] | None
+                     ) -> tuple[list[list[int]], frozenset[int] | None]:
         """The free-GPU buckets a run restricted to these machines scans, and the set to check each machine in them
         against: the cluster's buckets and the list's set for a list of at least 1/WIDE of the machines, else the
         list's own buckets (`sub_buckets`) and None."""
